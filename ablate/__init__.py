@@ -1,0 +1,3 @@
+"""ablate: controlled, matched ablations of attention mechanisms in small language models."""
+
+__version__ = "0.1.0"
