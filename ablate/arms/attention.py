@@ -1,0 +1,131 @@
+"""The one attention computation every arm plugs into: a fused path and a reference path.
+
+Shapes: q (B, H, Tq, d); k, v (B, Hkv, Tk, d); x (B, Tq, C) the pre-normed hidden state.
+
+Fused path (training). Baseline, value-slot and output-slot arms call
+`scaled_dot_product_attention(is_causal=True)`: no T×T tensor. The denominator slot (phantom key) and
+the routing slot (an additive log-gate per key) go through *extra head dimensions*, which keep the
+computation inside the same fused, differentiable kernel (exact algebra, not an approximation):
+
+    q'_i = [q_i, b_h, 1]        k'_j = [k_j, 0, log g_j / s]        v'_j = v_j
+    sink key k'_0 = [0, 1/s, 0]  with value 0, prepended; plus a dummy query so the mask stays square
+
+so s·q'_i·k'_j = s·q_i·k_j + log g_j and s·q'_i·k'_sink = b_h, with the scale s = 1/√d kept explicit.
+The kernel's own max-shift covers the phantom logit, so off-by-one (b ≡ 0) is stable for any logits.
+(A learnable sink through a log-sum-exp is not used on purpose: on CPU, PyTorch's flash op returns an
+lse that carries no gradient, and FlashAttention has no backward for a sink.)
+
+Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ablate.arms.base import Arm
+
+
+@dataclass
+class AttentionRecord:
+    """What the reference path saw, for probes: weights over real keys and every slot's signal."""
+
+    weights: torch.Tensor  # (B, H, Tq, Tk) p_ij over real keys (sums to 1 − phantom mass)
+    reads: torch.Tensor  # (B, Hkv, Tk, d) v_j before any gate
+    values: torch.Tensor  # (B, Hkv, Tk, d) v_j after the value gate (what is aggregated)
+    phantom_mass: torch.Tensor | None = None  # (B, H, Tq)
+    value_gate: torch.Tensor | None = None
+    routing_log_gate: torch.Tensor | None = None  # (B, Hkv, Tk)
+    output_gate: torch.Tensor | None = None
+    extras: dict = field(default_factory=dict)
+
+
+def _expand_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, Hkv, ...) → (B, H, ...) for grouped-query attention."""
+    groups = n_head // t.shape[1]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def key_signals(arm: Arm, v: torch.Tensor, x: torch.Tensor):
+    """Per-key slot signals from the read: (gated values, value gate, routing log-gate). Cacheable."""
+    value_gate = arm.value_gate(v, x) if arm.has_slot("value") else None
+    log_gate = arm.routing_log_gate(v, x) if arm.has_slot("routing") else None
+    values = v if value_gate is None else v * value_gate
+    return values, value_gate, log_gate
+
+
+def attention(
+    arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True
+) -> tuple[torch.Tensor, AttentionRecord | None]:
+    """Causal self-attention over one full sequence. Returns (o (B, H, T, d), record or None)."""
+    values, value_gate, log_gate = key_signals(arm, v, x)
+    sink = arm.sink_logit() if arm.has_slot("denominator") else None
+    if fused:
+        o, record = _fused(q, k, values, sink, log_gate), None
+    else:
+        o, record = reference_attention(q, k, values, sink, log_gate, offset=0)
+        record.reads, record.value_gate = v, value_gate
+    if arm.has_slot("output"):
+        gate = arm.output_gate(o, x)
+        o = o * gate
+        if record is not None:
+            record.output_gate = gate
+    return o, record
+
+
+def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None) -> torch.Tensor:
+    n_head, d = q.shape[1], q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    gqa = k.shape[1] != n_head
+    if sink is None and log_gate is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    B, T = q.shape[0], q.shape[2]
+    q_extra, k_extra = [], []
+    if sink is not None:
+        q_extra.append(sink.to(q.dtype).view(1, n_head, 1, 1).expand(B, n_head, T, 1))
+        k_extra.append(k.new_zeros(B, k.shape[1], T, 1))
+    if log_gate is not None:
+        q_extra.append(q.new_ones(B, n_head, T, 1))
+        k_extra.append((log_gate / scale).unsqueeze(-1).to(k.dtype))
+    pad = (-(d + len(q_extra))) % 8 if q.is_cuda else 0  # flash kernels want head dims in multiples of 8
+    if pad:
+        q_extra.append(q.new_zeros(B, n_head, T, pad))
+        k_extra.append(k.new_zeros(B, k.shape[1], T, pad))
+    q2 = torch.cat([q, *q_extra], dim=-1)  # (B, H, T, d + e)
+    k2 = torch.cat([k, *k_extra], dim=-1)  # (B, Hkv, T, d + e)
+    v2 = F.pad(v, (0, pad)) if pad else v
+    if sink is not None:
+        sink_key = k2.new_zeros(B, k.shape[1], 1, k2.shape[-1])
+        sink_key[..., d] = 1.0 / scale
+        q2 = torch.cat([q2.new_zeros(B, n_head, 1, q2.shape[-1]), q2], dim=2)  # dummy query at position 0
+        k2 = torch.cat([sink_key, k2], dim=2)
+        v2 = torch.cat([v2.new_zeros(B, v.shape[1], 1, v2.shape[-1]), v2], dim=2)  # the phantom's value is 0
+    o = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=scale, enable_gqa=gqa)
+    if sink is not None:
+        o = o[:, :, 1:]
+    return o[..., :d] if pad else o
+
+
+def reference_attention(q, k, values, sink, log_gate, *, offset: int):
+    """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding)."""
+    n_head, d = q.shape[1], q.shape[-1]
+    Tq, Tk = q.shape[2], k.shape[2]
+    logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
+    if log_gate is not None:
+        logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
+    key_pos = torch.arange(Tk, device=q.device)
+    query_pos = torch.arange(Tq, device=q.device).unsqueeze(1) + offset
+    logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
+    phantom = None
+    if sink is not None:
+        sink_column = sink.to(logits.dtype).view(1, n_head, 1, 1).expand(*logits.shape[:3], 1)
+        full = torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)
+        weights, phantom = full[..., :-1], full[..., -1]
+    else:
+        weights = torch.softmax(logits, dim=-1)
+    o = weights @ _expand_kv(values, n_head)  # (B, H, Tq, d)
+    record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom, routing_log_gate=log_gate)
+    return o, record

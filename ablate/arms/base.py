@@ -1,0 +1,121 @@
+"""What an arm is, and the registry that names arms.
+
+An arm fills one or more *slots* of the one attention computation (DESIGN.md, "Arms as slots"):
+
+* value slot      `value_gate(v, x) -> g`, per key, multiplies the read: v_j ← g_j v_j (cacheable)
+* routing slot    `routing_log_gate(v, x) -> log g`, per key, added to the logits inside the softmax
+* denominator slot `sink_logit() -> b`, per head, a phantom key with logit b_h and value exactly 0
+* output slot     `output_gate(o, x) -> g`, per query, multiplies the attention output o_i
+
+`v` is the read (B, H_kv, T, d) after any junk injection and before any gate; `x` is the pre-normed
+hidden state entering the attention layer (B, T, C). A slot an arm does not override is unused.
+A *sequence* arm (sink-token) sets `sequence_token = True` and the model prepends a learned token.
+
+One instance per layer. Parameters an arm owns are initialised by `init_parameter` from a generator
+keyed by (seed, full parameter name), so adding an arm never shifts another parameter's draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+from torch import nn
+
+from ablate.errors import choice_error
+
+SLOTS = ("value", "routing", "denominator", "output")
+_SLOT_METHODS = {
+    "value": "value_gate",
+    "routing": "routing_log_gate",
+    "denominator": "sink_logit",
+    "output": "output_gate",
+}
+
+
+@dataclass(frozen=True)
+class ArmContext:
+    """The shape of the attention layer an arm lives in."""
+
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    d_model: int
+    n_layer: int
+    layer: int
+
+
+class Arm(nn.Module):
+    name: ClassVar[str] = ""  # set by @register_arm
+    description: ClassVar[str] = ""
+    sequence_token: ClassVar[bool] = False
+    # Local parameter names kept out of weight decay; unioned over base classes, so a combo inherits them.
+    no_weight_decay: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, ctx: ArmContext):
+        super().__init__()
+        self.ctx = ctx
+
+    # --- slots: override the ones the arm fills ---
+    def value_gate(self, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def routing_log_gate(self, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sink_logit(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def output_gate(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def init_parameter(self, name: str, param: torch.Tensor, generator: torch.Generator) -> None:
+        """Set `param` (local name, e.g. 'tau') to its initial value; every arm with parameters overrides this."""
+        raise NotImplementedError(f"arm {self.name!r} does not say how to initialise {name!r}")
+
+    @classmethod
+    def slots(cls) -> tuple[str, ...]:
+        return tuple(s for s in SLOTS if getattr(cls, _SLOT_METHODS[s]) is not getattr(Arm, _SLOT_METHODS[s]))
+
+    @classmethod
+    def has_slot(cls, slot: str) -> bool:
+        return slot in cls.slots()
+
+    @classmethod
+    def no_decay_names(cls) -> frozenset[str]:
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            names |= set(vars(klass).get("no_weight_decay", ()))
+        return frozenset(names)
+
+
+_REGISTRY: dict[str, type[Arm]] = {}
+
+
+def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], type[Arm]]:
+    """Class decorator: `@register_arm("my-arm") class MyArm(Arm): ...` — from any module."""
+
+    def decorate(cls: type[Arm]) -> type[Arm]:
+        if not (isinstance(cls, type) and issubclass(cls, Arm)):
+            raise TypeError(f"@register_arm({name!r}) needs a subclass of ablate.arms.Arm, got {cls!r}")
+        if name in _REGISTRY and _REGISTRY[name] is not cls and not replace:
+            raise ValueError(f"an arm named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
+        if cls.sequence_token and cls.slots():
+            raise TypeError(f"arm {name!r}: a sequence-token arm fills no attention slot")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def get_arm(name: str) -> type[Arm]:
+    if name not in _REGISTRY:
+        raise choice_error("arm", name, _REGISTRY)
+    return _REGISTRY[name]
+
+
+def list_arms() -> list[str]:
+    """Registered arm names in registration order (built-ins first, in SPEC.md's order)."""
+    return list(_REGISTRY)

@@ -1,0 +1,58 @@
+"""The `ablate` command. Each area adds its own subcommands; heavy imports happen inside handlers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ablate.errors import AblateError
+
+# Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
+COMMAND_MODULES = (
+    "ablate.arms.cli",
+    "ablate.data.cli",
+    "ablate.tiers",
+    "ablate.train",
+    "ablate.dispatch",
+    "ablate.analysis.cli",
+    "ablate.probes.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ablate", description="Matched ablations of attention mechanisms in small language models."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:  # an area not built yet
+                continue
+            raise
+        module.add_commands(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AblateError as err:
+        print(f"ablate: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

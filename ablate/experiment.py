@@ -1,0 +1,136 @@
+"""Experiments: a named grid of tiers × arms × seeds, defined in `experiments/*.py`, expanded to run specs.
+
+An experiment file defines a module-level `EXPERIMENT = Experiment(...)`. Commands accept either the
+file (`experiments/demo.py`) or its name (`demo`), looked up in `./experiments/` and then in the
+`experiments/` folder of the ablate checkout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ablate.errors import AblateError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_results() -> Path:
+    """Where run folders go unless `--results` says otherwise: $ABLATE_RESULTS or ./results."""
+    return Path(os.environ.get("ABLATE_RESULTS", "results"))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the grid: everything `ablate.train.run` needs besides the results folder."""
+
+    experiment: str
+    tier: str
+    arm: str
+    seed: int
+    overrides: Mapping = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.tier}/{self.arm}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """`arms="all"` means every registered arm at the time the grid is expanded.
+
+    seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
+    overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
+    """
+
+    name: str
+    tiers: Sequence[str]
+    arms: Sequence[str] | str
+    seeds: int | Mapping[str, int]
+    overrides: Mapping = field(default_factory=dict)
+    description: str = ""
+
+    def seed_count(self, tier: str) -> int:
+        if isinstance(self.seeds, int):
+            return self.seeds
+        if tier not in self.seeds:
+            raise AblateError(f"experiment {self.name!r} gives no seed count for tier {tier!r}")
+        return int(self.seeds[tier])
+
+    def arm_names(self) -> list[str]:
+        from ablate.arms import list_arms
+
+        return list(list_arms()) if self.arms == "all" else list(self.arms)
+
+    def tier_overrides(self, tier: str) -> dict:
+        if self.overrides and all(key in self.tiers for key in self.overrides):
+            return dict(self.overrides.get(tier, {}))
+        return dict(self.overrides)
+
+    def runs(
+        self,
+        tiers: Sequence[str] | None = None,
+        arms: Sequence[str] | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> list[RunSpec]:
+        """The grid, filtered; unknown tiers, arms or seeds are refused with the valid ones named."""
+        from ablate.arms import get_arm
+        from ablate.tiers import get_tier
+
+        all_arms = self.arm_names()
+        for arm in all_arms:
+            get_arm(arm)  # an experiment naming an unregistered arm fails before anything runs
+        for tier in self.tiers:
+            get_tier(tier)
+        chosen_tiers = list(tiers) if tiers else list(self.tiers)
+        for tier in chosen_tiers:
+            if tier not in self.tiers:
+                raise AblateError(
+                    f"tier {tier!r} is not in experiment {self.name!r}; its tiers: {', '.join(self.tiers)}"
+                )
+        chosen_arms = list(arms) if arms else all_arms
+        for arm in chosen_arms:
+            if arm not in all_arms:
+                raise AblateError(
+                    f"arm {arm!r} is not in experiment {self.name!r}; its arms: {', '.join(all_arms)}"
+                )
+        specs = []
+        for tier in chosen_tiers:
+            valid_seeds = list(range(self.seed_count(tier)))
+            for seed in seeds if seeds is not None else valid_seeds:
+                if seed not in valid_seeds:
+                    raise AblateError(f"seed {seed} is not in tier {tier!r} of {self.name!r}; seeds: {valid_seeds}")
+            tier_seeds = [s for s in valid_seeds if seeds is None or s in seeds]
+            for arm in chosen_arms:
+                for seed in tier_seeds:
+                    specs.append(RunSpec(self.name, tier, arm, seed, self.tier_overrides(tier)))
+        return specs
+
+
+def available_experiments() -> list[str]:
+    names = set()
+    for folder in (Path("experiments"), REPO_ROOT / "experiments"):
+        names.update(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    return sorted(names)
+
+
+def load_experiment(spec: str | os.PathLike) -> Experiment:
+    """`demo` or `experiments/demo.py` → the Experiment that file defines."""
+    text = str(spec)
+    candidates = [Path(text)] if text.endswith(".py") else [Path("experiments") / f"{text}.py", REPO_ROOT / "experiments" / f"{text}.py"]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise AblateError(
+            f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
+            " (or a path to an experiments/*.py file)"
+        )
+    module_spec = importlib.util.spec_from_file_location(f"ablate_experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    experiment = getattr(module, "EXPERIMENT", None)
+    if not isinstance(experiment, Experiment):
+        raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
+    return experiment

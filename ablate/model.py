@@ -1,0 +1,294 @@
+"""A GPT whose every attention layer is one arm: pre-norm RMSNorm, RoPE, tied embeddings, no biases,
+optional grouped-query attention, vocabulary padded to a multiple of 64 (nanoGPT-sized on purpose).
+
+Initialisation is keyed by name: every parameter is drawn from its own generator seeded by
+(seed, parameter name), so two arms with the same seed start from identical shared weights, and an
+arm's extra parameters never shift anyone else's draw (`init_weights`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm, reference_attention
+from ablate.arms.attention import key_signals
+
+INIT_STD = 0.02  # GPT-2
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257
+    n_layer: int = 2
+    n_head: int = 2
+    n_kv_head: int | None = None  # None: as many as query heads (no GQA)
+    d_model: int = 64
+    max_seq_len: int = 1024
+    arm: str = "baseline"
+    mlp_ratio: int = 4
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    fused: bool = True  # False: the reference path that materialises the weights
+
+    def __post_init__(self):
+        self.n_kv_head = self.n_kv_head or self.n_head
+        if self.d_model % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"d_model={self.d_model} must divide by n_head={self.n_head}, and n_head by n_kv_head={self.n_kv_head}"
+            )
+        get_arm(self.arm)  # a clear error for an unknown arm, before any weight is made
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / 64) * 64
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    angles = positions.to(torch.float64).unsqueeze(-1) * freqs  # (T, d/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (x1, x2) = halves of the head dim; t is (B, H, T, d)."""
+    x1, x2 = t.chunk(2, dim=-1)
+    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@dataclass
+class LayerCache:
+    """Per-layer decoding state. Value-slot arms store the *gated* reads: gates depend on the read alone."""
+
+    keys: torch.Tensor | None = None  # (B, Hkv, T, d), RoPE applied
+    values: torch.Tensor | None = None  # (B, Hkv, T, d), after the value gate
+    log_gate: torch.Tensor | None = None  # (B, Hkv, T), routing slot
+
+    @staticmethod
+    def _append(old, new, dim):
+        return new if old is None else torch.cat([old, new], dim=dim)
+
+    def append(self, keys, values, log_gate):
+        self.keys = self._append(self.keys, keys, 2)
+        self.values = self._append(self.values, values, 2)
+        if log_gate is not None:
+            self.log_gate = self._append(self.log_gate, log_gate, 2)
+
+
+@dataclass
+class KVCache:
+    layers: list[LayerCache]
+    length: int = 0  # positions already cached (the sink token included)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.c_attn = nn.Linear(config.d_model, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=False)
+        self.c_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        ctx = ArmContext(config.n_head, config.n_kv_head, self.head_dim, config.d_model, config.n_layer, layer)
+        self.arm: Arm = get_arm(config.arm)(ctx)
+        self.fused = config.fused
+        self.read_hook = None  # probes: callable(v, layer_module) -> v, applied before any gate sees the read
+
+    def forward(self, x, cos, sin, cache: LayerCache | None = None, offset: int = 0, record: bool = False):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
+        )
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, d)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.read_hook is not None:
+            v = self.read_hook(v, self)
+        rec = None
+        if cache is None:
+            y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record)
+        else:
+            values, value_gate, log_gate = key_signals(self.arm, v, x)
+            cache.append(k, values, log_gate)
+            sink = self.arm.sink_logit() if self.arm.has_slot("denominator") else None
+            y, rec = reference_attention(q, cache.keys, cache.values, sink, cache.log_gate, offset=offset)
+            if self.arm.has_slot("output"):
+                y = y * self.arm.output_gate(y, x)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y), rec
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model, bias=False)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache=None, offset=0, record=False):
+        a, rec = self.attn(self.ln_1(x), cos, sin, cache, offset, record)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), rec
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, padded vocab): text positions only
+    loss: torch.Tensor | None = None
+    records: list[AttentionRecord] = field(default_factory=list)  # per layer, when asked for
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per layer output, when asked for
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.arm_class = get_arm(config.arm)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.d_model)
+        # sink-token: one learned embedding row prepended to every sequence; it predicts nothing.
+        self.sink_token = nn.Parameter(torch.empty(config.d_model)) if self.arm_class.sequence_token else None
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self.init_weights(seed=0)
+
+    # ------------------------------------------------------------------ parameters
+    def init_weights(self, seed: int) -> None:
+        """Draw every parameter from a generator keyed by (seed, its name)."""
+        out_std = INIT_STD / math.sqrt(2 * self.config.n_layer)  # GPT-2's scaled residual projections
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                gen = torch.Generator().manual_seed(name_seed(seed, name))
+                arm_prefix = self._arm_prefix(name)
+                if arm_prefix is not None:
+                    self.get_submodule(arm_prefix).init_parameter(name[len(arm_prefix) + 1 :], param, gen)
+                elif name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
+                    param.fill_(1.0)
+                else:
+                    std = out_std if name.endswith("c_proj.weight") else INIT_STD
+                    cpu = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+                    param.copy_(cpu)
+
+    @staticmethod
+    def _arm_prefix(name: str) -> str | None:
+        """'blocks.3.attn.arm.tau' → 'blocks.3.attn.arm'."""
+        parts = name.split(".")
+        return ".".join(parts[:4]) if len(parts) > 4 and parts[0] == "blocks" and parts[3] == "arm" else None
+
+    def is_arm_parameter(self, name: str) -> bool:
+        return name == "sink_token" or self._arm_prefix(name) is not None
+
+    def shared_named_parameters(self):
+        """The parameters every arm has (what `init_fingerprint` hashes)."""
+        return [(n, p) for n, p in self.named_parameters() if not self.is_arm_parameter(n)]
+
+    def param_counts(self) -> dict[str, int]:
+        total = sum(p.numel() for p in self.parameters())
+        embedding = self.wte.weight.numel() + (self.sink_token.numel() if self.sink_token is not None else 0)
+        arm_extra = sum(p.numel() for n, p in self.named_parameters() if self.is_arm_parameter(n))
+        return {"total": total, "non_embedding": total - embedding, "arm_extra": arm_extra}
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: matrices and embeddings (the sink token too) decay; norms and arm scalars don't."""
+        decay, no_decay = [], []
+        for name, param in self.named_parameters():
+            prefix = self._arm_prefix(name)
+            if prefix is not None:
+                exempt = name[len(prefix) + 1 :] in self.arm_class.no_decay_names()
+            elif name == "sink_token":
+                exempt = False  # like the token embeddings
+            else:
+                exempt = param.dim() < 2
+            (no_decay if exempt else decay).append(name)
+        params = dict(self.named_parameters())
+        return [
+            {"params": [params[n] for n in decay], "names": decay, "weight_decay": weight_decay},
+            {"params": [params[n] for n in no_decay], "names": no_decay, "weight_decay": 0.0},
+        ]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, idx, targets=None, *, record: bool = False, cache: KVCache | None = None) -> ModelOutput:
+        """idx (B, T) token ids → logits for the T text positions (the sink token's position is dropped)."""
+        B, T = idx.shape
+        x = self.wte(idx)  # (B, T, C)
+        offset = cache.length if cache is not None else 0
+        prepend = self.sink_token is not None and offset == 0
+        if prepend:
+            x = torch.cat([self.sink_token.to(x.dtype).expand(B, 1, -1), x], dim=1)
+        length = x.shape[1]
+        if offset + length > self.config.max_seq_len + (1 if self.sink_token is not None else 0):
+            raise ValueError(f"sequence of {offset + length} positions exceeds max_seq_len={self.config.max_seq_len}")
+        cos, sin = rope_tables(torch.arange(offset, offset + length, device=idx.device), self.config.head_dim,
+                               self.config.rope_theta)
+        out = ModelOutput(logits=None)
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, rec = block(x, cos, sin, layer_cache, offset, record)
+            if record:
+                out.records.append(rec)
+                out.residuals.append(x)
+        if cache is not None:
+            cache.length += length
+        if prepend:
+            x = x[:, 1:]  # the sink token's position predicts nothing
+        out.logits = self.lm_head(self.ln_f(x))
+        if targets is not None:
+            out.loss = F.cross_entropy(out.logits.float().view(-1, out.logits.shape[-1]), targets.reshape(-1))
+        return out
+
+    def new_cache(self) -> KVCache:
+        return KVCache([LayerCache() for _ in self.blocks])
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Incremental decoding with the KV cache (greedy when temperature is 0)."""
+        cache = self.new_cache()
+        logits = self(idx, cache=cache).logits[:, -1]
+        out = idx
+        for _ in range(max_new_tokens):
+            logits = logits[:, : self.config.vocab_size]
+            if temperature > 0:
+                probs = torch.softmax(logits.float() / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            else:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            logits = self(nxt, cache=cache).logits[:, -1]
+        return out
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for one parameter of one run seed."""
+    return int.from_bytes(hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def fingerprint_parameters(named_params) -> str:
+    """SHA-256 over names, shapes and bytes (float32) of the given parameters, in name order."""
+    digest = hashlib.sha256()
+    for name, param in sorted(named_params, key=lambda item: item[0]):
+        data = param.detach().to("cpu", torch.float32).contiguous()
+        digest.update(f"{name}:{tuple(data.shape)};".encode())
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
