@@ -179,6 +179,8 @@ class GPT(nn.Module):
         out_std = INIT_STD / math.sqrt(2 * self.config.n_layer)  # GPT-2's scaled residual projections
         with torch.no_grad():
             for name, param in self.named_parameters():
+                if param.is_meta:  # shape-only model (parameter counting): nothing to draw
+                    continue
                 gen = torch.Generator().manual_seed(name_seed(seed, name))
                 arm_prefix = self._arm_prefix(name)
                 if arm_prefix is not None:

@@ -1,0 +1,454 @@
+"""One run = (tier, arm, seed): Lightning Fabric training with matched init and data, exact resume.
+
+Why Fabric and a hand-written loop rather than `Trainer.fit`: bitwise resume needs the step, the data
+position, the optimiser state and the data fingerprint saved together at one step boundary, and the
+preemption signal turned into a checkpoint at that boundary. Fabric still gives us the Lightning
+parts that matter at scale (DDP launch over GPUs or CPU/gloo, bf16 autocast, loggers).
+
+The learning rate is a pure function of the step (no scheduler state to restore); the batch of step k
+is a pure function of (data, seed, global batch, seq len, k) (`ablate.data.BatchStream`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import platform
+import signal
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.experiment import REPO_ROOT, RunSpec, default_results
+from ablate.store import (CHECKPOINTS, CONFIG, METRICS, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
+                          read_metrics, run_dir)
+from ablate.tiers import get_tier
+
+log = logging.getLogger(__name__)
+STATE_FILE = "state.pt"  # RUN_DIR/checkpoints/state.pt: everything needed to resume
+# Config keys that change how a run is watched, not what it computes: they may differ on resume.
+NON_SEMANTIC = ("progress", "logger", "num_workers", "threads")
+
+
+# ---------------------------------------------------------------------------------------------- config
+def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dict:
+    """The full, explicit configuration of a run (written to config.json and compared on reruns)."""
+    from ablate.arms import get_arm
+    from ablate.tiers import model_config
+
+    tier = get_tier(spec.tier)
+    get_arm(spec.arm)
+    overrides = dict(spec.overrides)
+    model_overrides = overrides.pop("model", {})
+    config = {
+        "experiment": spec.experiment, "tier": tier.name, "arm": spec.arm, "seed": int(spec.seed),
+        "data_seed": int(spec.seed), "data_dir": None,
+        "model": dataclasses.asdict(model_config(tier, spec.arm, **model_overrides)),
+        "steps": tier.steps, "global_batch": tier.global_batch, "seq_len": tier.seq_len,
+        "micro_batch": tier.micro_batch, "lr": tier.lr, "warmup_steps": tier.warmup_steps,
+        "min_lr_ratio": tier.min_lr_ratio, "weight_decay": tier.weight_decay, "betas": list(tier.betas),
+        "eps": 1e-8, "grad_clip": tier.grad_clip, "val_interval": tier.val_interval, "val_tokens": tier.val_tokens,
+        "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False,
+        "progress": True, "logger": "none", "num_workers": 0, "threads": None,
+    }
+    max_steps = overrides.pop("max_steps", None)
+    for key, value in {**overrides, **{k: v for k, v in options.items() if v is not None}}.items():
+        if key == "max_steps":
+            max_steps = value
+            continue
+        if key not in config:
+            raise AblateError(f"unknown run option {key!r}; valid options: {', '.join(sorted(config))}, max_steps")
+        config[key] = value
+    if max_steps is not None:
+        config["steps"] = min(int(max_steps), config["steps"])
+    config["data_dir"] = str(Path(data_dir or config["data_dir"] or tier.data_dir).resolve())
+    config["model"]["max_seq_len"] = config["seq_len"]
+    config["betas"] = list(config["betas"])
+    return config
+
+
+def semantic(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in NON_SEMANTIC}
+
+
+def lr_at(step: int, config: dict) -> float:
+    """Linear warm-up over `warmup_steps`, then cosine decay to min_lr_ratio × lr at the last step."""
+    peak, warmup, total = config["lr"], config["warmup_steps"], config["steps"]
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = peak * config["min_lr_ratio"]
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------------------------- provenance
+def git_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (head + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    import lightning
+    import numpy
+    import torch
+
+    import ablate
+
+    return {"ablate": ablate.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "lightning": lightning.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
+            "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------- signals
+class StopRequests:
+    """Signals set flags; the loop acts on them at the next step boundary (a consistent state).
+
+    SIGUSR1: checkpoint now and go on. SIGUSR2 (SLURM's warning before a time limit or preemption) and
+    SIGTERM: checkpoint, then hand the signal to the handler that was there before (submitit's, which
+    requeues the job) or stop.
+    """
+
+    def __init__(self):
+        self.checkpoint = False
+        self.stop_signal: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def install(self):
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+            self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.checkpoint = True
+        if signum != signal.SIGUSR1:
+            self.stop_signal = signum
+
+    def restore(self):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def hand_over(self):
+        """After the checkpoint: let the earlier handler (submitit: requeue + exit) act, else stop."""
+        previous = self.previous.get(self.stop_signal)
+        self.restore()
+        if callable(previous):
+            previous(self.stop_signal, None)
+        raise SystemExit(128 + self.stop_signal)
+
+
+class Diverged(Exception):
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"non-finite training loss {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
+    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside."""
+    summary_path, config_path = folder / SUMMARY, folder / CONFIG
+    if force and folder.exists():
+        aside = folder.with_name(f"{folder.name}.old-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        folder.rename(aside)
+        log.warning("kept the previous run aside in %s", aside)
+    if config_path.exists():
+        previous = read_json(config_path)
+        if semantic(previous) != semantic(config):
+            diff = sorted(k for k in set(previous) | set(config)
+                          if k not in NON_SEMANTIC and previous.get(k) != config.get(k))
+            raise AblateError(
+                f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
+                "use another --results folder or --force to keep the old run aside and start again")
+        if summary_path.exists() and read_json(summary_path).get("status") in ("completed", "diverged"):
+            return "done"
+        return "resume"
+    return "fresh"
+
+
+def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
+        **options) -> dict:
+    """Train one run to completion (or resume it); return its summary. A completed run is a no-op."""
+    config = resolve_config(spec, data_dir, **options)
+    folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
+    state = prepare_run_dir(folder, config, force)
+    if state == "done":
+        summary = read_json(folder / SUMMARY)
+        log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
+        return summary
+    folder.mkdir(parents=True, exist_ok=True)
+    if state == "fresh":
+        atomic_write_json(folder / CONFIG, config)
+    return Trainer(folder, config).fit()
+
+
+class Trainer:
+    def __init__(self, folder: Path, config: dict):
+        self.folder, self.config = folder, config
+        self.summary_path = folder / SUMMARY
+        self.state_path = folder / CHECKPOINTS / STATE_FILE
+
+    def write_summary(self, **fields):
+        if self.fabric.global_rank != 0:
+            return
+        summary = read_json(self.summary_path) if self.summary_path.exists() else {}
+        summary.update(fields)
+        atomic_write_json(self.summary_path, summary)
+
+    def fit(self) -> dict:
+        import torch
+        from lightning.fabric import Fabric
+
+        config = self.config
+        if config["threads"]:
+            torch.set_num_threads(int(config["threads"]))
+        cuda = torch.cuda.is_available()
+        devices = int(config["devices"])
+        self.fabric = fabric = Fabric(
+            accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+            precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
+        fabric.launch()
+        started = time.time()
+        try:
+            return self._fit(fabric, started)
+        except Diverged as err:
+            log.warning("%s: %s", self.folder, err)
+            self.write_summary(status="diverged", diverged_step=err.step, val_loss=None, finished=now(),
+                               error=str(err))
+            return read_json(self.summary_path)
+        except Exception:
+            self.write_summary(status="failed", finished=now(), error=traceback.format_exc()[-4000:])
+            raise
+
+    def _loggers(self):
+        kind = self.config["logger"]
+        if kind == "none":
+            return []
+        run_id = hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]  # stable across requeues
+        if kind == "tensorboard":
+            from lightning.fabric.loggers import TensorBoardLogger
+
+            return [TensorBoardLogger(root_dir=str(self.folder / "tensorboard"), name="", version=run_id)]
+        if kind == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow")]
+        raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
+
+    def _fit(self, fabric, started: float) -> dict:
+        import torch
+
+        from ablate.data import BatchStream, TokenShards, validation_batches
+        from ablate.model import GPT, GPTConfig, fingerprint_parameters
+        from ablate.modelio import FINAL_WEIGHTS, save_model
+
+        config = self.config
+        tier = get_tier(config["tier"])
+        shards = TokenShards(config["data_dir"], split="train")
+        if shards.tokenizer != tier.tokenizer or shards.vocab_size != config["model"]["vocab_size"]:
+            raise AblateError(
+                f"data folder {config['data_dir']} holds {shards.tokenizer!r} tokens (vocabulary {shards.vocab_size}); "
+                f"tier {tier.name!r} expects {tier.tokenizer!r} (vocabulary {config['model']['vocab_size']})")
+        world, rank = fabric.world_size, fabric.global_rank
+        stream = BatchStream(shards, seed=config["data_seed"], global_batch=config["global_batch"],
+                             seq_len=config["seq_len"], rank=rank, world_size=world)
+        local_rows = config["global_batch"] // world
+        micro = min(config["micro_batch"], local_rows)
+        if local_rows % micro:
+            raise AblateError(f"micro_batch {micro} must divide the per-rank batch {local_rows}")
+        val_batch = max(1, min(micro, config["val_tokens"] // config["seq_len"]))
+        val_batches = validation_batches(config["data_dir"], config["seq_len"], val_batch,
+                                         max(1, config["val_tokens"] // (config["seq_len"] * val_batch)))
+
+        torch.manual_seed(config["seed"])
+        model = GPT(GPTConfig(**config["model"]))
+        model.init_weights(config["seed"])
+        init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
+        groups = [{k: v for k, v in g.items() if k != "names"} for g in model.param_groups(config["weight_decay"])]
+        optimizer = torch.optim.AdamW(groups, lr=config["lr"], betas=tuple(config["betas"]), eps=config["eps"])
+        counts = model.param_counts()
+        forward_model = torch.compile(model) if config["compile"] else model
+        forward_model, optimizer = fabric.setup(forward_model, optimizer)
+
+        step, data_fp, wall = 0, hashlib.sha256(b"ablate-data").hexdigest(), 0.0
+        if self.state_path.exists():
+            blob = torch.load(self.state_path, map_location="cpu", weights_only=False)
+            model.load_state_dict(blob["model"])
+            optimizer.load_state_dict(blob["optimizer"])
+            stream.load_state_dict(blob["stream"])
+            step, data_fp, wall = blob["step"], blob["data_fingerprint"], blob["wall_seconds"]
+            init_fingerprint = blob["init_fingerprint"]
+            log.info("%s: resuming at step %d", self.folder, step)
+        if rank == 0:
+            self._truncate_metrics(step)
+        self.write_summary(
+            tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
+            status="running", val_loss=None, steps=step, tokens=step * config["global_batch"] * config["seq_len"],
+            init_fingerprint=init_fingerprint, data_fingerprint=data_fp, params_total=counts["total"],
+            params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
+            git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
+            wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None)
+
+        def evaluate() -> float:
+            """Mean token loss over the fixed validation set, summed in float64 in a fixed order."""
+            forward_model.eval()
+            total = torch.zeros(2, dtype=torch.float64, device=fabric.device)
+            with torch.no_grad():
+                for i, batch in enumerate(val_batches):
+                    if i % world != rank:
+                        continue
+                    batch = batch.to(fabric.device)
+                    logits = forward_model(batch[:, :-1]).logits.float()
+                    losses = torch.nn.functional.cross_entropy(
+                        logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+                    total += torch.stack([losses.double(), torch.tensor(batch[:, 1:].numel(), dtype=torch.float64,
+                                                                         device=fabric.device)])
+            forward_model.train()
+            total = fabric.all_reduce(total, reduce_op="sum") if world > 1 else total
+            return float(total[0] / total[1])
+
+        def save_state():
+            fabric.barrier()
+            if rank == 0:
+                buffer = io.BytesIO()
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "stream": stream.state_dict(), "step": step, "data_fingerprint": data_fp,
+                            "init_fingerprint": init_fingerprint, "wall_seconds": wall + time.time() - t_resume},
+                           buffer)
+                atomic_write_bytes(self.state_path, buffer.getvalue())
+                self.write_summary(steps=step, tokens=step * config["global_batch"] * config["seq_len"],
+                                   data_fingerprint=data_fp, wall_seconds=wall + time.time() - t_resume)
+            fabric.barrier()
+
+        requests = StopRequests().install()
+        t_resume = time.time()
+        total_steps = config["steps"]
+        bar = None
+        if rank == 0 and config["progress"]:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_steps, initial=step, desc=f"{config['tier']}/{config['arm']}/seed{config['seed']}",
+                       unit="step", dynamic_ncols=True)
+        tokens_per_step = config["global_batch"] * config["seq_len"]
+        val_loss = None
+        try:
+            if step == 0:
+                val_loss = evaluate()
+                self._log_metrics({"step": 0, "tokens": 0, "val_loss": val_loss})
+            while step < total_steps:
+                t0 = time.time()
+                lr = lr_at(step, config)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                global_batch = stream.global_batch(step)
+                data_fp = hashlib.sha256(data_fp.encode() + global_batch.numpy().tobytes()).hexdigest()
+                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(fabric.device)
+                loss_sum = torch.zeros((), device=fabric.device)
+                chunks = local.split(micro)
+                for i, chunk in enumerate(chunks):
+                    with fabric.no_backward_sync(forward_model, enabled=i < len(chunks) - 1):
+                        loss = forward_model(chunk[:, :-1], chunk[:, 1:]).loss * (chunk.shape[0] / local_rows)
+                        fabric.backward(loss)
+                    loss_sum += loss.detach()
+                grad_norm = fabric.clip_gradients(forward_model, optimizer, max_norm=config["grad_clip"],
+                                                  error_if_nonfinite=False)
+                train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean") if world > 1 else loss_sum)
+                if not math.isfinite(train_loss):
+                    raise Diverged(step + 1, train_loss)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                elapsed = time.time() - t0
+                row = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
+                       "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / max(elapsed, 1e-9)}
+                if step % config["val_interval"] == 0 or step == total_steps:
+                    val_loss = row["val_loss"] = evaluate()
+                    if not math.isfinite(val_loss):
+                        raise Diverged(step, val_loss)
+                self._log_metrics(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                if step % config["checkpoint_interval"] == 0 or requests.checkpoint:
+                    save_state()
+                    requests.checkpoint = False
+                    if requests.stop_signal is not None:
+                        log.warning("%s: checkpointed at step %d on signal %d", self.folder, step,
+                                    requests.stop_signal)
+                        requests.hand_over()
+        finally:
+            requests.restore()
+            if bar is not None:
+                bar.close()
+        save_state()
+        if rank == 0:
+            save_model(model, self.folder / CHECKPOINTS / FINAL_WEIGHTS)
+        self.write_summary(status="completed", val_loss=val_loss, steps=step, tokens=step * tokens_per_step,
+                           data_fingerprint=data_fp, finished=now(), wall_seconds=wall + time.time() - t_resume)
+        fabric.barrier()
+        return read_json(self.summary_path)
+
+    def _started(self):
+        if self.summary_path.exists():
+            return read_json(self.summary_path).get("started") or now()
+        return now()
+
+    def _log_metrics(self, row: dict):
+        if self.fabric.global_rank != 0:
+            return
+        with open(self.folder / METRICS, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        self.fabric.log_dict({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    def _truncate_metrics(self, step: int):
+        """On resume, drop metric lines written after the checkpoint (they will be produced again)."""
+        path = self.folder / METRICS
+        if path.exists():
+            rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+            atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
+    parser.add_argument("--tier", required=True)
+    parser.add_argument("--arm", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
+    parser.add_argument("--data", help="prepared data folder (default: the tier's)")
+    parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
+    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
+    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    parser.add_argument("--force", action="store_true", help="keep an existing run folder aside and start again")
+    parser.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
+    summary = run(spec, args.results, data_dir=args.data, force=args.force, max_steps=args.max_steps,
+                  devices=args.devices, compile=args.compile, logger=args.logger, threads=args.threads,
+                  progress=args.progress)
+    if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0:
+        print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
+                                                     "init_fingerprint", "data_fingerprint")}, indent=2))
+    return 0 if summary.get("status") in ("completed", "diverged") else 1
