@@ -1,0 +1,283 @@
+"""The arm library against algebra: fused = reference, limit identities, Lemma 3.1, init, decay, cache."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ablate.arms import Arm, ArmContext, attention, get_arm, list_arms
+from ablate.arms.names import BUILTIN_ARMS
+from ablate.errors import AblateError
+from ablate.model import GPT, GPTConfig
+
+H, HKV, D, C = 4, 2, 8, 32
+
+
+def small_model(arm, fused=True, **kw):
+    cfg = dict(vocab_size=97, n_layer=2, n_head=H, n_kv_head=HKV, d_model=C, max_seq_len=32, arm=arm, fused=fused)
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg))
+
+
+def randomise_arm_parameters(model, seed=1, scale=0.7):
+    """Arm parameters away from their init, so the test covers the whole parameter space, not one point."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if model.is_arm_parameter(name):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
+
+
+def make_arm(name, seed=0, dtype=torch.float64):
+    arm = get_arm(name)(ArmContext(H, HKV, D, C, n_layer=1, layer=0)).to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in arm.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.7)
+    return arm
+
+
+def qkvx(T=11, B=2, seed=0, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda *s: (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).requires_grad_()
+    return make(B, H, T, D), make(B, HKV, T, D), make(B, HKV, T, D), make(B, T, C)
+
+
+def test_registry_has_the_twelve_arms_in_spec_order():
+    assert tuple(list_arms()[:12]) == BUILTIN_ARMS
+    with pytest.raises(AblateError, match="unknown arm 'nope'.*baseline.*g2-value"):
+        get_arm("nope")
+
+
+@pytest.mark.parametrize("name", BUILTIN_ARMS)
+def test_fused_equals_reference_in_values_and_all_gradients(name):
+    """Attention level, float64, random arm parameters: gradients of q, k, v, x and every arm parameter."""
+    arm = make_arm(name)
+    results = []
+    for fused in (True, False):
+        q, k, v, x = qkvx()
+        arm.zero_grad()
+        o, _ = attention(arm, q, k, v, x, fused=fused)
+        weight = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)  # a generic upstream gradient
+        (o * weight).sum().backward()
+        x_grad = x.grad if x.grad is not None else torch.zeros_like(x)  # only Qiu's gates read x
+        grads = [q.grad, k.grad, v.grad, x_grad] + [p.grad for p in arm.parameters()]
+        assert all(g is not None for g in grads)
+        results.append((o.detach(), grads))
+    (o_f, g_f), (o_r, g_r) = results
+    torch.testing.assert_close(o_f, o_r, rtol=1e-10, atol=1e-12)
+    assert len(g_f) == 4 + len(list(arm.parameters()))
+    for a, b in zip(g_f, g_r):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", BUILTIN_ARMS)
+def test_fused_equals_reference_through_the_whole_model(name):
+    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for fused in (True, False):
+        model = small_model(name, fused=fused).double()
+        model.init_weights(seed=5)
+        randomise_arm_parameters(model)
+        out = model(idx[:, :-1], idx[:, 1:])
+        out.loss.backward()
+        outs.append((out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=0)
+    for n in outs[0][1]:
+        assert outs[0][1][n] is not None, n
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def run_arm(name, q, k, v, x, fused=True, **params):
+    arm = make_arm(name)
+    with torch.no_grad():
+        for key, value in params.items():
+            getattr(arm, key).fill_(value)
+    return attention(arm, q, k, v, x, fused=fused)[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_limit_identities(fused):
+    q, k, v, x = qkvx()
+    base = run_arm("baseline", q, k, v, x, fused)
+    # sink-logit with b_h → −∞ is the baseline
+    torch.testing.assert_close(run_arm("sink-logit", q, k, v, x, fused, sink_bias=-1e4), base)
+    # off-by-one is sink-logit with b_h = 0
+    torch.testing.assert_close(run_arm("off-by-one", q, k, v, x, fused), run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0))
+    # any gate with g ≡ 1 is the baseline
+    torch.testing.assert_close(run_arm("norm-gate", q, k, v, x, fused, tau=-1e3), base)
+    torch.testing.assert_close(run_arm("proj-gate", q, k, v, x, fused, gate_w=0.0, gate_c=1e3), base)
+    # the sink with a finite logit really changes the output (the identities above are not vacuous)
+    assert not torch.allclose(run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0), base)
+    # sink formula: o = o_base · σ(lse − b)
+    b = 0.3
+    lse = torch.logsumexp((q @ k.repeat_interleave(2, 1).transpose(-2, -1) / math.sqrt(D)).masked_fill(
+        torch.ones(11, 11, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+    torch.testing.assert_close(run_arm("sink-logit", q, k, v, x, fused, sink_bias=b),
+                               base * torch.sigmoid(lse - b).unsqueeze(-1))
+
+
+class ConstantRouting(Arm):
+    """Renorm with a constant gate (not registered: used to test the routing slot)."""
+
+    def routing_log_gate(self, v, x):
+        return torch.full(v.shape[:-1], math.log(0.3), dtype=v.dtype)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_renorm_with_constant_gate_is_baseline(fused):
+    q, k, v, x = qkvx()
+    arm = ConstantRouting(ArmContext(H, HKV, D, C, 1, 0))
+    torch.testing.assert_close(attention(arm, q, k, v, x, fused=fused)[0], run_arm("baseline", q, k, v, x, fused))
+    # and with a gate that saturates at 1 the renorm arm itself is the baseline
+    torch.testing.assert_close(run_arm("renorm", q, k, v, x, fused, tau=-1e3), run_arm("baseline", q, k, v, x, fused))
+
+
+def test_lemma_3_1_value_slot_is_routing_slot_times_z():
+    """Σ_j p_ij g_j v_j = Z_i Σ_j p'_ij v_j with Z_i = Σ_j p_ij g_j ≤ 1, for the same gate g_j."""
+    q, k, v, x = qkvx(seed=4)
+    gate_arm, routing_arm, base_arm = make_arm("norm-gate", 2), make_arm("renorm", 2), make_arm("baseline")
+    with torch.no_grad():
+        routing_arm.tau.copy_(gate_arm.tau)
+    value_out, value_rec = attention(gate_arm, q, k, v, x, fused=False)
+    routing_out, _ = attention(routing_arm, q, k, v, x, fused=False)
+    _, base_rec = attention(base_arm, q, k, v, x, fused=False)
+    g = value_rec.value_gate.squeeze(-1).repeat_interleave(H // HKV, 1)  # (B, H, T)
+    z = (base_rec.weights * g.unsqueeze(2)).sum(-1, keepdim=True)  # Z_i
+    assert (z <= 1 + 1e-12).all() and (z < 0.999).any()
+    torch.testing.assert_close(value_out, z * routing_out)
+    torch.testing.assert_close(value_out, attention(gate_arm, q, k, v, x, fused=True)[0])
+
+
+def test_initial_gate_values():
+    model = small_model("combo2")
+    torch.manual_seed(0)
+    v = torch.randn(2, HKV, 16, D) * 10
+    for arm_name, floor in (("norm-gate", 0.98), ("proj-gate", 0.98)):
+        arm = small_model(arm_name).blocks[0].attn.arm
+        g = arm.value_gate(v, torch.randn(2, 16, C))
+        assert g.min() >= floor, (arm_name, g.min())
+    assert model.blocks[0].attn.arm.sink_bias.abs().max() == 0  # b_h = 0
+    assert torch.allclose(small_model("norm-gate").blocks[0].attn.arm.tau, torch.tensor(-0.5))  # −4/β
+    for name in ("g1-elementwise", "g1-headwise", "g2-value"):  # Qiu et al.: W_θ ~ N(0, 0.02), gate ≈ 0.5
+        arm = small_model(name).blocks[1].attn.arm
+        assert abs(arm.gate_proj.weight.std().item() - 0.02) < 0.004
+        x = F.rms_norm(torch.randn(2, 16, C), (C,))
+        g = torch.sigmoid(arm.gate_proj(x))
+        assert 0.45 < g.mean() < 0.55
+
+
+def test_weight_decay_groups():
+    expectations = {
+        "sink-logit": {"sink_bias": False}, "norm-gate": {"tau": False}, "renorm": {"tau": False},
+        "proj-gate": {"gate_w": False, "gate_c": False}, "combo": {"sink_bias": False, "tau": False},
+        "combo2": {"sink_bias": False, "gate_w": False, "gate_c": False}, "g1-elementwise": {"gate_proj.weight": True},
+        "g1-headwise": {"gate_proj.weight": True}, "g2-value": {"gate_proj.weight": True},
+    }
+    for arm, local in expectations.items():
+        decay, no_decay = small_model(arm).param_groups(0.1)
+        assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+        for local_name, decayed in local.items():
+            name = f"blocks.1.attn.arm.{local_name}"
+            assert (name in decay["names"]) is decayed and (name in no_decay["names"]) is not decayed, (arm, name)
+    decay, no_decay = small_model("sink-token").param_groups(0.1)
+    assert "sink_token" in decay["names"] and "wte.weight" in decay["names"]  # like the embeddings
+    assert "blocks.0.ln_1.weight" in no_decay["names"] and "blocks.0.attn.c_attn.weight" in decay["names"]
+
+
+def test_extra_parameters_match_spec_table():
+    d = C // H  # heads of the small model: H query heads; no GQA here so H applies to every slot
+    per_layer = {
+        "baseline": 0, "sink-logit": H, "off-by-one": 0, "norm-gate": H, "proj-gate": H * (d + 1), "renorm": H,
+        "combo": 2 * H, "combo2": H * (d + 2), "g1-elementwise": C * H * d, "g1-headwise": C * H, "g2-value": C * H * d,
+    }
+    for arm, extra in per_layer.items():
+        counts = small_model(arm, n_kv_head=H).param_counts()
+        assert counts["arm_extra"] == 2 * extra, arm
+        assert counts["total"] == small_model("baseline", n_kv_head=H).param_counts()["total"] + 2 * extra
+    assert small_model("sink-token").param_counts()["arm_extra"] == C  # d_model, once
+    assert small_model("sink-token").param_counts()["non_embedding"] == small_model("baseline").param_counts()["non_embedding"]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_off_by_one_is_finite_and_exact_for_huge_logits(fused):
+    for sign in (1.0, -1.0):
+        q, k, v, x = qkvx(T=7)
+        with torch.no_grad():  # logits of ±1e4: q·k/√d = ±1e4 on every pair
+            q.copy_(torch.ones_like(q) * math.sqrt(1e4 * math.sqrt(D) / D))
+            k.copy_(torch.ones_like(k) * sign * math.sqrt(1e4 * math.sqrt(D) / D))
+        o = run_arm("off-by-one", q, k, v, x, fused)
+        o.sum().backward()
+        assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+        # exact: weights e^{l}/(1 + Σ e^{l}) computed in log space
+        logits = torch.full((7, 7), sign * 1e4, dtype=torch.float64).masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+        log_den = torch.logsumexp(torch.cat([logits, torch.zeros(7, 1, dtype=torch.float64)], 1), dim=1, keepdim=True)
+        weights = torch.exp(logits - log_den)
+        expected = weights @ v.detach().repeat_interleave(2, 1)
+        torch.testing.assert_close(o.detach(), expected)
+
+
+def test_sink_token_adds_one_position_and_is_excluded_from_the_loss():
+    idx = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(0))
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+    model = small_model("sink-token")
+    out = model(inputs, targets, record=True)
+    assert out.logits.shape[:2] == (2, 9)  # text positions only
+    assert out.records[0].weights.shape[-1] == 10  # one extra position inside the layers
+    expected = F.cross_entropy(out.logits.view(-1, out.logits.shape[-1]), targets.reshape(-1))
+    torch.testing.assert_close(out.loss, expected)  # the targets are the text targets, unchanged
+    out.loss.backward()
+    assert model.sink_token.grad.abs().sum() > 0  # the token does take part
+    # every other arm: same targets, no extra position
+    base = small_model("baseline")(inputs, targets, record=True)
+    assert base.records[0].weights.shape[-1] == 9
+    # with identical shared weights, only the prepended token makes the difference
+    assert not torch.allclose(out.logits, base.logits)
+
+
+@pytest.mark.parametrize("name", BUILTIN_ARMS)
+def test_kv_cache_decoding_equals_full_forward(name):
+    model = small_model(name).eval()
+    model.init_weights(seed=2)
+    randomise_arm_parameters(model, scale=0.3)
+    idx = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx).logits
+        cache = model.new_cache()
+        pieces = [model(idx[:, :6], cache=cache).logits] + [model(idx[:, t:t + 1], cache=cache).logits
+                                                              for t in range(6, 20)]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-5)
+    generated = model.generate(idx[:, :5], max_new_tokens=4)
+    assert generated.shape == (2, 9) and torch.equal(generated[:, :5], idx[:, :5])
+
+
+def test_value_slot_cache_holds_gated_reads():
+    model = small_model("proj-gate").eval()
+    randomise_arm_parameters(model)
+    idx = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        record = model(idx, record=True).records[0]
+        cache = model.new_cache()
+        model(idx, cache=cache)
+    torch.testing.assert_close(cache.layers[0].values, record.values)
+    assert not torch.allclose(record.values, record.reads)
+
+
+def test_same_seed_same_shared_weights_across_arms():
+    a, b, c = small_model("baseline"), small_model("combo2"), small_model("baseline")
+    a.init_weights(7), b.init_weights(7), c.init_weights(8)
+    shared_b = dict(b.shared_named_parameters())
+    for name, p in a.shared_named_parameters():
+        assert torch.equal(p, shared_b[name]), name
+    assert not torch.equal(a.wte.weight, c.wte.weight)
+
+
+def test_arms_command_lists_every_arm(capsys):
+    from ablate.cli import main
+
+    assert main(["arms", "--d-model", "64", "--n-head", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in BUILTIN_ARMS:
+        assert name in out
+    assert "denominator" in out and "value" in out and "66" in out  # proj-gate: H(d+1) = 2·33
