@@ -1,0 +1,38 @@
+# `make test` and `make demo` set everything up from a fresh clone (torch pinned to the local CPU wheel).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: install test test-fast demo cluster cluster-stop bench clean-demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,tensorboard]'
+	touch $(STAMP)
+
+cluster:
+	bash slurm/local-cluster.sh start
+
+cluster-stop:
+	bash slurm/local-cluster.sh stop
+
+test: install cluster
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slurm"
+
+demo: install
+	$(BIN)/ablate data prepare --source sample --out data/sample
+	$(BIN)/ablate submit demo --executor local
+	$(BIN)/ablate report demo
+	$(BIN)/ablate table demo --kind paired
+
+bench: install
+	$(BIN)/python benchmarks/arms.py
