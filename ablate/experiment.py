@@ -117,8 +117,8 @@ def available_experiments() -> list[str]:
     return sorted(names)
 
 
-def load_experiment(spec: str | os.PathLike) -> Experiment:
-    """`demo` or `experiments/demo.py` → the Experiment that file defines."""
+def experiment_file(spec: str | os.PathLike) -> Path:
+    """`demo` or `experiments/demo.py` → the absolute path of the experiment file."""
     text = str(spec)
     candidates = [Path(text)] if text.endswith(".py") else [Path("experiments") / f"{text}.py", REPO_ROOT / "experiments" / f"{text}.py"]
     path = next((p for p in candidates if p.is_file()), None)
@@ -127,6 +127,12 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
             f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
             " (or a path to an experiments/*.py file)"
         )
+    return path.resolve()
+
+
+def load_experiment(spec: str | os.PathLike) -> Experiment:
+    """`demo` or `experiments/demo.py` → the Experiment that file defines (arms it registers included)."""
+    path = experiment_file(spec)
     module_spec = importlib.util.spec_from_file_location(f"ablate_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

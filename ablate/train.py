@@ -212,8 +212,13 @@ class Trainer:
         atomic_write_json(self.summary_path, summary)
 
     def fit(self) -> dict:
+        import warnings
+
         import torch
         from lightning.fabric import Fabric
+
+        # Fabric warns whenever `srun` exists on PATH; one run per task is how we use SLURM on purpose.
+        warnings.filterwarnings("ignore", message=".*`srun` command is available")
 
         config = self.config
         if config["threads"]:

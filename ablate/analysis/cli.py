@@ -1,0 +1,65 @@
+"""`ablate table` and `ablate report`. Import-light: polars, scipy and matplotlib load inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+KINDS = ("paired", "increments", "overlap")  # as ablate.analysis.tables.KINDS, repeated to keep this import light
+FORMATS = ("md", "csv", "latex", "json")
+
+
+def add_commands(subparsers) -> None:
+    table = subparsers.add_parser(
+        "table",
+        help="paired-seed tables: paired differences, increments, or the 2×2 overlap",
+        description="Tables of SPEC.md §3 from a run store or a CSV/parquet file with columns tier, arm, seed, "
+        "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
+    )
+    table.add_argument("source", metavar="SOURCE",
+                       help="experiment name or experiments/*.py file (runs under --results), an experiment "
+                            "folder, or a .csv/.parquet file")
+    table.add_argument("--kind", choices=KINDS, default="paired", help="which table (default: paired)")
+    table.add_argument("--reference", default=None,
+                       help="reference arm of the paired table (default: baseline)")
+    table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
+    table.set_defaults(func=table_command)
+
+    report = subparsers.add_parser(
+        "report",
+        help="write the tables, figures and a summary to <experiment>/report/",
+        description="Write paired/increments/overlap tables (md and csv), increments.png, curves.png and "
+        "summary.md into the experiment's report/ folder.",
+    )
+    report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    report.set_defaults(func=report_command)
+
+
+def table_command(args: argparse.Namespace) -> int:
+    from ablate.analysis.load import load_runs
+    from ablate.analysis.render import render
+    from ablate.analysis.tables import build_table
+    from ablate.store import atomic_write_bytes
+
+    table = build_table(load_runs(args.source, args.results), args.kind, args.reference)
+    text = render(table, args.format)
+    if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
+        for warning in table.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    if args.out:
+        atomic_write_bytes(args.out, text.encode())
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from ablate.analysis.report import write_report
+
+    folder = write_report(args.experiment, args.results)
+    print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
+    return 0

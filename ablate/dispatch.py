@@ -1,0 +1,379 @@
+"""Dispatch an experiment's grid (submitit: SLURM job arrays, or this machine) and track its state.
+
+* SLURM: one job array per tier, resources from a cluster profile `slurm/NAME.toml`; returns as soon as
+  the arrays are queued. Each task runs `RunJob`, a submitit Checkpointable: on SLURM's warning signal
+  the training loop checkpoints at the next step boundary and hands the signal to submitit, which
+  requeues the task; the requeued task resumes from the checkpoint (same result as uninterrupted).
+* local: the grid runs here, at most `--parallel` runs at a time, each in its own `ablate run` process
+  (its output kept in the run folder's `run.log`), with one progress bar over the grid.
+
+The ledger (`RESULTS/<experiment>/ledger.json`) records every job submitted, so a second `submit`
+skips runs that are completed, queued or running, and `status` can ask the scheduler about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import tomllib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
+from ablate.store import LEDGER, SUMMARY, atomic_write_json, read_json, read_metrics, run_dir
+
+PROFILE_KEYS = {
+    "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
+    "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
+}
+ACTIVE = ("pending", "running", "requeued")
+STATES = ("pending", "running", "requeued", "completed", "diverged", "failed")
+
+
+# ---------------------------------------------------------------------------------------------- profiles
+def available_profiles() -> list[str]:
+    return sorted({p.stem for folder in (Path("slurm"), REPO_ROOT / "slurm") for p in folder.glob("*.toml")})
+
+
+def load_profile(name: str) -> dict:
+    path = next((p for p in (Path(name), Path("slurm") / f"{name}.toml", REPO_ROOT / "slurm" / f"{name}.toml")
+                 if p.suffix == ".toml" and p.is_file()), None)
+    if path is None:
+        raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
+                          " (files slurm/NAME.toml)")
+    with open(path, "rb") as handle:
+        profile = tomllib.load(handle)
+    for key, value in profile.items():
+        if key not in PROFILE_KEYS:
+            raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
+        if not isinstance(value, PROFILE_KEYS[key]):
+            raise AblateError(f"profile {path}: {key} = {value!r} has the wrong type")
+    return {"partition": "", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 4,
+            "time_min": 60, "constraint": "", "signal_delay_s": 120, "array_parallelism": 64, "extra_sbatch": [],
+            **profile, "name": path.stem}
+
+
+def executor_parameters(profile: dict, name: str) -> dict:
+    """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
+    params = {"name": name, "timeout_min": profile["time_min"], "cpus_per_task": profile["cpus_per_run"],
+              "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
+              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": 1, "nodes": 1}
+    if profile["gpus_per_run"]:
+        params["gpus_per_node"] = profile["gpus_per_run"]
+    for key in ("partition", "account", "qos", "constraint"):
+        if profile[key]:
+            params[f"slurm_{key}"] = profile[key]
+    extra = {}
+    for line in profile["extra_sbatch"]:
+        option = line.removeprefix("#SBATCH").strip().removeprefix("--")
+        key, _, value = option.partition("=")
+        extra[key] = value or True
+    if extra:
+        params["slurm_additional_parameters"] = extra
+    return params
+
+
+# ---------------------------------------------------------------------------------------------- the job
+try:
+    from submitit.helpers import Checkpointable as _Checkpointable
+except ImportError:  # pragma: no cover - submitit is a dependency; keep `ablate --help` alive without it
+    _Checkpointable = object
+
+
+class RunJob(_Checkpointable):
+    """What one array task executes. Re-imports the experiment file first, so arms it registers exist.
+
+    submitit's default `checkpoint()` resubmits this same call; `train.run` resumes from the run's
+    checkpoint, which the training loop wrote when the warning signal arrived.
+    """
+
+    def __init__(self, experiment_file: str | None, results: str, options: dict):
+        self.experiment_file, self.results, self.options = experiment_file, results, options
+
+    def __call__(self, spec: RunSpec) -> dict:
+        from ablate.train import run
+
+        if self.experiment_file:
+            load_experiment(self.experiment_file)
+        summary = run(spec, self.results, **self.options)
+        if summary.get("status") == "failed":
+            raise RuntimeError(summary.get("error"))
+        return summary
+
+
+# ---------------------------------------------------------------------------------------------- ledger
+def experiment_dir(results: Path, experiment: Experiment) -> Path:
+    return Path(results) / experiment.name
+
+
+def read_ledger(folder: Path) -> dict:
+    path = folder / LEDGER
+    return read_json(path) if path.exists() else {"runs": {}, "submissions": []}
+
+
+def job_state(entry: dict) -> tuple[str, str | None]:
+    """(state, error tail) of a ledger entry, asking SLURM (sacct, through submitit) or the local pid."""
+    if entry["executor"] == "local":
+        pid = entry.get("pid")
+        try:
+            os.kill(pid, 0)
+            return "running", None
+        except (OSError, TypeError):
+            return "finished", None
+    import submitit
+
+    job = submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"])
+    state = job.state.upper()
+    if state.startswith(("PENDING", "CONFIGURING")):
+        return "pending", None
+    if state.startswith(("RUNNING", "COMPLETING")):
+        return "running", None
+    if state.startswith(("REQUEUE", "RESIZING", "SUSPENDED", "PREEMPTED")):
+        return "requeued", None
+    if state.startswith("COMPLETED"):
+        return "finished", None
+    if state.startswith("UNKNOWN"):
+        return "unknown", None
+    return "failed", _tail(job.paths.stderr) or state
+
+
+def _tail(path, lines: int = 8) -> str | None:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return None
+    return "\n".join(text[-lines:]) if text else None
+
+
+def run_status(results: Path, spec: RunSpec, ledger: dict) -> dict:
+    folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+    summary = read_json(folder / SUMMARY) if (folder / SUMMARY).exists() else {}
+    entry = ledger["runs"].get(spec.key)
+    metrics = read_metrics(folder / "metrics.jsonl")
+    val_rows = [r for r in metrics if "val_loss" in r]
+    row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "pending",
+           "job_id": entry["job_id"] if entry else None, "steps": metrics[-1]["step"] if metrics else 0,
+           "val_loss": val_rows[-1]["val_loss"] if val_rows else None, "error": None, "queued": False}
+    status = summary.get("status")
+    if status in ("completed", "diverged"):
+        row["state"] = status
+        return row
+    job, error = job_state(entry) if entry else (None, None)
+    if job in ACTIVE:
+        row["state"], row["queued"] = ("requeued" if job == "pending" and summary else job), True
+    elif status == "failed" or job == "failed":
+        row["state"], row["error"] = "failed", _last_lines(summary.get("error")) or error
+    elif status == "running" and job in ("finished", "unknown"):  # the process ended without a result
+        row["state"], row["error"] = "failed", error or "the run stopped without finishing (killed?)"
+    return row
+
+
+def _last_lines(text: str | None, lines: int = 6) -> str | None:
+    return "\n".join(text.strip().splitlines()[-lines:]) if text else None
+
+
+def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
+    ledger = read_ledger(experiment_dir(results, experiment))
+    return [run_status(results, spec, ledger) for spec in (specs or experiment.runs())]
+
+
+# ---------------------------------------------------------------------------------------------- submit
+def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
+           profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
+           dry_run: bool = False, options: dict | None = None) -> dict:
+    """Submit the grid's runs that are neither completed nor queued/running. Returns what was done."""
+    if executor not in ("slurm", "local"):
+        raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
+    specs = experiment.runs(tiers, arms, seeds)
+    resources = load_profile(profile) if executor == "slurm" else None
+    rows = status(experiment, results, specs)
+    todo = [spec for spec, row in zip(specs, rows) if row["state"] not in ("completed", "diverged") and not row["queued"]]
+    skipped: dict[str, int] = {}
+    for row in rows:
+        if row["state"] in ("completed", "diverged") or row["queued"]:
+            skipped[row["state"]] = skipped.get(row["state"], 0) + 1
+    report = {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
+              "skipped": skipped,
+              "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {}}
+    if dry_run or not todo:
+        return report
+    folder = experiment_dir(results, experiment)
+    folder.mkdir(parents=True, exist_ok=True)
+    options = {"progress": False, **(options or {})}
+    if executor == "slurm":
+        report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
+    else:
+        report["jobs"] = _run_local(experiment, experiment_file, todo, results, parallel, options)
+    return report
+
+
+def _gpu_hours(specs: list[RunSpec]) -> float:
+    from ablate.tiers import plan_rows
+
+    total = 0.0
+    for tier in sorted({s.tier for s in specs}):
+        per_arm = {r["arm"]: r["gpu_hours_per_run"] for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
+        total += sum(per_arm[s.arm] for s in specs if s.tier == tier)
+    return total
+
+
+_LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
+
+
+def _record(folder: Path, entries: dict, submission: dict) -> None:
+    with _LEDGER_LOCK:
+        ledger = read_ledger(folder)
+        ledger["runs"].update(entries)
+        ledger["submissions"].append(submission)
+        atomic_write_json(folder / LEDGER, ledger)
+
+
+def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
+    import datetime as dt
+
+    import submitit
+
+    folder = experiment_dir(results, experiment)
+    job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
+                 {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+    jobs = {}
+    for tier in dict.fromkeys(s.tier for s in specs):
+        tier_specs = [s for s in specs if s.tier == tier]
+        logs = folder / "slurm" / tier
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
+        executor.update_parameters(**executor_parameters(profile, f"ablate-{experiment.name}-{tier}"))
+        submitted = executor.map_array(job, tier_specs)
+        entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
+                           "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+                   for s, j in zip(tier_specs, submitted)}
+        _record(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
+                                  "array": submitted[0].job_id.split("_")[0], "runs": list(entries)})
+        jobs.update({k: v["job_id"] for k, v in entries.items()})
+    return jobs
+
+
+def _run_local(experiment, experiment_file, specs, results, parallel, options) -> dict:
+    """Each run in its own `ablate run` process; at most `parallel` at a time; a bar over the grid."""
+    from tqdm.auto import tqdm
+
+    parallel = parallel or max(1, (os.cpu_count() or 1))
+    folder = experiment_dir(results, experiment)
+
+    def launch(spec: RunSpec) -> tuple[RunSpec, int]:
+        out = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--spec", json.dumps(
+            {"experiment_file": experiment_file, "spec": spec.__dict__ | {"overrides": dict(spec.overrides)},
+             "options": {**options, "threads": options.get("threads") or 1}})]
+        with open(out / "run.log", "a", encoding="utf-8") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            _record(folder, {spec.key: {"executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}},
+                    {"executor": "local", "runs": [spec.key]})
+            return spec, process.wait()
+
+    codes = {}
+    with ThreadPoolExecutor(max_workers=parallel) as pool, tqdm(total=len(specs), desc=experiment.name,
+                                                                 unit="run") as bar:
+        for future in as_completed([pool.submit(launch, s) for s in specs]):
+            spec, code = future.result()
+            codes[spec.key] = code
+            bar.set_postfix_str(f"{spec.key} {'ok' if code == 0 else f'exit {code}'}")
+            bar.update(1)
+    return codes
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser("submit", help="submit an experiment's grid (SLURM job arrays, or this machine)")
+    parser.add_argument("experiment", help="an experiments/*.py file or its name")
+    parser.add_argument("--tier", nargs="+", dest="tiers")
+    parser.add_argument("--arms", nargs="+")
+    parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--executor", default="slurm", help="slurm (default) or local")
+    parser.add_argument("--profile", default="local", help="cluster profile slurm/NAME.toml (default: local)")
+    parser.add_argument("--parallel", type=int, help="local executor: runs at a time (default: CPU count)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
+    parser.set_defaults(func=_submit_cli)
+
+    parser = subparsers.add_parser("status", help="one row per run of an experiment, and the counts")
+    parser.add_argument("experiment")
+    parser.add_argument("--results")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_status_cli)
+
+
+def _resolve(args) -> tuple[Experiment, str, Path]:
+    file = experiment_file(args.experiment)
+    return load_experiment(file), str(file), Path(args.results) if args.results else default_results()
+
+
+def _submit_cli(args) -> int:
+    experiment, file, results = _resolve(args)
+    report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
+                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run)
+    skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
+    if args.dry_run:
+        print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
+              f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
+        if report["resources"]:
+            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+        for key in report["to_submit"]:
+            print(f"  {key}")
+        return 0
+    if not report["to_submit"]:
+        print(f"{experiment.name}: nothing to submit ({skipped})")
+        return 0
+    if args.executor == "slurm":
+        print(f"{experiment.name}: queued {len(report['jobs'])} runs (skipped: {skipped}); "
+              f"follow with `ablate status {args.experiment}`")
+        return 0
+    failed = [k for k, code in report["jobs"].items() if code != 0]
+    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed {failed if failed else ''}")
+    return 1 if failed else 0
+
+
+def _status_cli(args) -> int:
+    experiment, _, results = _resolve(args)
+    rows = status(experiment, results)
+    counts = {state: sum(r["state"] == state for r in rows) for state in STATES}
+    if args.json:
+        print(json.dumps({"experiment": experiment.name, "runs": rows, "counts": counts}, indent=2))
+        return 0
+    print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<10} {'job':<14} {'steps':>6} {'val_loss':>9}")
+    for r in rows:
+        loss = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else "-"
+        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<10} {r['job_id'] or '-':<14} "
+              f"{r['steps']:>6} {loss:>9}")
+        if r["error"]:
+            print("        " + r["error"].replace("\n", "\n        "))
+    print("  ".join(f"{state}: {n}" for state, n in counts.items()) + f"  (total {len(rows)})")
+    return 0
+
+
+def _local_main(argv=None) -> int:
+    """Entry point of one local run process (`python -m ablate.dispatch --spec JSON`)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results", required=True)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    payload = json.loads(args.spec)
+    spec = RunSpec(**payload["spec"])
+    try:
+        RunJob(payload["experiment_file"], args.results, payload["options"])(spec)
+    except AblateError as err:
+        print(f"ablate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(_local_main())

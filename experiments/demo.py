@@ -1,0 +1,11 @@
+"""The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`)."""
+
+from ablate.experiment import Experiment
+
+EXPERIMENT = Experiment(
+    name="demo",
+    description="every registered arm, 2 seeds, smoke tier (CPU, minutes)",
+    tiers=("smoke",),
+    arms="all",
+    seeds=2,
+)

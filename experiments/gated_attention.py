@@ -1,0 +1,11 @@
+"""Qiu et al. (NeurIPS 2025): baseline against the SDPA-output gates (G1) and the value gate (G2)."""
+
+from ablate.experiment import Experiment
+
+EXPERIMENT = Experiment(
+    name="gated_attention",
+    description="baseline vs Qiu et al.'s gated attention (g1-elementwise, g1-headwise, g2-value)",
+    tiers=("10M", "50M", "124M"),
+    arms=("baseline", "g1-elementwise", "g1-headwise", "g2-value"),
+    seeds=3,
+)

@@ -1,0 +1,15 @@
+"""The study of SPEC.md (003): abstention (sink-logit) vs filtering (value gates) across four scales.
+
+Nine arms; seeds 3/3/3/1 over the tiers 10M/50M/124M/350M; every effect is a paired difference.
+Data: `ablate data prepare --source fineweb-edu --config sample-10BT --tokens 6000000000 --out data/fineweb-edu`.
+"""
+
+from ablate.experiment import Experiment
+
+EXPERIMENT = Experiment(
+    name="sink_vs_filter",
+    description="abstention vs filtering: the nine arms of the study at four scales",
+    tiers=("10M", "50M", "124M", "350M"),
+    arms=("baseline", "sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm", "combo", "combo2"),
+    seeds={"10M": 3, "50M": 3, "124M": 3, "350M": 1},
+)
