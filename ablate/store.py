@@ -27,6 +27,8 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LEDGER = "ledger.json"
 STATUSES = ("completed", "diverged", "failed", "running")
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int) -> Path:
@@ -43,6 +45,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a shared run store must stay readable
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -35,7 +35,7 @@ from ablate.tiers import get_tier
 log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"  # RUN_DIR/checkpoints/state.pt: everything needed to resume
 # Config keys that change how a run is watched, not what it computes: they may differ on resume.
-NON_SEMANTIC = ("progress", "logger", "num_workers", "threads")
+NON_SEMANTIC = ("progress", "logger", "threads")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -57,7 +57,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         "min_lr_ratio": tier.min_lr_ratio, "weight_decay": tier.weight_decay, "betas": list(tier.betas),
         "eps": 1e-8, "grad_clip": tier.grad_clip, "val_interval": tier.val_interval, "val_tokens": tier.val_tokens,
         "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False,
-        "progress": True, "logger": "none", "num_workers": 0, "threads": None,
+        "progress": True, "logger": "none", "threads": None,
     }
     max_steps = overrides.pop("max_steps", None)
     for key, value in {**overrides, **{k: v for k, v in options.items() if v is not None}}.items():
@@ -296,8 +296,8 @@ class Trainer:
             blob = torch.load(self.state_path, map_location="cpu", weights_only=False)
             model.load_state_dict(blob["model"])
             optimizer.load_state_dict(blob["optimizer"])
-            stream.load_state_dict(blob["stream"])
-            step, data_fp, wall = blob["step"], blob["data_fingerprint"], blob["wall_seconds"]
+            stream.load_state_dict(blob["stream"])  # refuses a checkpoint of another data stream
+            step, data_fp, wall = stream.step, blob["data_fingerprint"], blob["wall_seconds"]
             init_fingerprint = blob["init_fingerprint"]
             log.info("%s: resuming at step %d", self.folder, step)
         if rank == 0:
@@ -333,7 +333,7 @@ class Trainer:
             if rank == 0:
                 buffer = io.BytesIO()
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "stream": stream.state_dict(), "step": step, "data_fingerprint": data_fp,
+                            "stream": stream.state_dict(), "data_fingerprint": data_fp,
                             "init_fingerprint": init_fingerprint, "wall_seconds": wall + time.time() - t_resume},
                            buffer)
                 atomic_write_bytes(self.state_path, buffer.getvalue())
@@ -379,6 +379,7 @@ class Trainer:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
+                stream.step = step  # the position a checkpoint records
                 elapsed = time.time() - t0
                 row = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
                        "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / max(elapsed, 1e-9)}

@@ -23,6 +23,7 @@ writes the same bytes as one that was never interrupted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -57,11 +58,16 @@ def is_validation(doc_id: str, val_fraction: float) -> bool:
     return int.from_bytes(digest, "big") < val_fraction * 2**64
 
 
-def _readable(path: Path) -> Path:
-    """Give a written file the permissions the umask allows (temporary files start owner-only)."""
+@functools.cache
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    return umask
+
+
+def _readable(path: Path) -> Path:
+    """Give a written file the permissions the umask allows (temporary files start owner-only)."""
+    os.chmod(path, 0o666 & ~_umask())
     return path
 
 

@@ -1,0 +1,198 @@
+"""Matched runs: tiers, fingerprints, exact resume after SIGKILL, divergence, DDP, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ablate.arms import Arm, register_arm
+from ablate.errors import AblateError
+from ablate.experiment import RunSpec
+from ablate.store import read_json, read_metrics, run_dir
+from ablate.tiers import TIERS, get_tier, plan_rows
+from ablate.train import lr_at, run
+from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+
+torch.set_num_threads(1)
+
+
+def train(results, arm="baseline", seed=0, steps=12, experiment="adhoc", data=None, **options):
+    spec = RunSpec(experiment, "smoke", arm, seed, {"max_steps": steps, **options.pop("overrides", {})})
+    return run(spec, results, data_dir=str(data), progress=False, **options)
+
+
+@pytest.mark.parametrize("name,budget,seeds", [("10M", 0.2e9, 3), ("50M", 0.95e9, 3), ("124M", 1.6e9, 3),
+                                                ("350M", 5.8e9, 1)])
+def test_tier_ladder_matches_spec(name, budget, seeds):
+    plan = plan_rows(name, ["baseline"])
+    non_embedding = plan["runs"][0]["params_non_embedding"]
+    assert abs(non_embedding / TIERS[name].nominal_params - 1) <= 0.05, non_embedding
+    assert abs(plan["runs"][0]["tokens"] / budget - 1) < 0.01
+    assert get_tier(name).seeds == seeds
+    assert plan["total_gpu_hours"] > 0 and plan["runs"][0]["train_flops"] > 6 * non_embedding * budget
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    config = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_ratio": 0.1}
+    assert lr_at(0, config) == pytest.approx(1e-4)
+    assert lr_at(9, config) == pytest.approx(1e-3)
+    assert lr_at(60, config) == pytest.approx(0.55e-3)
+    assert lr_at(110, config) == pytest.approx(1e-4)
+
+
+def test_plan_command_json():
+    out = json.loads(ablate_cli("plan", "--tier", "124M", "--arms", "baseline", "combo2", "--json").stdout)
+    arms = {r["arm"]: r for r in out["runs"]}
+    assert arms["combo2"]["params_arm_extra"] == 18 * 12 * (64 + 2)  # H(d+2) per layer
+    assert "TFLOP/s" in out["assumption"] and out["total_runs"] == 6
+
+
+def test_unknown_tier_or_arm_names_the_valid_ones(tmp_path, sample_data):
+    with pytest.raises(AblateError, match="unknown tier 'huge'; valid tiers: smoke, 10M"):
+        run(RunSpec("adhoc", "huge", "baseline", 0), tmp_path)
+    result = ablate_cli("run", "--tier", "smoke", "--arm", "nope", "--results", tmp_path, check=False)
+    assert result.returncode == 2 and "unknown arm 'nope'" in result.stderr and "combo2" in result.stderr
+
+
+def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_data):
+    a = train(tmp_path, "baseline", data=sample_data)
+    b = train(tmp_path, "combo2", data=sample_data)
+    c = train(tmp_path, "baseline", seed=1, data=sample_data)
+    assert a["init_fingerprint"] == b["init_fingerprint"] and a["data_fingerprint"] == b["data_fingerprint"]
+    assert c["init_fingerprint"] != a["init_fingerprint"] and c["data_fingerprint"] != a["data_fingerprint"]
+    assert a["val_loss"] != b["val_loss"]  # the arms do differ
+    folder = run_dir(tmp_path, "adhoc", "smoke", "combo2", 0)
+    summary = read_json(folder / "summary.json")
+    for key in ("tier", "arm", "seed", "status", "val_loss", "steps", "tokens", "init_fingerprint",
+                "data_fingerprint", "params_total", "params_non_embedding", "params_arm_extra", "git_commit",
+                "versions", "started", "finished", "wall_seconds"):
+        assert key in summary, key
+    assert summary["status"] == "completed" and summary["steps"] == 12 and summary["params_arm_extra"] > 0
+    assert read_json(folder / "config.json")["arm"] == "combo2"
+    metrics = read_metrics(folder / "metrics.jsonl")
+    assert [r["step"] for r in metrics if "train_loss" in r] == list(range(1, 13))
+    assert {"train_loss", "lr", "grad_norm", "tokens_per_s"} <= set(metrics[-1]) and "val_loss" in metrics[-1]
+    assert (folder / "checkpoints" / "model.pt").is_file()
+
+
+def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, sample_data):
+    first = train(tmp_path, data=sample_data, steps=3)
+    folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
+    mtime = (folder / "summary.json").stat().st_mtime_ns
+    assert train(tmp_path, data=sample_data, steps=3) == first
+    assert (folder / "summary.json").stat().st_mtime_ns == mtime
+    with pytest.raises(AblateError, match="different config.*steps"):
+        train(tmp_path, data=sample_data, steps=4)
+    assert read_json(folder / "summary.json") == first  # nothing overwritten
+    again = train(tmp_path, data=sample_data, steps=4, force=True)
+    assert again["steps"] == 4
+    kept = [p for p in folder.parent.iterdir() if p.name.startswith("seed0.old-")]
+    assert len(kept) == 1 and read_json(kept[0] / "summary.json") == first
+
+
+def test_data_of_another_tokenizer_is_refused(tmp_path, sample_data):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(sample_data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["tokenizer"] = "synthetic-16"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(AblateError, match="synthetic-16.*expects 'gpt2'"):
+        train(tmp_path / "res", data=other)
+
+
+def test_non_finite_loss_ends_the_run_as_diverged(tmp_path, sample_data):
+    summary = train(tmp_path, data=sample_data, steps=40, overrides={"lr": 1e6, "grad_clip": 1e30, "warmup_steps": 1})
+    assert summary["status"] == "diverged" and 1 <= summary["diverged_step"] <= 40
+    assert summary["val_loss"] is None and "non-finite" in summary["error"]
+
+
+@register_arm("test-halfgate")
+class HalfGate(Arm):
+    """A new arm defined in a test file: a learnable per-head value gate starting at one half."""
+
+    description = "test arm"
+    no_weight_decay = frozenset({"logit"})
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.logit = torch.nn.Parameter(torch.empty(ctx.n_kv_head))
+
+    def value_gate(self, v, x):
+        return torch.sigmoid(self.logit).view(1, -1, 1, 1)
+
+    def init_parameter(self, name, param, generator):
+        torch.nn.init.zeros_(param)
+
+
+def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data):
+    summary = train(tmp_path, "test-halfgate", data=sample_data, steps=8)
+    assert summary["status"] == "completed" and summary["params_arm_extra"] == 2 * 2
+    metrics = [r for r in read_metrics(run_dir(tmp_path, "adhoc", "smoke", "test-halfgate", 0) / "metrics.jsonl")
+               if "train_loss" in r]
+    assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+    assert summary["init_fingerprint"] == train(tmp_path, "baseline", data=sample_data, steps=8)["init_fingerprint"]
+
+
+def _wait_for_step(metrics_path, step, process, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = read_metrics(metrics_path)
+        if rows and rows[-1].get("step", 0) >= step:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"run ended early: {process.stderr.read()[-2000:]}")
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for training progress")
+
+
+def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_data):
+    args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "40", "--data", sample_data,
+            "--no-progress", "--threads", "1"]
+    straight = ablate_cli(*args, "--results", tmp_path / "a")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args), "--results", tmp_path / "b"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = run_dir(tmp_path / "b", "adhoc", "smoke", "sink-logit", 0)
+    _wait_for_step(folder / "metrics.jsonl", 30, process)  # past the checkpoint at step 25
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert read_json(folder / "summary.json")["status"] == "running"
+    resumed = ablate_cli(*args, "--results", tmp_path / "b")
+    assert "resuming at step 25" in resumed.stderr
+    a, b = json.loads(straight.stdout), json.loads(resumed.stdout)
+    assert a["val_loss"] == b["val_loss"] and a["data_fingerprint"] == b["data_fingerprint"]  # bitwise
+    steps = [r["step"] for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]
+    assert steps == list(range(1, 41))  # no step logged twice after the resume
+
+
+def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):
+    args = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "400", "--data", sample_data,
+            "--no-progress", "--threads", "1", "--results", tmp_path]
+    process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
+    _wait_for_step(folder / "metrics.jsonl", 3, process)
+    process.send_signal(signal.SIGUSR1)
+    deadline = time.time() + 120
+    while not (folder / "checkpoints" / "state.pt").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    steps = torch.load(folder / "checkpoints" / "state.pt", weights_only=False)["stream"]["step"]
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert 3 <= steps < 25  # before the first interval checkpoint: the signal made it
+
+
+def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
+    args = ["run", "--tier", "smoke", "--arm", "combo", "--max-steps", "8", "--data", sample_data,
+            "--no-progress", "--threads", "1"]
+    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one").stdout)
+    two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two").stdout)
+    assert one["data_fingerprint"] == two["data_fingerprint"]
+    assert abs(one["val_loss"] - two["val_loss"]) < 1e-4
