@@ -70,17 +70,18 @@ class Runs:
 
     @property
     def missing(self) -> pl.DataFrame:
-        """(tier, arm, seed) without a counted run, where the tier has that seed and that arm at all.
+        """(tier, arm, seed) with no run at all, where the tier has that seed and that arm otherwise.
 
         A tier's seeds and arms are those of any run in it (whatever its status): the store does not
-        know the grid that was planned, only what was started.
+        know the grid that was planned, only what was started. Runs that exist but do not count are
+        in `excluded`, not here.
         """
         grid = (
             self.frame.select("tier", "arm").unique()
             .join(self.frame.select("tier", "seed").unique(), on="tier")
         )
-        done = self.completed.select("tier", "arm", "seed")
-        return sort_runs(grid.join(done, on=["tier", "arm", "seed"], how="anti"), self.arm_order)
+        present = self.frame.select("tier", "arm", "seed")
+        return sort_runs(grid.join(present, on=["tier", "arm", "seed"], how="anti"), self.arm_order)
 
 
 def sort_runs(frame: pl.DataFrame, arm_order: list[str], arm_column: str = "arm") -> pl.DataFrame:
@@ -133,7 +134,10 @@ def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike
 def _runs_from_store(folder: Path) -> Runs:
     rows = []
     for run in iter_run_dirs(folder):
-        summary = read_json(run / SUMMARY)
+        try:
+            summary = read_json(run / SUMMARY)
+        except (OSError, ValueError) as err:
+            raise AblateError(f"cannot read {str(run / SUMMARY)!r}: {err}") from err
         tier, arm, seed_dir = run.relative_to(folder).parts
         row = {
             "tier": str(summary.get("tier", tier)),

@@ -99,7 +99,8 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
     fig = _figure(figsize=(7, 4.5))
     fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)
     ax = fig.add_subplot()
-    frame = increments.frame.filter(pl.col("tier").map_elements(_sized, return_dtype=pl.Boolean))
+    sized = [t for t in increments.frame["tier"].unique().to_list() if _sized(t)]
+    frame = increments.frame.filter(pl.col("tier").is_in(sized))
     colours = {"zero_option": "tab:blue", "filtering_norm": "tab:orange", "filtering_proj": "tab:green"}
     for k, quantity in enumerate(INCREMENTS):
         rows = frame.filter(pl.col("quantity") == quantity).to_dicts()

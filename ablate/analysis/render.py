@@ -76,8 +76,8 @@ def to_markdown(table: Table) -> str:
         lines.append("| " + " | ".join(["–"] * len(head)) + " |")
     lines += ["", "95% CI: Student-t interval over seeds (n − 1 degrees of freedom); sd with ddof 1; "
               "agree: seeds whose difference is positive. Statistics use complete pairs only."]
-    lines += _listing("Missing seeds (no completed run; pairs with them are left out)", _missing_lines(table))
-    lines += _listing("Excluded runs (not completed)", [
+    lines += _listing("Missing seeds (no run; pairs with them are left out)", _missing_lines(table))
+    lines += _listing("Excluded runs (not completed, or no finite val_loss)", [
         f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.excluded.iter_rows(named=True)
     ])
     lines += _listing("Skipped", list(table.notes))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.errors import AblateError
-from ablate.analysis.load import Runs, load_curves, load_runs
+from ablate.analysis.load import TABLE_SUFFIXES, Runs, load_curves, load_runs
 from ablate.analysis.plots import FILTERING_FORMS, Crossover, find_crossover, plot_curves, plot_increments
 from ablate.analysis.render import DESCRIPTIONS, effect_cells, render
 from ablate.analysis.tables import KINDS, Table, build_table
@@ -61,7 +61,7 @@ def overview_section(ctx: ReportContext) -> str:
     excluded = [f"- {r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in runs.excluded.iter_rows(named=True)]
     if excluded:
         lines += ["", "Excluded runs (not completed, left out of every statistic):", "", *excluded]
-    missing = runs.missing.join(runs.excluded.select("tier", "arm", "seed"), on=["tier", "arm", "seed"], how="anti")
+    missing = runs.missing
     if missing.height:
         lines += ["", "Seeds with no run at all (statistics use complete pairs only):", ""]
         lines += [f"- {r['tier']} {r['arm']} seed {r['seed']}" for r in missing.iter_rows(named=True)]
@@ -86,7 +86,7 @@ def crossover_section(ctx: ReportContext) -> str:
         return "\n".join(lines + ["No increments could be computed, so there is no crossover:",
                                   *[f"- {note}" for note in increments.notes]])
     plot_increments(increments, ctx.crossovers, ctx.record("increments.png"))
-    lines += [f"- {c.message}" for c in ctx.crossovers]
+    lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
     lines += [f"- {note}" for note in increments.notes]
     lines += ["", "Crossover: the scale where the filtering increment overtakes the zero-option increment; the "
               "intervals in the figure show how firmly the means place it.", "", "![increments](increments.png)"]
@@ -126,17 +126,17 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
 def _effect_name(table: Table, row: dict) -> str:
     if table.kind == "paired":
         return f"{row['tier']} {row['arm']} vs {table.reference}"
-    label = "overlap" if table.kind == "overlap" else ""
-    return f"{row['tier']} {row[table.key]} {label} ({DESCRIPTIONS[row[table.key]]})".replace("  ", " ")
+    name = f"{row[table.key]} overlap" if table.kind == "overlap" else row[table.key]
+    return f"{row['tier']} {name} ({DESCRIPTIONS[row[table.key]]})"
 
 
 def write_report(source: str | os.PathLike, results: str | os.PathLike | None = None,
                  sections: list[Section] | None = None) -> Path:
     """Build the report of an experiment (name, .py file or folder) and return the report folder."""
-    runs = load_runs(source, results)
-    if runs.root is None:
+    if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
+    runs = load_runs(source, results)
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     tables = {kind: build_table(runs, kind, reference if kind == "paired" else None) for kind in KINDS}
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS

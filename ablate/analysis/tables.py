@@ -61,7 +61,7 @@ class Table:
     def warnings(self) -> list[str]:
         """Everything a reader of the numbers must also know, one line each."""
         lines = [f"excluded {r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.excluded.iter_rows(named=True)]
-        lines += [f"missing {r['tier']}/{r['arm']}/seed{r['seed']}: no completed run" for r in self.missing.iter_rows(named=True)]
+        lines += [f"missing {r['tier']}/{r['arm']}/seed{r['seed']}: no run" for r in self.missing.iter_rows(named=True)]
         return lines + list(self.notes)
 
 

@@ -6,20 +6,38 @@
     class MyArm(Arm):
         description = "..."
         def value_gate(self, v, x): ...
+
+Names load on first use (PEP 562), so `ablate.arms.names` and the `ablate` command's parser stay
+torch-free; the first use registers the built-in arms, in SPEC.md's order, before anything else.
 """
 
-from ablate.arms.attention import AttentionRecord, attention, reference_attention
-from ablate.arms.base import SLOTS, Arm, ArmContext, get_arm, list_arms, register_arm
-from ablate.arms import builtin as _builtin  # noqa: F401  (registers the built-in arms, in order)
+from __future__ import annotations
 
-__all__ = [
-    "SLOTS",
-    "Arm",
-    "ArmContext",
-    "AttentionRecord",
-    "attention",
-    "get_arm",
-    "list_arms",
-    "reference_attention",
-    "register_arm",
-]
+import importlib
+
+_EXPORTS = {
+    "SLOTS": "ablate.arms.base",
+    "Arm": "ablate.arms.base",
+    "ArmContext": "ablate.arms.base",
+    "get_arm": "ablate.arms.base",
+    "list_arms": "ablate.arms.base",
+    "register_arm": "ablate.arms.base",
+    "AttentionRecord": "ablate.arms.attention",
+    "attention": "ablate.arms.attention",
+    "reference_attention": "ablate.arms.attention",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ablate.arms' has no attribute {name!r}")
+    importlib.import_module("ablate.arms.builtin")  # registers the built-in arms first
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,239 @@
+"""Tables of the analysis: reference figures, statistics against scipy, pairing, missing and excluded runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+
+from analysis_fixtures import REFERENCE, SEEDS, TIERS, reference_losses, write_csv, write_run, write_store
+from ablate.analysis.load import load_runs
+from ablate.analysis.render import render
+from ablate.analysis.tables import build_table, increments_table, overlap_table, paired_table
+from ablate.errors import AblateError
+
+PAIRED_COLUMNS = ["tier", "arm", "reference", "n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree"]
+STAT_COLUMNS = ["n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write_store(tmp_path_factory.mktemp("results"), curve_points=3)
+
+
+@pytest.fixture(scope="module")
+def runs(store):
+    return load_runs(store)
+
+
+def _row(table, tier, key_value):
+    rows = table.frame.filter((pl.col("tier") == tier) & (pl.col(table.key) == key_value)).to_dicts()
+    assert len(rows) == 1, (tier, key_value, rows)
+    return rows[0]
+
+
+def test_increments_reproduce_the_reference_figures(runs):
+    table = increments_table(runs)
+    assert table.columns == ["tier", "quantity", *STAT_COLUMNS]
+    for quantity, figures in REFERENCE.items():
+        for tier, figure, seeds in zip(TIERS, figures, (SEEDS[t] for t in TIERS)):
+            row = _row(table, tier, quantity)
+            assert row["mean"] == pytest.approx(figure, abs=1e-9), (tier, quantity)
+            assert row["n"] == seeds
+
+
+def test_statistics_match_scipy(runs):
+    losses = reference_losses()
+    table = paired_table(runs, "baseline")
+    checked = 0
+    for row in table.frame.iter_rows(named=True):
+        seeds = range(SEEDS[row["tier"]])
+        diffs = np.array([losses[(row["tier"], "baseline", s)] - losses[(row["tier"], row["arm"], s)] for s in seeds])
+        if len(diffs) < 2:
+            continue
+        interval = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+        assert row["n"] == len(diffs)
+        assert row["mean"] == pytest.approx(diffs.mean(), abs=1e-12)
+        assert row["sd"] == pytest.approx(np.std(diffs, ddof=1), rel=1e-9)
+        assert row["se"] == pytest.approx(stats.sem(diffs), rel=1e-9)
+        assert row["ci_low"] == pytest.approx(interval.low, rel=1e-9)
+        assert row["ci_high"] == pytest.approx(interval.high, rel=1e-9)
+        assert row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"] == pytest.approx(diffs.max(), abs=1e-12)
+        assert row["agree"] == int((diffs > 0).sum())
+        checked += 1
+    assert checked == 8 * 3  # eight arms against baseline at the three tiers with three seeds
+
+
+def test_overlap_matches_its_definition(runs):
+    losses = reference_losses()
+    table = overlap_table(runs)
+    assert table.columns == ["tier", "gate", *STAT_COLUMNS]
+    for gate, alone, both in (("norm", "norm-gate", "combo"), ("proj", "proj-gate", "combo2")):
+        for tier in TIERS:
+            gain = lambda arm, s: losses[(tier, "baseline", s)] - losses[(tier, arm, s)]  # noqa: E731
+            per_seed = [gain("sink-logit", s) + gain(alone, s) - gain(both, s) for s in range(SEEDS[tier])]
+            row = _row(table, tier, gate)
+            assert row["mean"] == pytest.approx(np.mean(per_seed), abs=1e-12)
+            assert row["agree"] == sum(v > 0 for v in per_seed)
+
+
+def test_one_seed_has_no_spread(runs):
+    table = increments_table(runs)
+    row = _row(table, "350M", "zero_option")
+    assert row["n"] == 1
+    assert all(row[c] is None for c in ("sd", "se", "ci_low", "ci_high"))
+    assert row["min"] == row["max"] == row["mean"]
+    md = render(table, "md")
+    line = next(line for line in md.splitlines() if line.startswith("| 350M | zero_option"))
+    assert "1 seed" in line and "±" not in line
+    csv_line = next(line for line in render(table, "csv").splitlines() if line.startswith("350M,zero_option"))
+    assert csv_line.split(",")[4:8] == ["", "", "", ""]  # sd, se, ci_low, ci_high empty
+    assert json.loads(render(table, "json"))["rows"][-3]["sd"] is None
+
+
+def test_columns_and_ordering(runs):
+    table = paired_table(runs)
+    assert table.columns == PAIRED_COLUMNS
+    tiers = table.frame["tier"].unique(maintain_order=True).to_list()
+    assert tiers == ["10M", "50M", "124M", "350M"]  # by size, not alphabetically
+    arms = table.frame.filter(tier="10M")["arm"].to_list()
+    assert arms == ["sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm", "combo", "combo2"]
+    assert set(table.frame["reference"].to_list()) == {"baseline"}
+
+
+def test_custom_arm_sorts_after_builtins_and_other_reference(tmp_path):
+    losses = {k: v for k, v in reference_losses().items() if k[0] == "10M" and k[1] in ("baseline", "sink-logit")}
+    losses.update({("10M", "my-arm", s): 4.2 for s in range(3)})
+    runs = load_runs(write_store(tmp_path, losses=losses, curve_points=2))
+    assert paired_table(runs).frame["arm"].to_list() == ["sink-logit", "my-arm"]
+    other = paired_table(runs, "sink-logit").frame
+    assert other["arm"].to_list() == ["baseline", "my-arm"]
+    base = other.filter(arm="baseline").row(0, named=True)
+    assert base["mean"] == pytest.approx(-REFERENCE["zero_option"][0], abs=1e-9)  # sign flips with the reference
+    with pytest.raises(AblateError, match="unknown reference arm 'nope'.*baseline, sink-logit, my-arm"):
+        paired_table(runs, "nope")
+
+
+def test_csv_and_parquet_give_the_store_tables(runs, tmp_path):
+    csv_runs = load_runs(write_csv(tmp_path / "losses.csv"))
+    parquet = tmp_path / "losses.parquet"
+    pl.read_csv(tmp_path / "losses.csv").write_parquet(parquet)
+    for source in (csv_runs, load_runs(parquet)):
+        for kind in ("paired", "increments", "overlap"):
+            assert build_table(source, kind).frame.equals(build_table(runs, kind).frame), kind
+
+
+def test_missing_column_is_named(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("tier,arm,seed,loss\n10M,baseline,0,4.2\n")
+    with pytest.raises(AblateError, match=r"lacks column\(s\) val_loss.*found: tier, arm, seed, loss"):
+        load_runs(path)
+
+
+def test_fingerprint_mismatch_is_refused(tmp_path):
+    folder = write_store(tmp_path, curve_points=2)
+    write_run(tmp_path, "study", "50M", "combo", 1, reference_losses()[("50M", "combo", 1)], curve_points=2,
+              data_fingerprint="deadbeef")
+    runs = load_runs(folder)
+    with pytest.raises(AblateError) as err:
+        paired_table(runs)
+    message = str(err.value)
+    assert "50M/baseline/seed1" in message and "50M/combo/seed1" in message and "data_fingerprint" in message
+    with pytest.raises(AblateError, match="50M/sink-logit/seed1 and 50M/combo/seed1.*data_fingerprint"):
+        increments_table(runs)
+    write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, init_fingerprint="cafe")
+    with pytest.raises(AblateError, match="init_fingerprint"):
+        overlap_table(load_runs(folder))
+
+
+def test_missing_seed_reduces_n_and_is_listed(tmp_path):
+    folder = write_store(tmp_path, curve_points=2)
+    shutil.rmtree(folder / "124M" / "combo" / "seed2")
+    table = increments_table(load_runs(folder))
+    row = _row(table, "124M", "filtering_norm")
+    assert row["n"] == 2
+    assert _row(table, "124M", "zero_option")["n"] == 3
+    losses = reference_losses()
+    diffs = [losses[("124M", "sink-logit", s)] - losses[("124M", "combo", s)] for s in (0, 1)]
+    assert row["mean"] == pytest.approx(np.mean(diffs), abs=1e-12)
+    md = render(table, "md")
+    assert "Missing seeds" in md and "- 124M combo: seed 2" in md
+    assert "missing 124M/combo/seed2: no run" in table.warnings
+
+
+def test_non_completed_runs_are_excluded_and_listed(tmp_path):
+    folder = write_store(tmp_path, curve_points=2)
+    write_run(tmp_path, "study", "10M", "sink-logit", 0, None, status="diverged", curve_points=2, diverged_step=812)
+    write_run(tmp_path, "study", "10M", "combo2", 2, None, status="failed", curve_points=2, error="CUDA OOM\ntrace")
+    write_run(tmp_path, "study", "50M", "combo2", 2, None, status="running", curve_points=2)
+    table = increments_table(load_runs(folder))
+    assert _row(table, "10M", "zero_option")["n"] == 2
+    assert _row(table, "10M", "filtering_proj")["n"] == 1  # seed 0 lacks sink-logit, seed 2 lacks combo2
+    assert _row(table, "50M", "filtering_proj")["n"] == 2
+    assert table.missing.is_empty()  # every run exists; those that do not count are excluded instead
+    md = render(table, "md")
+    assert "10M sink-logit seed 0: diverged at step 812" in md
+    assert "10M combo2 seed 2: failed: CUDA OOM" in md and "trace" not in md
+    assert "50M combo2 seed 2: running" in md
+    warnings = json.loads(render(table, "json"))["warnings"]
+    assert any("diverged at step 812" in w for w in warnings) and any("running" in w for w in warnings)
+
+
+def test_csv_status_column_and_bad_values(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("tier,arm,seed,val_loss,status\n10M,baseline,0,4.2,completed\n10M,sink-logit,0,,diverged\n"
+                    "10M,baseline,1,4.3,completed\n10M,sink-logit,1,4.28,completed\n")
+    runs = load_runs(path)
+    table = paired_table(runs)
+    assert table.frame["n"].to_list() == [1]
+    assert table.excluded.select("arm", "seed", "reason").row(0) == ("sink-logit", 0, "diverged")
+    path.write_text("tier,arm,seed,val_loss\n10M,baseline,0,4.2\n10M,baseline,0,4.3\n")
+    with pytest.raises(AblateError, match="more than one row for run 10M/baseline/seed0"):
+        load_runs(path)
+
+
+def test_absent_arms_skip_quantities_with_a_note(tmp_path):
+    losses = {k: v for k, v in reference_losses().items() if k[1] in ("baseline", "sink-logit", "norm-gate")}
+    runs = load_runs(write_store(tmp_path, losses=losses, curve_points=2))
+    increments = increments_table(runs)
+    assert increments.frame["quantity"].unique().to_list() == ["zero_option"]
+    assert any("filtering_norm skipped" in n and "combo" in n for n in increments.notes)
+    overlap = overlap_table(runs)
+    assert overlap.frame.is_empty() and len(overlap.notes) == 2
+    assert "Skipped" in render(overlap, "md")
+
+
+def test_kind_format_and_reference_errors(runs):
+    with pytest.raises(AblateError, match="unknown kind 'pairs'.*paired, increments, overlap"):
+        build_table(runs, "pairs")
+    with pytest.raises(AblateError, match="--reference applies to --kind paired only"):
+        build_table(runs, "increments", "sink-logit")
+    with pytest.raises(AblateError, match="unknown format 'html'.*md, csv, latex, json"):
+        render(paired_table(runs), "html")
+    latex = render(increments_table(runs), "latex")
+    assert r"\begin{tabular}" in latex and "filtering\\_norm" in latex and "(1 seed)" in latex
+
+
+def test_unknown_source_is_refused(tmp_path):
+    with pytest.raises(AblateError, match="no such file"):
+        load_runs(tmp_path / "nope.csv")
+    with pytest.raises(AblateError, match="unknown experiment 'no-such-experiment'"):
+        load_runs("no-such-experiment", results=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AblateError, match="no runs"):
+        load_runs(tmp_path / "empty")
+
+
+def test_experiment_name_and_file_resolve_under_results(store, tmp_path):
+    by_name = load_runs("study", results=store.parent)
+    assert by_name.root == store and by_name.frame.height == 9 * 10
+    definition = tmp_path / "my_study.py"  # the file's stem differs from the experiment's name on purpose
+    definition.write_text("from ablate.experiment import Experiment\n"
+                          "EXPERIMENT = Experiment(name='study', tiers=('10M',), arms=('baseline',), seeds=3)\n")
+    assert load_runs(definition, results=store.parent).root == store
+    with pytest.raises(AblateError, match="experiment 'study' has no runs under"):
+        load_runs(definition, results=tmp_path)

@@ -1,0 +1,178 @@
+"""The report, the crossover, the curves reader and the two commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from matplotlib.image import imread
+
+from analysis_fixtures import reference_losses, write_run, write_store
+from ablate.analysis import cli as analysis_cli
+from ablate.analysis.load import load_curves, load_runs
+from ablate.analysis.plots import find_crossover
+from ablate.analysis.report import SECTIONS, write_report
+from ablate.analysis.tables import KINDS, Table, increments_table
+from ablate.errors import AblateError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    losses = reference_losses()
+    losses[("124M", "renorm", 2)] = None  # diverged: excluded and listed
+    for (tier, arm, seed), loss in losses.items():
+        if loss is None:
+            write_run(results, "study", tier, arm, seed, None, status="diverged", diverged_step=77)
+        else:
+            write_run(results, "study", tier, arm, seed, loss)
+    return write_report("study", results=results)
+
+
+def test_report_files_and_images(report):
+    names = {p.name for p in report.iterdir()}
+    expected = {f"{k}.{ext}" for k in KINDS for ext in ("md", "csv")} | {"increments.png", "curves.png", "summary.md"}
+    assert expected <= names
+    for image in ("increments.png", "curves.png"):
+        assert (report / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = imread(report / image)
+        assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
+        assert pixels.std() > 0.01  # something was drawn
+    assert pl.read_csv(report / "increments.csv").columns[:3] == ["tier", "quantity", "n"]
+
+
+def test_summary_names_the_crossover_and_flags(report):
+    summary = (report / "summary.md").read_text()
+    proj = next(line for line in summary.splitlines() if line.startswith("- filtering_proj"))
+    assert "between 50M and 124M" in proj
+    norm = next(line for line in summary.splitlines() if line.startswith("- filtering_norm"))
+    assert "between 124M and 350M" in norm
+    flagged = summary.split("## Effects whose 95% interval contains zero")[1].split("##")[0]
+    assert "10M filtering_norm" in flagged and "10M renorm vs baseline" in flagged
+    assert "10M sink-logit vs baseline" not in flagged  # a clear effect is not flagged
+    single = summary.split("## Effects from one seed")[1].split("##")[0]
+    assert "350M zero_option" in single and "350M combo2 vs baseline" in single
+    assert "124M renorm seed 2: diverged at step 77" in summary
+
+
+def test_crossover_of_the_reference_fixture(tmp_path):
+    table = increments_table(load_runs(write_store(tmp_path, curve_points=2)))
+    proj = find_crossover(table, "filtering_proj")
+    assert (proj.below, proj.above) == ("50M", "124M") and 50e6 < proj.params < 124e6
+    norm = find_crossover(table, "filtering_norm")
+    assert (norm.below, norm.above) == ("124M", "350M") and 124e6 < norm.params < 350e6
+
+
+def _increments(means: dict[str, dict[str, float]]) -> Table:
+    rows = [{"tier": tier, "quantity": q, "mean": m} for q, by_tier in means.items() for tier, m in by_tier.items()]
+    return Table("increments", "quantity", pl.DataFrame(rows), "t", None, pl.DataFrame(), pl.DataFrame())
+
+
+def test_crossover_cases():
+    exact = find_crossover(_increments({"zero_option": {"10M": 0.02, "1B": 0.0},
+                                        "filtering_proj": {"10M": 0.0, "1B": 0.02}}), "filtering_proj")
+    assert exact.params == pytest.approx(1e8)  # midway on a log scale between 1e7 and 1e9
+    never = find_crossover(_increments({"zero_option": {"10M": 0.02, "50M": 0.01},
+                                        "filtering_proj": {"10M": 0.0, "50M": 0.005}}), "filtering_proj")
+    assert never.params is None and "no crossover" in never.message and "50M" in never.message
+    above = find_crossover(_increments({"zero_option": {"10M": 0.001, "50M": 0.001},
+                                        "filtering_proj": {"10M": 0.01, "50M": 0.02}}), "filtering_proj")
+    assert above.params is None and "already exceeds" in above.message
+    short = find_crossover(_increments({"zero_option": {"10M": 0.02}, "filtering_proj": {"10M": 0.0}}),
+                           "filtering_proj")
+    assert short.params is None and "not enough tiers" in short.message
+
+
+def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
+    losses = {k: v for k, v in reference_losses().items() if k[1] in ("baseline", "sink-logit", "norm-gate")}
+    folder = write_report(write_store(tmp_path, losses=losses, curve_points=2))
+    summary = (folder / "summary.md").read_text()
+    assert "filtering_norm skipped" in summary and "norm overlap skipped" in summary
+    crossover = summary.split("## Crossover")[1].split("##")[0]
+    assert "no crossover: neither filtering increment could be computed" in crossover
+    assert (folder / "curves.png").is_file() and (folder / "overlap.md").is_file()
+
+
+def test_sections_are_composable(tmp_path):
+    folder = write_store(tmp_path, curve_points=2)
+    (folder / "10M" / "baseline" / "seed0" / "probe.json").write_text(json.dumps({"first_key_mass": 0.06}))
+
+    def probes_section(ctx):
+        found = [Path(p) / "probe.json" for p in ctx.runs.frame["path"].to_list() if (Path(p) / "probe.json").is_file()]
+        ctx.write("probes.md", f"{len(found)} probe files\n")
+        return f"## Probes\n\n{len(found)} probe file(s)"
+
+    out = write_report(folder, sections=[*SECTIONS, probes_section])
+    summary = (out / "summary.md").read_text()
+    assert summary.rstrip().endswith("1 probe file(s)") and "## Crossover" in summary
+    assert (out / "probes.md").read_text() == "1 probe files\n"
+
+
+def test_curves_reader_skips_torn_lines_and_non_finite_points(tmp_path):
+    folder = write_store(tmp_path, losses={("10M", "baseline", 0): 4.0}, curve_points=4, train_every=2)
+    metrics = folder / "10M" / "baseline" / "seed0" / "metrics.jsonl"
+    with metrics.open("a") as handle:
+        handle.write('{"step": 1001, "tokens": 1, "val_loss": NaN}\n{"step": 1002, "tokens": 2, "val_lo')
+    curves = load_curves(load_runs(folder))
+    assert curves["step"].to_list() == [250, 500, 750, 1000]
+    assert curves["val_loss"][-1] == pytest.approx(4.0)
+    metrics.write_text('{"step": 1, "tokens": 1, "val_loss": 5.0}\nnot json\n{"step": 2, "tokens": 2, "val_loss": 4.5}\n')
+    assert load_curves(load_runs(folder))["val_loss"].to_list() == [5.0, 4.5]
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="ablate")
+    analysis_cli.add_commands(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_table_and_report_commands(tmp_path, capsys):
+    folder = write_store(tmp_path, curve_points=2)
+    write_run(tmp_path, "study", "50M", "combo", 0, None, status="failed", curve_points=2, error="boom")
+    args = _parser().parse_args(["table", "study", "--kind", "increments", "--results", str(tmp_path)])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert "| 10M | zero_option" in captured.out and "50M combo seed 0: failed: boom" in captured.out
+    args = _parser().parse_args(["table", str(folder), "--format", "csv", "--out", str(tmp_path / "p.csv")])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out and "excluded 50M/combo/seed0: failed: boom" in captured.err
+    assert pl.read_csv(tmp_path / "p.csv").columns[:4] == ["tier", "arm", "reference", "n"]
+    args = _parser().parse_args(["table", str(folder), "--kind", "overlap", "--format", "json"])
+    args.func(args)
+    assert json.loads(capsys.readouterr().out)["columns"][:2] == ["tier", "gate"]
+    args = _parser().parse_args(["report", "study", "--results", str(tmp_path)])
+    assert args.func(args) == 0
+    assert str(folder / "report") in capsys.readouterr().out
+    with pytest.raises(AblateError, match="needs an experiment's run store"):
+        write_report(tmp_path / "p.csv")
+    assert analysis_cli.KINDS == KINDS
+
+
+# Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module
+# (imported by every `ablate` command) not even polars or matplotlib.
+TORCH_FREE = (
+    "import sys; sys.modules.update(torch=None, lightning=None)\n"  # a stray `import torch` fails fast
+    "import ablate.analysis.cli; heavy = {{'polars', 'matplotlib', 'scipy'}} & set(sys.modules);"
+    " assert not heavy, heavy;"
+    " from ablate.analysis import write_report; write_report({folder!r});"
+    " loaded = {{'ablate.train', 'ablate.model'}} & set(sys.modules); assert not loaded, loaded"
+)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    results = tmp_path_factory.mktemp("small")
+    return write_store(results, losses={k: v for k, v in reference_losses().items() if k[0] == "10M"}, curve_points=2)
+
+
+def test_analysis_with_the_real_arms_package_never_imports_torch(small_store):
+    code = TORCH_FREE.format(folder=str(small_store))
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, capture_output=True)
