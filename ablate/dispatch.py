@@ -14,6 +14,7 @@ skips runs that are completed, queued or running, and `status` can ask the sched
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import subprocess
@@ -96,7 +97,12 @@ class RunJob(_Checkpointable):
         self.experiment_file, self.results, self.options = experiment_file, results, options
 
     def __call__(self, spec: RunSpec) -> dict:
+        import logging
+
         from ablate.train import run
+
+        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         if self.experiment_file:
             load_experiment(self.experiment_file)
@@ -116,19 +122,44 @@ def read_ledger(folder: Path) -> dict:
     return read_json(path) if path.exists() else {"runs": {}, "submissions": []}
 
 
-def job_state(entry: dict) -> tuple[str, str | None]:
-    """(state, error tail) of a ledger entry, asking SLURM (sacct, through submitit) or the local pid."""
+def slurm_states(job_ids: list[str]) -> dict[str, str]:
+    """One `sacct` call for many jobs: {job id: state}. (submitit's watcher caches states per process.)"""
+    if not job_ids:
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(sorted(set(job_ids)))],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    states = {}
+    for line in out.splitlines():
+        job_id, _, state = line.partition("|")
+        for one in _expand_array(job_id.strip()):
+            states[one] = state.split()[0] if state.strip() else "UNKNOWN"
+    return states
+
+
+def _expand_array(job_id: str) -> list[str]:
+    """sacct shows an array's still-pending tasks as one row: '41_[2-5,7%8]' → ['41_2', ..., '41_7']."""
+    head, bracket, rest = job_id.partition("_[")
+    if not bracket:
+        return [job_id]
+    ids = []
+    for part in rest.rstrip("]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        ids.extend(f"{head}_{i}" for i in range(int(low), int(high or low) + 1))
+    return ids
+
+
+def job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
+    """(state, error tail) of a ledger entry, from sacct's answer or the local process id."""
     if entry["executor"] == "local":
-        pid = entry.get("pid")
         try:
-            os.kill(pid, 0)
+            os.kill(entry.get("pid"), 0)
             return "running", None
         except (OSError, TypeError):
             return "finished", None
-    import submitit
-
-    job = submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"])
-    state = job.state.upper()
+    state = slurm.get(entry["job_id"], "UNKNOWN").upper()
     if state.startswith(("PENDING", "CONFIGURING")):
         return "pending", None
     if state.startswith(("RUNNING", "COMPLETING")):
@@ -137,9 +168,12 @@ def job_state(entry: dict) -> tuple[str, str | None]:
         return "requeued", None
     if state.startswith("COMPLETED"):
         return "finished", None
-    if state.startswith("UNKNOWN"):
-        return "unknown", None
-    return "failed", _tail(job.paths.stderr) or state
+    if state.startswith("UNKNOWN"):  # accounting has not seen a just-submitted job yet
+        submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
+        return ("pending" if dt.datetime.now() - submitted < dt.timedelta(minutes=2) else "unknown"), None
+    import submitit
+
+    return "failed", _tail(submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"]).paths.stderr) or state
 
 
 def _tail(path, lines: int = 8) -> str | None:
@@ -150,7 +184,7 @@ def _tail(path, lines: int = 8) -> str | None:
     return "\n".join(text[-lines:]) if text else None
 
 
-def run_status(results: Path, spec: RunSpec, ledger: dict) -> dict:
+def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str]) -> dict:
     folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
     summary = read_json(folder / SUMMARY) if (folder / SUMMARY).exists() else {}
     entry = ledger["runs"].get(spec.key)
@@ -163,7 +197,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict) -> dict:
     if status in ("completed", "diverged"):
         row["state"] = status
         return row
-    job, error = job_state(entry) if entry else (None, None)
+    job, error = job_state(entry, slurm) if entry else (None, None)
     if job in ACTIVE:
         row["state"], row["queued"] = ("requeued" if job == "pending" and summary else job), True
     elif status == "failed" or job == "failed":
@@ -179,7 +213,11 @@ def _last_lines(text: str | None, lines: int = 6) -> str | None:
 
 def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
     ledger = read_ledger(experiment_dir(results, experiment))
-    return [run_status(results, spec, ledger) for spec in (specs or experiment.runs())]
+    specs = specs or experiment.runs()
+    job_ids = [ledger["runs"][s.key]["job_id"] for s in specs
+               if s.key in ledger["runs"] and ledger["runs"][s.key]["executor"] == "slurm"]
+    slurm = slurm_states(job_ids)
+    return [run_status(results, spec, ledger, slurm) for spec in specs]
 
 
 # ---------------------------------------------------------------------------------------------- submit
@@ -234,8 +272,6 @@ def _record(folder: Path, entries: dict, submission: dict) -> None:
 
 
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
-    import datetime as dt
-
     import submitit
 
     folder = experiment_dir(results, experiment)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm, reference_attention
-from ablate.arms.attention import key_signals
+from ablate.arms.kernel import key_signals
 
 INIT_STD = 0.02  # GPT-2
 

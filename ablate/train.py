@@ -440,6 +440,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
     parser.add_argument("--data", help="prepared data folder (default: the tier's)")
+    parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")
     parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
     parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
@@ -452,6 +453,7 @@ def add_commands(subparsers) -> None:
 def _run(args) -> int:
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
     summary = run(spec, args.results, data_dir=args.data, force=args.force, max_steps=args.max_steps,
+                  checkpoint_interval=args.checkpoint_interval,
                   devices=args.devices, compile=args.compile, logger=args.logger, threads=args.threads,
                   progress=args.progress)
     if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0:

@@ -153,23 +153,23 @@ def _wait_for_step(metrics_path, step, process, timeout=300):
 
 
 def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_data):
-    args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "40", "--data", sample_data,
-            "--no-progress", "--threads", "1"]
+    args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "24", "--checkpoint-interval", "6",
+            "--data", sample_data, "--no-progress", "--threads", "1"]
     straight = ablate_cli(*args, "--results", tmp_path / "a")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args), "--results", tmp_path / "b"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folder = run_dir(tmp_path / "b", "adhoc", "smoke", "sink-logit", 0)
-    _wait_for_step(folder / "metrics.jsonl", 30, process)  # past the checkpoint at step 25
+    _wait_for_step(folder / "metrics.jsonl", 14, process)  # past the checkpoint at step 12
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert read_json(folder / "summary.json")["status"] == "running"
     resumed = ablate_cli(*args, "--results", tmp_path / "b")
-    assert "resuming at step 25" in resumed.stderr
+    assert "resuming at step 12" in resumed.stderr or "resuming at step 18" in resumed.stderr
     a, b = json.loads(straight.stdout), json.loads(resumed.stdout)
     assert a["val_loss"] == b["val_loss"] and a["data_fingerprint"] == b["data_fingerprint"]  # bitwise
     steps = [r["step"] for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]
-    assert steps == list(range(1, 41))  # no step logged twice after the resume
+    assert steps == list(range(1, 25))  # no step logged twice after the resume
 
 
 def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):

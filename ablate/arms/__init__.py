@@ -22,9 +22,9 @@ _EXPORTS = {
     "get_arm": "ablate.arms.base",
     "list_arms": "ablate.arms.base",
     "register_arm": "ablate.arms.base",
-    "AttentionRecord": "ablate.arms.attention",
-    "attention": "ablate.arms.attention",
-    "reference_attention": "ablate.arms.attention",
+    "AttentionRecord": "ablate.arms.kernel",
+    "attention": "ablate.arms.kernel",
+    "reference_attention": "ablate.arms.kernel",
 }
 
 __all__ = sorted(_EXPORTS)

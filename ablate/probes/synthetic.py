@@ -3,21 +3,23 @@
 Why this task. The study's claim is that softmax attention cannot *abstain*: every query must spend
 all of its mass somewhere, so a baseline that has nothing worth reading learns to park the mass on
 a quiet key (the first one, a "sink"), while an arm with a phantom key (sink-logit) can put it on
-nothing. On web text that takes hours to appear; here it takes a minute, because half of the
-queries look for a key that was never stored and the right answer is a fixed NONE token:
+nothing. On web text that takes hours to appear; here it takes well under a minute, because half
+of the queries look for a key that was never stored, and the right answer is then a fixed NONE:
 
-    BOS  p(k1,v1) ... p(kn,vn)  SEP  q(a) ans(a)  q(b) ans(b) ...
+    inputs   BOS  p(k1,v1) ... p(kn,vn)  q(a)     q(b)   ...
+    targets   -      -     ...    -      ans(a)   ans(b) ...
 
-* a *pair token* p(k, v) holds a key and its value in one token, so a single attention layer can
-  find it (query key matches stored key) and read its value — no induction circuit needed;
-* a *query token* q(k) asks for key k; the next token is the answer: the value of the stored pair
-  with key k, or NONE when k was not stored (``absent_prob`` of the queries). Only answer
-  positions carry a target; every other target is ``IGNORE`` (cross-entropy's ignore_index);
-* BOS is the same token at position 0 of every sequence: the natural place for a baseline sink.
+* a *pair token* p(k, v) holds a key and its value in one token, so attention can find it (query
+  key matches stored key) and read its value without an induction circuit;
+* a *query token* q(k) asks for key k, and its own position's target is the answer: the value of
+  the stored pair with key k, or NONE when k was not stored (``absent_prob`` of the queries).
+  Answers are never inputs (a NONE token in the context would be a free, constant place to park
+  mass). Every other position's target is ``IGNORE`` (cross-entropy's ignore_index);
+* BOS, the same token at position 0 of every sequence, is where a baseline builds its sink.
 
-A head that looks up the queried key finds nothing for an absent key, so it must abstain; that
-is what the test measures (`tests/test_probes_synthetic.py`). Everything is a pure function of its
-seed: `synthetic_batch(task, batch_size, seed)` returns the same tokens for the same arguments.
+A head that looks up the queried key finds nothing for an absent key, so it must abstain; the test
+`tests/test_probes_synthetic.py` measures where each arm puts that spare mass. Everything is a
+pure function of its seed: `synthetic_batch(task, batch_size, seed)` is the same for the same arguments.
 """
 
 from __future__ import annotations
@@ -30,22 +32,24 @@ import torch
 log = logging.getLogger(__name__)
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: positions that predict nothing
+SYNTHETIC_TIER = "synthetic"  # the tier name of synthetic run folders
+DEFAULT_STEPS = 1500
+PROBE_BATCHES, PROBE_BATCH_SIZE = 4, 64
 VALIDATION_SEED_OFFSET = 2**62  # validation batches never coincide with training batches
 
 
 @dataclass(frozen=True)
 class SyntheticTask:
-    """Sizes of the recall task. Token ids: BOS, SEP, NONE, values, query keys, pair tokens."""
+    """Sizes of the recall task. Token ids: NONE, BOS, values, query keys, pair tokens (key × value)."""
 
-    n_keys: int = 16  # distinct keys
-    n_values: int = 8  # distinct values
+    n_keys: int = 8  # distinct keys
+    n_values: int = 4  # distinct values
     n_pairs: int = 6  # pairs stored per sequence (distinct keys)
-    n_queries: int = 6  # queries per sequence
+    n_queries: int = 4  # queries per sequence
     absent_prob: float = 0.5  # share of queries whose key was never stored
 
-    BOS = 0
-    SEP = 1
-    NONE = 2
+    NONE = 0
+    BOS = 1
 
     def __post_init__(self):
         if not 0 < self.n_pairs < self.n_keys:
@@ -55,7 +59,7 @@ class SyntheticTask:
 
     @property
     def first_value(self) -> int:
-        return 3
+        return 2
 
     @property
     def first_query(self) -> int:
@@ -71,8 +75,7 @@ class SyntheticTask:
 
     @property
     def seq_len(self) -> int:
-        """Input length (the targets are the inputs shifted by one, as for text)."""
-        return 1 + self.n_pairs + 1 + 2 * self.n_queries - 1
+        return 1 + self.n_pairs + self.n_queries
 
     def pair_token(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         return self.first_pair + key * self.n_values + value
@@ -81,9 +84,8 @@ class SyntheticTask:
 def synthetic_batch(task: SyntheticTask, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), both (batch_size, task.seq_len) LongTensors; a pure function of its arguments.
 
-    targets[b, t] is the token after inputs[b, t] at answer positions (a query token's position)
-    and IGNORE everywhere else: stored pairs and the queries themselves are random, so predicting
-    them only adds noise to the loss.
+    targets[b, t] is the answer at a query position and IGNORE everywhere else. (Unlike text, a
+    query's target sits at its own position: the answer is never fed back as an input.)
     """
     gen = torch.Generator().manual_seed(int(seed))
     B, n = batch_size, task.n_pairs
@@ -93,21 +95,10 @@ def synthetic_batch(task: SyntheticTask, batch_size: int, seed: int) -> tuple[to
     absent = torch.rand(B, task.n_queries, generator=gen) < task.absent_prob
     pick_stored = torch.randint(n, (B, task.n_queries), generator=gen)
     pick_unstored = torch.randint(task.n_keys - n, (B, task.n_queries), generator=gen)
-    asked_present = stored.gather(1, pick_stored)
-    asked_absent = unstored.gather(1, pick_unstored)
-    asked = torch.where(absent, asked_absent, asked_present)
+    asked = torch.where(absent, unstored.gather(1, pick_unstored), stored.gather(1, pick_stored))
     answers = torch.where(absent, torch.full_like(asked, task.NONE), task.first_value + values.gather(1, pick_stored))
-
-    full = torch.cat([
-        torch.full((B, 1), task.BOS),
-        task.pair_token(stored, values),
-        torch.full((B, 1), task.SEP),
-        torch.stack([task.first_query + asked, answers], dim=2).view(B, -1),
-    ], dim=1)  # (B, seq_len + 1)
-    inputs, targets = full[:, :-1].clone(), full[:, 1:].clone()
-    answer_positions = torch.zeros(full.shape[1] - 1, dtype=torch.bool)
-    answer_positions[n + 2 :: 2] = True  # the query tokens: each predicts its answer
-    targets[:, ~answer_positions] = IGNORE
+    inputs = torch.cat([torch.full((B, 1), task.BOS), task.pair_token(stored, values), task.first_query + asked], dim=1)
+    targets = torch.cat([torch.full((B, 1 + n), IGNORE), answers], dim=1)
     return inputs, targets
 
 
@@ -133,7 +124,7 @@ class SyntheticRun:
 def default_model_config(task: SyntheticTask, arm: str, **overrides):
     from ablate.model import GPTConfig
 
-    fields = dict(vocab_size=task.vocab_size, n_layer=1, n_head=2, d_model=64, max_seq_len=task.seq_len, arm=arm)
+    fields = dict(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=64, max_seq_len=task.seq_len, arm=arm)
     fields.update(overrides)
     return GPTConfig(**fields)
 
@@ -141,12 +132,12 @@ def default_model_config(task: SyntheticTask, arm: str, **overrides):
 def train_synthetic(
     arm: str,
     seed: int,
-    steps: int = 600,
+    steps: int = DEFAULT_STEPS,
     *,
     task: SyntheticTask | None = None,
     batch_size: int = 64,
     lr: float = 3e-3,
-    weight_decay: float = 0.0,
+    weight_decay: float = 0.1,
     warmup_steps: int = 50,
     progress: bool = False,
     **model_overrides,
@@ -155,8 +146,11 @@ def train_synthetic(
 
     The shared parameters of two arms with the same seed start equal (the model's name-keyed init),
     and both see the same batches (batch k is `synthetic_batch(task, batch_size, training_seed(seed, k))`),
-    so the arms differ only in their attention mechanism. AdamW over
-    `model.param_groups` (arm scalars undecayed), linear warm-up then constant, gradient clipping 1.0.
+    so the arms differ only in their attention mechanism. AdamW over `model.param_groups` with the
+    tiers' weight decay 0.1 on matrices and embeddings (arm scalars such as b_h undecayed), linear
+    warm-up then constant, gradient clipping 1.0. The decay matters: it is what makes a large BOS
+    logit cost something that the undecayed phantom logit does not, and without it some seeds of
+    sink-logit park their spare mass on BOS just like the baseline (measured; see the test).
     """
     from ablate.model import GPT
 
@@ -204,3 +198,32 @@ def evaluate_synthetic(model, task: SyntheticTask, batch_size: int = 256, seed: 
     correct = (predicted == targets) & scored
     absent = scored & (targets == task.NONE)
     return out.loss.item(), (correct.sum() / scored.sum()).item(), ((correct & absent).sum() / absent.sum()).item()
+
+
+def train_and_save_synthetic(arm: str, seed: int, *, steps: int | None = None, out=None,
+                             task: SyntheticTask | None = None, progress: bool = True):
+    """Train one arm on the task and probe it; with `out`, also write a run folder
+    OUT/synthetic/<arm>/seed<k>/ (config.json, summary.json, checkpoints/model.pt, probe.json, heatmap)
+    that `ablate probe`, `ablate inject` and `ablate report` read like any other run.
+
+    Returns (SyntheticRun, probe dict).
+    """
+    from pathlib import Path
+
+    from ablate.modelio import FINAL_WEIGHTS, save_model
+    from ablate.probes.diagnostics import probe_model, probe_run
+    from ablate.probes.runio import SYNTHETIC_KEY
+    from ablate.store import CHECKPOINTS, CONFIG, SUMMARY, atomic_write_json
+
+    run = train_synthetic(arm, seed, steps or DEFAULT_STEPS, task=task, progress=progress)
+    batches = synthetic_validation(run.task, PROBE_BATCH_SIZE, PROBE_BATCHES)
+    if out is None:
+        return run, probe_model(run.model, batches)
+    run_dir = Path(out) / SYNTHETIC_TIER / arm / f"seed{int(seed)}"
+    identity = {"tier": SYNTHETIC_TIER, "arm": arm, "seed": int(seed)}
+    atomic_write_json(run_dir / CONFIG, {**identity, "model": run.config, SYNTHETIC_KEY: asdict(run.task),
+                                         "steps": len(run.losses), "seq_len": run.task.seq_len})
+    save_model(run.model, run_dir / CHECKPOINTS / FINAL_WEIGHTS)
+    atomic_write_json(run_dir / SUMMARY, {**identity, "status": "completed", "val_loss": run.val_loss,
+                                          "val_accuracy": run.val_accuracy, "absent_accuracy": run.absent_accuracy})
+    return run, probe_run(run_dir, batches=batches)

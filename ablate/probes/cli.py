@@ -1,0 +1,115 @@
+"""`ablate probe`, `ablate inject` and `ablate synthetic`. Heavy imports happen inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+
+from ablate.errors import AblateError
+
+
+def add_commands(subparsers) -> None:
+    probe = subparsers.add_parser("probe", help="sink diagnostics of a trained run (probe.json + heatmap)")
+    probe.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
+    _batch_options(probe)
+    probe.set_defaults(func=_probe)
+
+    inject = subparsers.add_parser("inject", help="junk injection into quiet reads: loss increase over clean")
+    inject.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
+    inject.add_argument("--cutoff", default="p25", help="quiet reads: below the head's median or p25 norm (default p25)")
+    inject.add_argument("--eps", default="0.2,0.4,0.8,1.6", help="doses ε, comma-separated (default 0.2,0.4,0.8,1.6)")
+    inject.add_argument("--junk", default="structural,gaussian,random,gate-direction",
+                        help="junk kinds, comma-separated (default: all four)")
+    inject.add_argument("--seed", type=int, default=0, help="seed of the junk draws (default 0)")
+    _batch_options(inject)
+    inject.set_defaults(func=_inject)
+
+    synthetic = subparsers.add_parser(
+        "synthetic", help="train tiny models on the synthetic abstention task and probe them (a CPU demo)")
+    synthetic.add_argument("--arms", default="baseline,sink-logit", help="comma-separated arms (default baseline,sink-logit)")
+    synthetic.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    synthetic.add_argument("--steps", type=int, default=None, help="training steps (default: the task's)")
+    synthetic.add_argument("--out", default=None,
+                           help="experiment folder: write OUT/synthetic/<arm>/seed<k>/ run folders that "
+                                "`ablate probe`, `ablate inject` and `ablate report` read")
+    synthetic.set_defaults(func=_synthetic)
+
+
+def _batch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batches", type=int, default=8, help="fixed validation batches (default 8)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+
+
+def _comma_list(text: str, what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise AblateError(f"--{what} is empty")
+    return items
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(item) for item in _comma_list(text, what)]
+    except ValueError as err:
+        raise AblateError(f"--{what} {text!r} is not a comma-separated list of numbers") from err
+
+
+def _probe(args) -> int:
+    from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
+    from ablate.probes.runio import default_device
+
+    probe = probe_run(args.run_dir, n_batches=args.batches, batch_size=args.batch_size,
+                      device=args.device or default_device(), progress=True)
+    print(format_probe(probe))
+    print(f"\nwrote {args.run_dir}/{PROBE_FILE} and {args.run_dir}/{HEATMAP_FILE}")
+    return 0
+
+
+def format_probe(probe: dict) -> str:
+    """Markdown: the summary line, then one row per layer with its per-head first-key mass."""
+    summary = probe["summary"]
+    shown = ", ".join(f"{key} {value:.4g}" for key, value in summary.items() if value is not None)
+    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |", "|---:|---|---:|"]
+    for layer in probe["layers"]:
+        masses = " ".join(f"{m:.3f}" for m in layer["first_key_mass"])
+        lines.append(f"| {layer['layer']} | {masses} | {layer['max_abs_residual']:.3g} |")
+    return "\n".join(lines)
+
+
+def _inject(args) -> int:
+    from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
+    from ablate.probes.runio import default_device
+
+    result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_floats(args.eps, "eps"),
+                        junk=_comma_list(args.junk, "junk"), seed=args.seed, n_batches=args.batches,
+                        batch_size=args.batch_size, device=args.device or default_device(), progress=True)
+    print(injection_table(result))
+    print(f"\nwrote {args.run_dir}/{INJECT_FILE}")
+    return 0
+
+
+def _synthetic(args) -> int:
+    from ablate.arms import list_arms
+    from ablate.errors import choice_error
+    from ablate.probes.synthetic import train_and_save_synthetic
+
+    arms = _comma_list(args.arms, "arms")
+    for arm in arms:
+        if arm not in list_arms():
+            raise choice_error("arm", arm, list_arms())
+    try:
+        seeds = [int(s) for s in _comma_list(args.seeds, "seeds")]
+    except ValueError as err:
+        raise AblateError(f"--seeds {args.seeds!r} is not a comma-separated list of integers") from err
+    print("| arm | seed | val loss | accuracy | NONE accuracy | first-key mass | phantom mass |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for seed in seeds:
+        for arm in arms:
+            run, probe = train_and_save_synthetic(arm, seed, steps=args.steps, out=args.out)
+            s = probe["summary"]
+            phantom = "–" if s["phantom_mass"] is None else f"{s['phantom_mass']:.1%}"
+            print(f"| {arm} | {seed} | {run.val_loss:.4f} | {run.val_accuracy:.1%} | {run.absent_accuracy:.1%} "
+                  f"| {s['first_key_mass']:.1%} | {phantom} |", flush=True)
+    if args.out:
+        print(f"\nrun folders under {args.out}/synthetic/")
+    return 0

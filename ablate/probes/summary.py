@@ -1,0 +1,144 @@
+"""Markdown summaries of probe.json and inject.json across an experiment, by tier and arm over seeds.
+
+Torch-free on purpose: `ablate report` calls these without loading models. Each reads the files the
+probes wrote into run folders (RESULTS/<experiment>/<tier>/<arm>/seed<k>/) and returns "" when
+there are none, so the report can leave the section out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from ablate.arms.names import BUILTIN_ARMS
+from ablate.store import read_json
+from ablate.tiers import tier_rank
+
+PROBE_FILE = "probe.json"  # (the same names as ablate.probes.diagnostics / injection, kept torch-free)
+INJECT_FILE = "inject.json"
+JUNK_ORDER = ("structural", "gaussian", "random", "gate-direction")  # the main condition first
+
+# (key in probe.json's summary, column header, as a percentage?)
+PROBE_COLUMNS = (
+    ("first_key_mass", "first-key mass", True),
+    ("read_norm_ratio", "‖v₀‖/median", False),
+    ("phantom_mass", "phantom mass", True),
+    ("exposure", "exposure", True),
+    ("exposure_after_value_gate", "exposure after gate", True),
+    ("value_gate_mean", "value gate mean", False),
+    ("value_gate_near_zero", "value gate <0.1", True),
+    ("output_gate_mean", "output gate mean", False),
+    ("output_gate_near_zero", "output gate <0.1", True),
+    ("max_abs_residual", "max |residual|", False),
+    ("key0_importance_share", "heads key-0 >0.3", True),
+)
+
+
+def _runs_with(experiment_dir, filename: str):
+    """(tier, arm, seed, parsed json) for every run folder holding `filename`, skipping unreadable files."""
+    for path in sorted(Path(experiment_dir).glob(f"*/*/seed*/{filename}")):
+        try:
+            data = read_json(path)
+        except (OSError, ValueError):
+            continue
+        run = data.get("run") or {}
+        tier = str(run.get("tier") or path.parts[-4])
+        arm = str(run.get("arm") or path.parts[-3])
+        seed = run.get("seed", path.parts[-2].removeprefix("seed"))
+        yield tier, arm, seed, data
+
+
+def _order(tier: str, arm: str):
+    arm_rank = BUILTIN_ARMS.index(arm) if arm in BUILTIN_ARMS else len(BUILTIN_ARMS)
+    return (tier_rank(tier), tier, arm_rank, arm)
+
+
+def _cell(values: list[float], percent: bool) -> str:
+    """Mean over seeds, ± sd (ddof 1) when there are several."""
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    scale, unit, digits = (100.0, "%", 1) if percent else (1.0, "", 3)
+    if abs(mean) >= 100:
+        digits = 0
+    text = f"{mean * scale:.{digits}f}{unit}"
+    if len(values) > 1:
+        text += f" ± {statistics.stdev(values) * scale:.{digits}f}"
+    return text
+
+
+def summarise_probes(experiment_dir) -> str:
+    """One row per (tier, arm): each probe figure's mean over seeds (± sd), and the number of seeds."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for tier, arm, _seed, probe in _runs_with(experiment_dir, PROBE_FILE):
+        if isinstance(probe.get("summary"), dict):
+            groups[(tier, arm)].append(probe["summary"])
+    if not groups:
+        return ""
+    used = [c for c in PROBE_COLUMNS if any(s.get(c[0]) is not None for runs in groups.values() for s in runs)]
+    lines = [
+        "| tier | arm | seeds | " + " | ".join(header for _, header, _ in used) + " |",
+        "|---|---|---:|" + "---:|" * len(used),
+    ]
+    for tier, arm in sorted(groups, key=lambda key: _order(*key)):
+        runs = groups[(tier, arm)]
+        cells = []
+        for key, _, percent in used:
+            values = [float(s[key]) for s in runs if s.get(key) is not None and math.isfinite(float(s[key]))]
+            cells.append(_cell(values, percent))
+        lines.append(f"| {tier} | {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Means over layers and heads (queries i ≥ 1), then over seeds (± sd). Exposure: mass on reads "
+                 "below the head's 25th-percentile norm. Heads key-0 >0.3: share of heads whose first-key mass exceeds 0.3.")
+    return "\n".join(lines)
+
+
+def summarise_injections(experiment_dir) -> str:
+    """One table per cutoff: rows (tier, arm, junk), columns ε, cells the mean loss increase over seeds."""
+    cells: dict[tuple, list[float]] = defaultdict(list)  # (cutoff, tier, arm, junk, eps) → increases
+    not_applicable: set[tuple] = set()
+    seeds: dict[tuple, set] = defaultdict(set)
+    for tier, arm, seed, data in _runs_with(experiment_dir, INJECT_FILE):
+        for cutoff, result in (data.get("by_cutoff") or {}).items():
+            for row in result.get("rows", []):
+                key = (cutoff, tier, arm, row["junk"], float(row["eps"]))
+                if row.get("increase") is None:
+                    not_applicable.add(key)
+                else:
+                    cells[key].append(float(row["increase"]))
+                    seeds[(cutoff, tier, arm)].add(seed)
+    keys = set(cells) | not_applicable
+    if not keys:
+        return ""
+    sections = []
+    for cutoff in sorted({k[0] for k in keys}, key=lambda c: (c != "p25", c)):
+        eps = sorted({k[4] for k in keys if k[0] == cutoff})
+        rows = sorted({k[1:4] for k in keys if k[0] == cutoff}, key=lambda r: (*_order(r[0], r[1]), _junk_rank(r[2]), r[2]))
+        lines = [
+            f"Junk injection, cutoff {cutoff}: loss increase over clean (nats), mean over seeds (± sd).",
+            "",
+            "| tier | arm | junk | seeds | " + " | ".join(f"ε={e:g}" for e in eps) + " |",
+            "|---|---|---|---:|" + "---:|" * len(eps),
+        ]
+        for tier, arm, junk in rows:
+            values = []
+            for e in eps:
+                key = (cutoff, tier, arm, junk, e)
+                values.append("n/a" if key in not_applicable and not cells.get(key) else _increase(cells.get(key, [])))
+            n = len(seeds.get((cutoff, tier, arm), ()))
+            lines.append(f"| {tier} | {arm} | {junk} | {n} | " + " | ".join(values) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)
+
+
+def _junk_rank(junk: str) -> int:
+    return JUNK_ORDER.index(junk) if junk in JUNK_ORDER else len(JUNK_ORDER)
+
+
+def _increase(values: list[float]) -> str:
+    if not values:
+        return "–"
+    text = f"{statistics.fmean(values):+.3f}"
+    return text + (f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else "")

@@ -1,0 +1,174 @@
+"""Experiments and dispatch, against the real single-node SLURM cluster of slurm/local-cluster.sh."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ablate.dispatch import load_profile, read_ledger, status, submit
+from ablate.errors import AblateError
+from ablate.experiment import load_experiment
+from ablate.store import read_json, read_metrics, run_dir
+from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+
+EXPERIMENT = '''
+import os
+from pathlib import Path
+
+import torch
+
+from ablate.arms import Arm, register_arm
+from ablate.experiment import Experiment
+
+
+@register_arm("flaky", replace=True)
+class Flaky(Arm):
+    """Fails while the marker file exists: a run made to fail, then fixed."""
+
+    def value_gate(self, v, x):
+        if Path({marker!r}).exists():
+            raise RuntimeError("flaky arm: marker file present")
+        return torch.ones_like(v[..., :1])
+
+
+EXPERIMENT = Experiment(name={name!r}, tiers=("smoke",), arms={arms!r}, seeds={seeds},
+                        overrides={{"max_steps": {steps}, "data_dir": {data!r}}})
+'''
+
+
+def write_experiment(folder: Path, name: str, arms, seeds: int, steps: int, data: Path) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(EXPERIMENT.format(name=name, arms=tuple(arms), seeds=seeds, steps=steps, data=str(data),
+                                      marker=str(folder / "FAIL")))
+    return path
+
+
+def wait_until_settled(experiment, results, timeout=420, done=("completed", "diverged", "failed")):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = status(experiment, results)
+        if all(r["state"] in done for r in rows):
+            return rows
+        time.sleep(2)
+    raise AssertionError(f"grid did not settle in {timeout} s: {json.dumps(rows, indent=1)}")
+
+
+def test_experiment_files_define_the_grids():
+    study = load_experiment("sink_vs_filter")
+    assert study.tiers == ("10M", "50M", "124M", "350M") and len(study.arm_names()) == 9
+    assert [study.seed_count(t) for t in study.tiers] == [3, 3, 3, 1] and len(study.runs()) == 90
+    gated = load_experiment("experiments/gated_attention.py")
+    assert set(gated.arm_names()) == {"baseline", "g1-elementwise", "g1-headwise", "g2-value"}
+    demo = load_experiment("demo")
+    from ablate.arms import list_arms
+
+    assert demo.arm_names() == list_arms() and demo.seed_count("smoke") == 2
+
+
+def test_bad_input_is_refused_before_anything_is_queued(tmp_path):
+    cases = [
+        (["submit", "nope"], "unknown experiment 'nope'; valid experiments: demo"),
+        (["submit", "demo", "--arms", "nope"], "arm 'nope' is not in experiment 'demo'"),
+        (["submit", "demo", "--tier", "10M"], "tier '10M' is not in experiment 'demo'; its tiers: smoke"),
+        (["submit", "demo", "--profile", "nope"], "unknown profile 'nope'; valid profiles: example, local"),
+        (["submit", "demo", "--executor", "cloud"], "unknown executor 'cloud'; valid executors: local, slurm"),
+        (["status", "nope"], "unknown experiment 'nope'"),
+    ]
+    for args, message in cases:
+        result = ablate_cli(*args, "--results", tmp_path, check=False)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+    assert not any(tmp_path.iterdir())  # nothing queued, nothing written
+
+
+def test_profile_is_checked():
+    profile = load_profile("local")
+    assert profile["partition"] == "debug" and profile["cpus_per_run"] >= 1
+    assert load_profile("example")["gpus_per_run"] == 1
+
+
+def test_dry_run_prints_runs_resources_and_gpu_hours(tmp_path):
+    out = ablate_cli("submit", "sink_vs_filter", "--dry-run", "--profile", "example", "--results", tmp_path).stdout
+    assert "90 of 90 runs would be submitted" in out and "GPU-hours" in out and '"gpus_per_run": 1' in out
+    assert "350M/combo2/seed0" in out and not any(tmp_path.iterdir())
+
+
+def test_local_executor_runs_the_grid_and_status_reports_it(tmp_path, sample_data):
+    file = write_experiment(tmp_path, "local_grid", ["baseline", "sink-logit"], 1, 3, sample_data)
+    results = tmp_path / "results"
+    result = ablate_cli("submit", file, "--executor", "local", "--parallel", "2", "--results", results)
+    assert "ran 2 runs here, 0 failed" in result.stdout
+    out = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)
+    assert out["counts"]["completed"] == 2 and all(r["steps"] == 3 for r in out["runs"])
+    again = ablate_cli("submit", file, "--executor", "local", "--results", results)
+    assert "nothing to submit (2 completed)" in again.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_path, sample_data, slurm_cluster):
+    file = write_experiment(tmp_path, "grid", ["baseline", "sink-logit", "combo2", "flaky"], 2, 4, sample_data)
+    (tmp_path / "FAIL").touch()
+    experiment, results = load_experiment(file), tmp_path / "results"
+    out = ablate_cli("submit", file, "--executor", "slurm", "--profile", "local", "--results", results).stdout
+    assert "queued 8 runs" in out
+    # submitting again while the grid is queued or running queues nothing twice
+    again = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    assert again["to_submit"] == [] and again["jobs"] == {}
+    rows = wait_until_settled(experiment, results)
+    states = {(r["arm"], r["seed"]): r["state"] for r in rows}
+    assert [k for k, s in states.items() if s != "completed"] == [("flaky", 0), ("flaky", 1)], states
+    failed = [r for r in rows if r["arm"] == "flaky"]
+    assert all("marker file present" in r["error"] for r in failed)
+    shown = ablate_cli("status", file, "--results", results).stdout
+    assert "completed: 6" in shown and "failed: 2" in shown and "marker file present" in shown
+    completed_ids = {k: v["job_id"] for k, v in read_ledger(results / "grid")["runs"].items()}
+    # the fix, then a second submit reruns the failed runs alone
+    (tmp_path / "FAIL").unlink()
+    second = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    assert sorted(second["to_submit"]) == ["smoke/flaky/seed0", "smoke/flaky/seed1"]
+    rows = wait_until_settled(experiment, results)
+    assert all(r["state"] == "completed" for r in rows)
+    ledger = read_ledger(results / "grid")["runs"]
+    assert all(ledger[k]["job_id"] == completed_ids[k] for k in completed_ids if "flaky" not in k)
+    summaries = [read_json(run_dir(results, "grid", "smoke", a, s) / "summary.json")
+                 for a in ("baseline", "combo2") for s in (0, 1)]
+    assert summaries[0]["init_fingerprint"] == summaries[2]["init_fingerprint"]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_path, sample_data, slurm_cluster):
+    import submitit
+
+    from ablate.experiment import RunSpec
+    from ablate.train import run
+
+    file = write_experiment(tmp_path, "timeout", ["proj-gate"], 1, 80, sample_data)
+    experiment, results = load_experiment(file), tmp_path / "results"
+    report = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    entry = read_ledger(results / "timeout")["runs"]["smoke/proj-gate/seed0"]
+    metrics = run_dir(results, "timeout", "smoke", "proj-gate", 0) / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not [r for r in read_metrics(metrics) if r.get("step", 0) >= 3]:
+        assert time.time() < deadline, "the job did not start training"
+        time.sleep(0.5)
+    job = submitit.SlurmJob(folder=entry["folder"], job_id=report["jobs"]["smoke/proj-gate/seed0"])
+    job._interrupt(timeout=True)  # USR2, as SLURM sends before the time limit
+    rows = wait_until_settled(experiment, results)
+    assert rows[0]["state"] == "completed"
+    log = Path(job.paths.stderr).read_text() + Path(job.paths.stdout).read_text()
+    resumed_at = [int(line.rsplit("step", 1)[1]) for line in log.splitlines() if "resuming at step" in line]
+    assert resumed_at and 3 <= resumed_at[0] < 80, log[-3000:]  # restarted from the signal's checkpoint
+    summary = read_json(run_dir(results, "timeout", "smoke", "proj-gate", 0) / "summary.json")
+    straight = run(RunSpec("timeout", "smoke", "proj-gate", 0, {"max_steps": 80, "data_dir": str(sample_data)}),
+                   tmp_path / "straight", progress=False, threads=1)
+    assert summary["val_loss"] == straight["val_loss"]  # bitwise
+    assert summary["data_fingerprint"] == straight["data_fingerprint"]
+
+
+def test_pending_array_rows_of_sacct_are_expanded():
+    from ablate.dispatch import _expand_array
+
+    assert _expand_array("41_[2-4,7%8]") == ["41_2", "41_3", "41_4", "41_7"]
+    assert _expand_array("41_3") == ["41_3"] and _expand_array("40") == ["40"]
