@@ -120,7 +120,18 @@ def curves_section(ctx: ReportContext) -> str:
     return f"## Validation curves\n\nMean over seeds of the completed runs, one column per tier; below, the paired gap to {reference} (positive: lower loss){note}.\n\n![curves](curves.png)"
 
 
-SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section]
+def probes_section(ctx: ReportContext) -> str:
+    """`ablate probe` / `ablate inject` results found in the run folders, by tier and arm across seeds."""
+    from ablate.probes import summarise_injections, summarise_probes
+
+    parts = [p for p in (summarise_probes(ctx.runs.root), summarise_injections(ctx.runs.root)) if p]
+    if parts:
+        ctx.write("probes.md", "\n\n".join(parts) + "\n")
+    return "## Probes\n\n" + "\n\n".join(parts) if parts else ""
+
+
+SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section,
+                           probes_section]
 
 
 def _effect_name(table: Table, row: dict) -> str:
