@@ -300,8 +300,8 @@ class Trainer:
             step, data_fp, wall = stream.step, blob["data_fingerprint"], blob["wall_seconds"]
             init_fingerprint = blob["init_fingerprint"]
             log.info("%s: resuming at step %d", self.folder, step)
-        if rank == 0:
-            self._truncate_metrics(step)
+        if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
+            self._truncate_metrics(step if self.state_path.exists() else -1)
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
             status="running", val_loss=None, steps=step, tokens=step * config["global_batch"] * config["seq_len"],
