@@ -13,7 +13,7 @@ torch-free; the first use registers the built-in arms, in SPEC.md's order, befor
 
 from __future__ import annotations
 
-import importlib
+from ablate._lazy import lazy_exports
 
 _EXPORTS = {
     "SLOTS": "ablate.arms.base",
@@ -30,14 +30,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ablate.arms' has no attribute {name!r}")
-    importlib.import_module("ablate.arms.builtin")  # registers the built-in arms first
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("ablate.arms", globals(), _EXPORTS, first="ablate.arms.builtin")

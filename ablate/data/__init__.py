@@ -8,7 +8,7 @@ starts without loading torch, tiktoken or datasets.
 
 from __future__ import annotations
 
-import importlib
+from ablate._lazy import lazy_exports
 
 _EXPORTS = {
     "prepare": "ablate.data.writer",
@@ -25,13 +25,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ablate.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("ablate.data", globals(), _EXPORTS)
