@@ -281,3 +281,16 @@ def test_arms_command_lists_every_arm(capsys):
     for name in BUILTIN_ARMS:
         assert name in out
     assert "denominator" in out and "value" in out and "66" in out  # proj-gate: H(d+1) = 2·33
+
+
+@pytest.mark.parametrize("name", BUILTIN_ARMS)
+def test_fused_path_never_materialises_the_weights(name):
+    """Only the flash kernel is allowed: a fallback to the math kernel (a T×T tensor) raises here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    arm = make_arm(name, dtype=torch.float32)
+    q, k, v, x = (t.detach().float().requires_grad_() for t in qkvx(T=64))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        o, record = attention(arm, q, k, v, x, fused=True)
+        o.sum().backward()
+    assert record is None and torch.isfinite(q.grad).all()

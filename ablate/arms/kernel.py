@@ -96,7 +96,7 @@ def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None) ->
         k_extra.append(k.new_zeros(B, k.shape[1], T, pad))
     q2 = torch.cat([q, *q_extra], dim=-1)  # (B, H, T, d + e)
     k2 = torch.cat([k, *k_extra], dim=-1)  # (B, Hkv, T, d + e)
-    v2 = F.pad(v, (0, pad)) if pad else v
+    v2 = F.pad(v, (0, k2.shape[-1] - d))  # fused kernels need one head dim for q, k and v: zero columns
     if sink is not None:
         sink_key = k2.new_zeros(B, k.shape[1], 1, k2.shape[-1])
         sink_key[..., d] = 1.0 / scale
@@ -104,9 +104,7 @@ def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None) ->
         k2 = torch.cat([sink_key, k2], dim=2)
         v2 = torch.cat([v2.new_zeros(B, v.shape[1], 1, v2.shape[-1]), v2], dim=2)  # the phantom's value is 0
     o = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=scale, enable_gqa=gqa)
-    if sink is not None:
-        o = o[:, :, 1:]
-    return o[..., :d] if pad else o
+    return o[:, :, 1:, :d] if sink is not None else o[..., :d]
 
 
 def reference_attention(q, k, values, sink, log_gate, *, offset: int):
