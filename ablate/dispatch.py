@@ -293,6 +293,16 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
     return jobs
 
 
+def cpu_training_env() -> dict:
+    """The environment of a CPU training process: glibc keeps freed memory instead of unmapping it.
+
+    By default every large CPU tensor (above 128 KiB, e.g. the logits) is mmap'd and returned to the
+    OS when freed, so each step page-faults it in again: a third of a smoke run's time went to the
+    kernel (18.2 s → 12.3 s for 40 steps when this is set). The user's own settings win.
+    """
+    return {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824", **os.environ}
+
+
 def _run_local(experiment, experiment_file, specs, results, parallel, options) -> dict:
     """Each run in its own `ablate run` process; at most `parallel` at a time; a bar over the grid."""
     from tqdm.auto import tqdm
@@ -307,7 +317,7 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options) -
             {"experiment_file": experiment_file, "spec": spec.__dict__ | {"overrides": dict(spec.overrides)},
              "options": {**options, "threads": options.get("threads") or 1}})]
         with open(out / "run.log", "a", encoding="utf-8") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cpu_training_env())
             _record(folder, {spec.key: {"executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}},
                     {"executor": "local", "runs": [spec.key]})
             return spec, process.wait()
