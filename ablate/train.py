@@ -241,11 +241,16 @@ class Trainer:
             self.write_summary(status="failed", finished=now(), error=traceback.format_exc()[-4000:])
             raise
 
+    @property
+    def logger_run_id(self) -> str:
+        """The logger's run id: a function of the run folder, so a requeued job logs into the same run."""
+        return hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]
+
     def _loggers(self):
         kind = self.config["logger"]
         if kind == "none":
             return []
-        run_id = hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]  # stable across requeues
+        run_id = self.logger_run_id
         if kind == "tensorboard":
             from lightning.fabric.loggers import TensorBoardLogger
 
@@ -308,7 +313,8 @@ class Trainer:
             init_fingerprint=init_fingerprint, data_fingerprint=data_fp, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
-            wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None)
+            wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
+            logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
         def evaluate() -> float:
             """Mean token loss over the fixed validation set, summed in float64 in a fixed order."""

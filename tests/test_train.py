@@ -196,3 +196,16 @@ def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two").stdout)
     assert one["data_fingerprint"] == two["data_fingerprint"]
     assert abs(one["val_loss"] - two["val_loss"]) < 1e-4
+
+
+def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_data):
+    from ablate.train import Trainer
+
+    summary = train(tmp_path, data=sample_data, steps=3, logger="tensorboard")
+    folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
+    run_id = summary["logger_run_id"]
+    assert [p.name for p in (folder / "tensorboard").iterdir()] == [run_id]
+    assert list((folder / "tensorboard" / run_id).glob("events.out.tfevents.*"))
+    config = read_json(folder / "config.json")
+    assert Trainer(folder, config).logger_run_id == run_id  # what a requeued job computes again
+    assert Trainer(folder.parent / "seed1", config).logger_run_id != run_id
