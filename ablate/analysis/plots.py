@@ -81,7 +81,7 @@ def find_crossover(increments: Table, form: str) -> Crossover:
 
 def _save(fig, path: Path) -> None:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")  # keep titles and legends whole
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -156,7 +156,7 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
         )
     rows = 2 if gap is not None and gap.height else 1
     columns = max(len(tiers), 1)
-    fig = _figure(figsize=(4.0 * columns, 3.2 * rows + 1.0))
+    fig = _figure(figsize=(max(8.0, 4.0 * columns), 3.2 * rows + 1.0))
     axes = fig.subplots(rows, columns, squeeze=False)
     fig.subplots_adjust(left=0.07 if columns > 1 else 0.15, right=0.98, top=0.88, bottom=0.15 if rows == 2 else 0.28,
                         wspace=0.35, hspace=0.4)
