@@ -27,7 +27,6 @@ Where the values come from
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -121,7 +120,6 @@ def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int) -> 
 def plan_rows(tier_name: str, arms: list[str] | None = None, seeds: int | None = None) -> dict:
     """Per-arm cost of a tier (parameters measured on the real model, built on the meta device)."""
     from ablate.arms import get_arm, list_arms
-    from ablate.model import GPT, GPTConfig
 
     tier = get_tier(tier_name)
     arms = list(arms) if arms else list_arms()

@@ -229,9 +229,8 @@ class Trainer:
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
         fabric.launch()
-        started = time.time()
         try:
-            return self._fit(fabric, started)
+            return self._fit(fabric)
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
             self.write_summary(status="diverged", diverged_step=err.step, val_loss=None, finished=now(),
@@ -261,7 +260,7 @@ class Trainer:
             return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow")]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
-    def _fit(self, fabric, started: float) -> dict:
+    def _fit(self, fabric) -> dict:
         import torch
 
         from ablate.data import BatchStream, TokenShards, validation_batches

@@ -290,7 +290,7 @@ def main(argv=None) -> int:
               "times_ms": {n: [round(1e3 * x, 1) for x in t] for n, t in times.items()},
               "reference_over_harness": statistics.median(ratio), "reference_over_plain": statistics.median(ratio_plain),
               "ratio_min": min(ratio), "ratio_max": max(ratio)}
-    print(f"\n| step | median ms | reference / this (min–max) |\n|---|---:|---:|")
+    print("\n| step | median ms | reference / this (min–max) |\n|---|---:|---:|")
     print(f"| reference (nanoGPT style) | {result['median_ms']['reference']:.0f} | 1.000 |")
     print(f"| harness (ablate GPT + Fabric step, as train.py) | {result['median_ms']['harness']:.0f} | "
           f"**{result['reference_over_harness']:.3f}** ({min(ratio):.3f}–{max(ratio):.3f}) |")

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from ablate.dispatch import load_profile, read_ledger, status, submit
-from ablate.errors import AblateError
 from ablate.experiment import load_experiment
 from ablate.store import read_json, read_metrics, run_dir
 from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
