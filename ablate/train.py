@@ -59,11 +59,9 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False,
         "progress": True, "logger": "none", "threads": None,
     }
-    max_steps = overrides.pop("max_steps", None)
-    for key, value in {**overrides, **{k: v for k, v in options.items() if v is not None}}.items():
-        if key == "max_steps":
-            max_steps = value
-            continue
+    chosen = {**overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
+    max_steps = chosen.pop("max_steps", None)
+    for key, value in chosen.items():
         if key not in config:
             raise AblateError(f"unknown run option {key!r}; valid options: {', '.join(sorted(config))}, max_steps")
         config[key] = value
