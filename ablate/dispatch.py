@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
-from ablate.store import LEDGER, SUMMARY, atomic_write_json, read_json, read_metrics, run_dir
+from ablate.store import LEDGER, METRICS, SUMMARY, atomic_write_json, read_json, read_metrics, run_dir
 
 PROFILE_KEYS = {
     "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
@@ -178,17 +178,16 @@ def job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
 
 def _tail(path, lines: int = 8) -> str | None:
     try:
-        text = Path(path).read_text(errors="replace").strip().splitlines()
+        return _last_lines(Path(path).read_text(errors="replace"), lines)
     except OSError:
         return None
-    return "\n".join(text[-lines:]) if text else None
 
 
 def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str]) -> dict:
     folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
     summary = read_json(folder / SUMMARY) if (folder / SUMMARY).exists() else {}
     entry = ledger["runs"].get(spec.key)
-    metrics = read_metrics(folder / "metrics.jsonl")
+    metrics = read_metrics(folder / METRICS)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "pending",
            "job_id": entry["job_id"] if entry else None, "steps": metrics[-1]["step"] if metrics else 0,
