@@ -6,7 +6,9 @@ Layout::
         config.json     the resolved run configuration (written before training starts)
         summary.json    status and final figures (rewritten atomically as the run progresses)
         metrics.jsonl   one JSON object per line: {"step", "tokens", ...metric: value}
-        checkpoints/    resumable training state
+        run.log         the training log
+        checkpoints/    resumable training state (state.pt) and the final weights (model.pt)
+    RESULTS/<experiment>/<tier>/<arm>/.seed<k>.lock   held by the one process writing that run
     RESULTS/<experiment>/ledger.json   what dispatch submitted (job ids, times)
     RESULTS/<experiment>/report/       what `ablate report` writes
 
@@ -17,22 +19,60 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from ablate.errors import AblateError
 
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LEDGER = "ledger.json"
+RUN_LOG = "run.log"
+SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
 STATUSES = ("completed", "diverged", "failed", "running")
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+# A name that becomes one path component: no separators, no `..`, nothing hidden.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+SEED_DIR = re.compile(r"seed(0|[1-9][0-9]*)")  # exactly seed<k>: folders kept aside (seed0.old-…) never count
+
+
+def check_name(kind: str, name: object) -> str:
+    """`name` if it is safe as one folder name (letters, digits, . _ + -, not starting with . and no `..`)."""
+    text = str(name)
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(text) or ".." in text:
+        raise AblateError(f"invalid {kind} name {text!r}: use letters, digits and . _ + - (no path separators, "
+                          "no '..', not starting with '.')")
+    return text
+
+
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int) -> Path:
-    return Path(results) / experiment / tier / arm / f"seed{int(seed)}"
+    """RESULTS/<experiment>/<tier>/<arm>/seed<k>; every part is checked, so the folder lies inside RESULTS."""
+    if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
+        raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
+    return (Path(results) / check_name("experiment", experiment) / check_name("tier", tier)
+            / check_name("arm", arm) / f"seed{int(seed)}")
+
+
+def run_lock_path(folder: str | os.PathLike) -> Path:
+    """The lock of a run folder lies beside it, so that `--force` can move the folder while holding it."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+def remove_stray_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files an interrupted `atomic_write_bytes` left in `folder` (not recursive)."""
+    removed = []
+    for stray in Path(folder).glob(".*.tmp"):
+        stray.unlink(missing_ok=True)
+        removed.append(stray)
+    return removed
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -62,6 +102,19 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(handle)
 
 
+def read_json_file(path: str | os.PathLike, way_out: str, kind: type = dict) -> Any:
+    """read_json for files the harness wrote: a damaged file is an AblateError naming it and the way out."""
+    try:
+        value = read_json(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:
+        raise AblateError(f"{path} is damaged ({err.__class__.__name__}: {err}); {way_out}") from None
+    if not isinstance(value, kind):
+        raise AblateError(f"{path} is damaged (it holds a {type(value).__name__}, not a {kind.__name__}); {way_out}")
+    return value
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """All complete lines of a metrics.jsonl (a torn last line from a killed writer is skipped)."""
     rows = []
@@ -78,6 +131,12 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def iter_run_dirs(experiment_dir: str | os.PathLike) -> Iterator[Path]:
-    """Every run folder (one holding a summary.json) under an experiment folder, sorted."""
+    """Every run folder (`<tier>/<arm>/seed<k>` holding a summary.json) under an experiment folder, sorted.
+
+    Only folders named exactly `seed<k>` count: a run kept aside by `--force` (`seed0.old-…`) or a copy
+    under another name is not a run of the grid and must never be counted as one.
+    """
     root = Path(experiment_dir)
-    yield from sorted(p.parent for p in root.glob(f"*/*/seed*/{SUMMARY}"))
+    yield from sorted(p.parent for p in root.glob(f"*/*/seed*/{SUMMARY}")
+                      if SEED_DIR.fullmatch(p.parent.name) and not p.parent.parent.name.startswith(".")
+                      and not p.parent.parent.parent.name.startswith("."))

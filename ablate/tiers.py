@@ -53,7 +53,9 @@ class Tier:
     betas: tuple[float, float] = (0.9, 0.95)
     seeds: int = 3
     val_interval: int = 250  # steps between validations
-    val_tokens: int = 2**20  # validation tokens per evaluation (fixed set, same for every arm)
+    val_tokens: int = 2**20  # validation tokens of each curve evaluation (fixed set, same for every arm)
+    final_val_tokens: int = 10_000_000  # the final val_loss: every prepared validation token, up to this cap
+    log_interval: int = 10  # steps between reading the loss back from the GPU (every step on CPU costs nothing)
     checkpoint_interval: int = 500  # steps between checkpoints
     micro_batch: int = 16  # sequences per forward pass (gradient accumulation up to the global batch)
     data_dir: str = "data/fineweb-edu"  # default prepared data folder (`ablate data prepare`)
@@ -74,7 +76,8 @@ TIERS: dict[str, Tier] = {
     for t in (
         Tier("smoke", 0.1e6, n_layer=2, d_model=64, n_head=2, n_kv_head=2, seq_len=64, global_batch=4,
              tokens=100 * 4 * 64, lr=3e-3, warmup_steps=10, seeds=2, val_interval=25, val_tokens=4 * 64 * 8,
-             checkpoint_interval=25, micro_batch=4, data_dir="data/sample"),
+             checkpoint_interval=25, micro_batch=4, data_dir="data/sample", final_val_tokens=64 * 128,
+             log_interval=1),
         Tier("10M", 10e6, n_layer=8, d_model=320, n_head=5, n_kv_head=5, seq_len=1024, global_batch=128,
              tokens=200_000_000, lr=1.5e-3, warmup_steps=30, micro_batch=64),
         Tier("50M", 50e6, n_layer=16, d_model=512, n_head=8, n_kv_head=8, seq_len=1024, global_batch=256,

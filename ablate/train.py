@@ -28,14 +28,18 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, RunSpec, default_results
-from ablate.store import (CHECKPOINTS, CONFIG, METRICS, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
-                          read_metrics, run_dir)
+from ablate.identity import WATCH_KEYS, config_fingerprint
+from ablate.lock import FileLock
+from ablate.store import (CHECKPOINTS, CONFIG, METRICS, RUN_LOG, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
+                          read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"  # RUN_DIR/checkpoints/state.pt: everything needed to resume
 # Config keys that change how a run is watched, not what it computes: they may differ on resume.
 NON_SEMANTIC = ("progress", "logger", "threads")
+POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "global_batch", "seq_len", "micro_batch",
+                    "val_interval", "val_tokens", "final_val_tokens", "log_interval", "warmup_steps")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -46,43 +50,59 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
 
     tier = get_tier(spec.tier)
     get_arm(spec.arm)
-    overrides = dict(spec.overrides)
-    model_overrides = overrides.pop("model", {})
+    chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
+    model_overrides = dict(chosen.pop("model", {}))
+    max_steps = chosen.pop("max_steps", None)
     config = {
         "experiment": spec.experiment, "tier": tier.name, "arm": spec.arm, "seed": int(spec.seed),
-        "data_seed": int(spec.seed), "data_dir": None,
-        "model": dataclasses.asdict(model_config(tier, spec.arm, **model_overrides)),
+        "data_seed": int(spec.seed), "data_dir": None, "model": None,
         "steps": tier.steps, "global_batch": tier.global_batch, "seq_len": tier.seq_len,
         "micro_batch": tier.micro_batch, "lr": tier.lr, "warmup_steps": tier.warmup_steps,
         "min_lr_ratio": tier.min_lr_ratio, "weight_decay": tier.weight_decay, "betas": list(tier.betas),
         "eps": 1e-8, "grad_clip": tier.grad_clip, "val_interval": tier.val_interval, "val_tokens": tier.val_tokens,
-        "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False,
+        "final_val_tokens": tier.final_val_tokens, "log_interval": tier.log_interval,
+        "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False, "match_params": False,
         "progress": True, "logger": "none", "threads": None,
     }
-    chosen = {**overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
-    max_steps = chosen.pop("max_steps", None)
     for key, value in chosen.items():
-        if key not in config:
-            raise AblateError(f"unknown run option {key!r}; valid options: {', '.join(sorted(config))}, max_steps")
+        if key not in config or key in ("experiment", "tier", "arm", "seed"):
+            raise AblateError(f"unknown run option {key!r}; valid options: {', '.join(valid_options())}")
         config[key] = value
+    for key in POSITIVE_OPTIONS:
+        value = max_steps if key == "max_steps" else config[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            name = f"--{key.replace('_', '-')}" if options.get(key) is not None else f"run option {key!r}"
+            raise AblateError(f"{name} must be a positive integer, not {value!r}")
     if max_steps is not None:
         config["steps"] = min(int(max_steps), config["steps"])
+    matching = {"match_params": True} if config["match_params"] else {}
+    config["model"] = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
     config["data_dir"] = str(Path(data_dir or config["data_dir"] or tier.data_dir).resolve())
     config["model"]["max_seq_len"] = config["seq_len"]
     config["betas"] = list(config["betas"])
     return config
 
 
+def valid_options() -> list[str]:
+    """Every key `resolve_config` accepts as an override or option (`model` takes GPTConfig fields)."""
+    keys = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
+            "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
+            "checkpoint_interval", "devices", "compile", "match_params", "progress", "logger", "threads",
+            "data_seed", "data_dir", "max_steps", "model"]
+    return sorted(keys)
+
+
 def semantic(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in NON_SEMANTIC}
+    """What a resumed run must share with the run it continues: all but how it is watched."""
+    return {k: v for k, v in config.items() if k not in NON_SEMANTIC and k not in WATCH_KEYS}
 
 
 def lr_at(step: int, config: dict) -> float:
-    """Linear warm-up over `warmup_steps`, then cosine decay to min_lr_ratio × lr at the last step."""
+    """Linear warm-up over `warmup_steps`, then cosine decay to min_lr_ratio × lr at the last step (steps − 1)."""
     peak, warmup, total = config["lr"], config["warmup_steps"], config["steps"]
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup) / max(1, total - 1 - warmup))  # the last step (total − 1) is at the floor
     floor = peak * config["min_lr_ratio"]
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 
@@ -152,6 +172,13 @@ class StopRequests:
         raise SystemExit(128 + self.stop_signal)
 
 
+def windows_fingerprint(windows, seq_len: int) -> str:
+    """SHA-256 of the validation tokens actually evaluated (and the window length)."""
+    digest = hashlib.sha256(f"ablate-val;seq_len={int(seq_len)};shape={tuple(windows.shape)};".encode())
+    digest.update(windows.contiguous().numpy().astype("<i8").tobytes())
+    return digest.hexdigest()
+
+
 class Diverged(Exception):
     def __init__(self, step: int, loss: float):
         super().__init__(f"non-finite training loss {loss} at step {step}")
@@ -160,40 +187,62 @@ class Diverged(Exception):
 
 # ---------------------------------------------------------------------------------------------- the run
 def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
-    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside."""
+    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside (the store ignores it)."""
     summary_path, config_path = folder / SUMMARY, folder / CONFIG
     if force and folder.exists():
-        aside = folder.with_name(f"{folder.name}.old-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        aside = folder.with_name(f"{folder.name}.old-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
         folder.rename(aside)
         log.warning("kept the previous run aside in %s", aside)
     if config_path.exists():
-        previous = read_json(config_path)
+        way_out = "use --force to keep the old run aside and start again"
+        previous = read_json_file(config_path, way_out)
         if semantic(previous) != semantic(config):
             diff = sorted(k for k in set(previous) | set(config)
-                          if k not in NON_SEMANTIC and previous.get(k) != config.get(k))
+                          if k not in NON_SEMANTIC and k not in WATCH_KEYS and previous.get(k) != config.get(k))
             raise AblateError(
                 f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
                 "use another --results folder or --force to keep the old run aside and start again")
-        if summary_path.exists() and read_json(summary_path).get("status") in ("completed", "diverged"):
+        if summary_path.exists() and finished(read_json_file(summary_path, way_out)):
             return "done"
         return "resume"
     return "fresh"
 
 
+def finished(summary: dict) -> bool:
+    """A run is done when it diverged, or completed *with* its final loss (else it resumes and evaluates)."""
+    loss = summary.get("val_loss")
+    return summary.get("status") == "diverged" or (
+        summary.get("status") == "completed" and isinstance(loss, (int, float)) and math.isfinite(loss))
+
+
+def launched_child() -> bool:
+    """True in the extra processes a data-parallel launcher started (they join the run their parent holds)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0
+
+
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
         **options) -> dict:
-    """Train one run to completion (or resume it); return its summary. A completed run is a no-op."""
+    """Train one run to completion (or resume it); return its summary. A completed run is a no-op.
+
+    The run folder is locked for the whole run (`ablate.lock`): a second process on the same run is
+    refused at once, naming the holder, before it touches anything.
+    """
     config = resolve_config(spec, data_dir, **options)
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
-    state = prepare_run_dir(folder, config, force)
-    if state == "done":
-        summary = read_json(folder / SUMMARY)
-        log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
-        return summary
-    folder.mkdir(parents=True, exist_ok=True)
-    if state == "fresh":
-        atomic_write_json(folder / CONFIG, config)
-    return Trainer(folder, config).fit()
+    if launched_child():
+        return Trainer(folder, config).fit()
+    with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})"):
+        state = prepare_run_dir(folder, config, force)
+        if state == "done":
+            summary = read_json(folder / SUMMARY)
+            log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
+            return summary
+        folder.mkdir(parents=True, exist_ok=True)
+        for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
+            log.info("removed %s, left by an interrupted write", stray)
+        if state == "fresh":
+            atomic_write_json(folder / CONFIG, config)
+        return Trainer(folder, config).fit()
 
 
 class Trainer:
@@ -227,6 +276,7 @@ class Trainer:
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
         fabric.launch()
+        handler = self._log_to_file() if fabric.global_rank == 0 else None
         try:
             return self._fit(fabric)
         except Diverged as err:
@@ -234,9 +284,25 @@ class Trainer:
             self.write_summary(status="diverged", diverged_step=err.step, val_loss=None, finished=now(),
                                error=str(err))
             return read_json(self.summary_path)
-        except Exception:
+        except Exception as err:
+            log.exception("%s: the run failed: %s", self.folder, err)
             self.write_summary(status="failed", finished=now(), error=traceback.format_exc()[-4000:])
             raise
+        finally:
+            if handler is not None:
+                logging.getLogger("ablate").removeHandler(handler)
+                handler.close()
+
+    def _log_to_file(self) -> logging.Handler:
+        """The run's own log, RUN_DIR/run.log (appended across resumes), whatever runs it: local or SLURM."""
+        handler = logging.FileHandler(self.folder / RUN_LOG, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setLevel(logging.INFO)
+        package_log = logging.getLogger("ablate")
+        if package_log.getEffectiveLevel() > logging.INFO:
+            package_log.setLevel(logging.INFO)
+        package_log.addHandler(handler)
+        return handler
 
     @property
     def logger_run_id(self) -> str:
@@ -258,10 +324,25 @@ class Trainer:
             return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow")]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
+    def _load_state(self, torch) -> dict:
+        """The checkpoint, loaded without running code (weights_only): a crafted pickle is refused."""
+        import pickle
+
+        try:
+            blob = torch.load(self.state_path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else err.__class__.__name__
+            raise AblateError(
+                f"{self.state_path} cannot be loaded safely ({first[:200]}); it is damaged or holds more than tensors "
+                "and plain values. Rerun with --force to keep this run aside and start again") from None
+        if not isinstance(blob, dict) or not {"model", "optimizer", "stream", "data_fingerprint"} <= set(blob):
+            raise AblateError(f"{self.state_path} is not an ablate checkpoint; rerun with --force to start again")
+        return blob
+
     def _fit(self, fabric) -> dict:
         import torch
 
-        from ablate.data import BatchStream, TokenShards, validation_batches
+        from ablate.data import BatchStream, TokenShards, validation_windows
         from ablate.model import GPT, GPTConfig, fingerprint_parameters
         from ablate.modelio import FINAL_WEIGHTS, save_model
 
@@ -279,9 +360,9 @@ class Trainer:
         micro = min(config["micro_batch"], local_rows)
         if local_rows % micro:
             raise AblateError(f"micro_batch {micro} must divide the per-rank batch {local_rows}")
-        val_batch = max(1, min(micro, config["val_tokens"] // config["seq_len"]))
-        val_batches = validation_batches(config["data_dir"], config["seq_len"], val_batch,
-                                         max(1, config["val_tokens"] // (config["seq_len"] * val_batch)))
+        # Which windows are evaluated depends on the data, seq_len and the token count only (not micro/world).
+        curve_windows = validation_windows(config["data_dir"], config["seq_len"], config["val_tokens"])
+        final_windows = validation_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"])
 
         torch.manual_seed(config["seed"])
         model = GPT(GPTConfig(**config["model"]))
@@ -294,31 +375,38 @@ class Trainer:
         forward_model, optimizer = fabric.setup(forward_model, optimizer)
 
         step, data_fp, wall = 0, hashlib.sha256(b"ablate-data").hexdigest(), 0.0
-        if self.state_path.exists():
-            blob = torch.load(self.state_path, map_location="cpu", weights_only=False)
+        resumed = self.state_path.exists()
+        if resumed:
+            blob = self._load_state(torch)
             model.load_state_dict(blob["model"])
             optimizer.load_state_dict(blob["optimizer"])
             stream.load_state_dict(blob["stream"])  # refuses a checkpoint of another data stream
             step, data_fp, wall = stream.step, blob["data_fingerprint"], blob["wall_seconds"]
             init_fingerprint = blob["init_fingerprint"]
-            log.info("%s: resuming at step %d", self.folder, step)
+            log.info("%s: resuming at step %d of %d", self.folder, step, config["steps"])
+        else:
+            log.info("%s: starting %s/%s/seed%d, %d steps", self.folder, config["tier"], config["arm"], config["seed"],
+                     config["steps"])
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
-            self._truncate_metrics(step if self.state_path.exists() else -1)
+            self._truncate_metrics(step if resumed else -1)
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
-            status="running", val_loss=None, steps=step, tokens=step * config["global_batch"] * config["seq_len"],
-            init_fingerprint=init_fingerprint, data_fingerprint=data_fp, params_total=counts["total"],
+            status="running", val_loss=None, steps=step, total_steps=config["steps"],
+            tokens=step * config["global_batch"] * config["seq_len"],
+            init_fingerprint=init_fingerprint, data_fingerprint=data_fp, config_fingerprint=config_fingerprint(config),
+            val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
+            mlp_hidden=config["model"].get("mlp_hidden"), match_params=bool(config["match_params"]),
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
             wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
-        def evaluate() -> float:
-            """Mean token loss over the fixed validation set, summed in float64 in a fixed order."""
+        def evaluate(windows) -> float:
+            """Mean token loss over fixed windows, summed in float64 in a fixed order (batches of `micro`)."""
             forward_model.eval()
             total = torch.zeros(2, dtype=torch.float64, device=fabric.device)
             with torch.no_grad():
-                for i, batch in enumerate(val_batches):
+                for i, batch in enumerate(windows.split(micro)):
                     if i % world != rank:
                         continue
                     batch = batch.to(fabric.device)
@@ -354,10 +442,9 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=step, desc=f"{config['tier']}/{config['arm']}/seed{config['seed']}",
                        unit="step", dynamic_ncols=True)
         tokens_per_step = config["global_batch"] * config["seq_len"]
-        val_loss = None
         try:
             if step == 0:
-                val_loss = evaluate()
+                val_loss = evaluate(curve_windows)
                 self._log_metrics({"step": 0, "tokens": 0, "val_loss": val_loss})
             while step < total_steps:
                 t0 = time.time()
@@ -387,9 +474,10 @@ class Trainer:
                 row = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
                        "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / max(elapsed, 1e-9)}
                 if step % config["val_interval"] == 0 or step == total_steps:
-                    val_loss = row["val_loss"] = evaluate()
-                    if not math.isfinite(val_loss):
-                        raise Diverged(step, val_loss)
+                    row["val_loss"] = evaluate(curve_windows)
+                    log.info("%s: step %d/%d val_loss %.4f", self.folder, step, total_steps, row["val_loss"])
+                    if not math.isfinite(row["val_loss"]):
+                        raise Diverged(step, row["val_loss"])
                 self._log_metrics(row)
                 if bar is not None:
                     bar.update(1)
@@ -405,12 +493,23 @@ class Trainer:
             requests.restore()
             if bar is not None:
                 bar.close()
-        save_state()
+        save_state()  # the state at the last step: an interruption from here on resumes straight to the end
+        # The final loss: every prepared validation token up to the cap (a run resumed at its last step comes
+        # straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run).
+        val_loss = evaluate(final_windows)
+        if not math.isfinite(val_loss):
+            raise Diverged(step, val_loss)
+        val_fingerprint = windows_fingerprint(final_windows, config["seq_len"])
+        log.info("%s: final val_loss %.6f over %d tokens", self.folder, val_loss, final_windows[:, 1:].numel())
         if rank == 0:
             save_model(model, self.folder / CHECKPOINTS / FINAL_WEIGHTS)
         self.write_summary(status="completed", val_loss=val_loss, steps=step, tokens=step * tokens_per_step,
+                           val_fingerprint=val_fingerprint, val_tokens_evaluated=int(final_windows[:, 1:].numel()),
                            data_fingerprint=data_fp, finished=now(), wall_seconds=wall + time.time() - t_resume)
         fabric.barrier()
+        if rank == 0:  # the final weights stay; the resume state is not needed once the summary says completed
+            self.state_path.unlink(missing_ok=True)
+            log.info("%s: completed", self.folder)
         return read_json(self.summary_path)
 
     def _started(self):

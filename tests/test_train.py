@@ -41,7 +41,9 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     config = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_ratio": 0.1}
     assert lr_at(0, config) == pytest.approx(1e-4)
     assert lr_at(9, config) == pytest.approx(1e-3)
-    assert lr_at(60, config) == pytest.approx(0.55e-3)
+    assert lr_at(59.5, config) == pytest.approx(0.55e-3)  # half way between warm-up and the last step
+    assert lr_at(108, config) > 1e-4
+    assert lr_at(109, config) == pytest.approx(1e-4, rel=1e-12)  # the last step (steps − 1) is at the floor
     assert lr_at(110, config) == pytest.approx(1e-4)
 
 

@@ -16,6 +16,7 @@ _EXPORTS = {
     "read_manifest": "ablate.data.shards",
     "BatchStream": "ablate.data.order",
     "validation_batches": "ablate.data.order",
+    "validation_windows": "ablate.data.order",
     "encode": "ablate.data.tokenizer",
     "decode": "ablate.data.tokenizer",
     "register_source": "ablate.data.sources",

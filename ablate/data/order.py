@@ -167,15 +167,15 @@ class _StepLoader(torch.utils.data.DataLoader):
             yield batch
 
 
-def validation_batches(
-    data_dir, seq_len: int, batch_size: int, max_batches: int | None = None
-) -> list[torch.Tensor]:
-    """The fixed validation set: contiguous windows of seq_len + 1 tokens of the val split, in order.
+def validation_windows(data_dir, seq_len: int, max_tokens: int | None = None) -> torch.Tensor:
+    """The fixed validation set: the first contiguous windows of seq_len + 1 tokens of the val split.
 
-    The same for every arm, seed and world size; only the last batch may be smaller than batch_size.
+    (windows, seq_len + 1) int64, at most `max_tokens // seq_len` windows (every window when None).
+    Which windows are evaluated depends only on the data, seq_len and max_tokens — never on the batch
+    size or the number of processes, so every run of a tier evaluates the same tokens.
     """
-    if int(seq_len) <= 0 or int(batch_size) <= 0:
-        raise AblateError(f"seq_len {seq_len} and batch_size {batch_size} must be positive")
+    if int(seq_len) <= 0 or (max_tokens is not None and int(max_tokens) <= 0):
+        raise AblateError(f"seq_len {seq_len} and max_tokens {max_tokens} must be positive")
     shards = TokenShards(data_dir, split="val")
     window = int(seq_len) + 1
     windows = len(shards) // window
@@ -183,7 +183,16 @@ def validation_batches(
         raise AblateError(
             f"the val split of {data_dir} has {len(shards):,} tokens, fewer than one window of {window}"
         )
-    if max_batches is not None:
-        windows = min(windows, int(max_batches) * int(batch_size))
-    tokens = torch.from_numpy(shards.read(0, windows * window).astype(np.int64)).view(windows, window)
-    return list(tokens.split(int(batch_size)))
+    if max_tokens is not None:
+        windows = max(1, min(windows, int(max_tokens) // int(seq_len)))
+    return torch.from_numpy(shards.read(0, windows * window).astype(np.int64)).view(windows, window)
+
+
+def validation_batches(
+    data_dir, seq_len: int, batch_size: int, max_batches: int | None = None
+) -> list[torch.Tensor]:
+    """`validation_windows` in batches of `batch_size` (only the last may be smaller); at most `max_batches`."""
+    if int(seq_len) <= 0 or int(batch_size) <= 0:
+        raise AblateError(f"seq_len {seq_len} and batch_size {batch_size} must be positive")
+    max_tokens = None if max_batches is None else int(max_batches) * int(batch_size) * int(seq_len)
+    return list(validation_windows(data_dir, seq_len, max_tokens).split(int(batch_size)))

@@ -1,0 +1,61 @@
+"""What makes two runs comparable: the configuration they share, as a fingerprint and as a readable diff.
+
+A paired difference L_reference − L_arm measures the arm only if everything else was the same. The
+init and data fingerprints cover the initial weights and the batches; the *config fingerprint* covers
+every other setting of the run (optimiser, schedule, budget, shape, tokenizer, evaluation sets), with
+the arm taken out, and the keys that change only how a run is executed or watched:
+
+* watching: progress, logger, threads, val_interval, checkpoint_interval, log_interval;
+* executing: devices, micro_batch, compile (the same global batches and the same mathematics: they
+  change float summation order, not the experiment), data_dir (a path; the data's identity is the
+  data fingerprint and `data_id`).
+
+With `match_params` the MLP width is a function of the arm (it is narrowed to match the baseline's
+parameter count), so it leaves the fingerprint as well; `match_params` itself stays in.
+Torch-free: the analysis imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+IDENTITY_KEYS = ("experiment", "arm")
+# May differ between two runs that are paired (and between the two halves of a resumed run, for the first six).
+WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_interval", "log_interval")
+EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir")
+ARM_DERIVED_MODEL_KEYS = ("arm",)
+MATCHED_MODEL_KEYS = ("mlp_hidden",)  # set per arm when match_params is on
+
+
+def matching_config(config: dict) -> dict:
+    """The part of a resolved run configuration that two paired runs must share, flattened (`model.d_model`)."""
+    shared = {}
+    for key, value in config.items():
+        if key in IDENTITY_KEYS or key in WATCH_KEYS or key in EXECUTION_KEYS:
+            continue
+        if key == "model" and isinstance(value, dict):
+            for sub, sub_value in value.items():
+                if sub in ARM_DERIVED_MODEL_KEYS or (config.get("match_params") and sub in MATCHED_MODEL_KEYS):
+                    continue
+                shared[f"model.{sub}"] = sub_value
+        else:
+            shared[key] = value
+    return shared
+
+
+def config_fingerprint(config: dict) -> str:
+    canonical = json.dumps(matching_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(key, value in a, value in b) for every key of the matching config where the two runs differ."""
+    left, right = matching_config(a), matching_config(b)
+    missing = object()
+    rows = []
+    for key in sorted(set(left) | set(right)):
+        x, y = left.get(key, missing), right.get(key, missing)
+        if x != y:
+            rows.append((key, None if x is missing else x, None if y is missing else y))
+    return rows
