@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
+from ablate import __version__
 from ablate.errors import AblateError
 
 # Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ablate", description="Matched ablations of attention mechanisms in small language models."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -48,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except AblateError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ablate status --json | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

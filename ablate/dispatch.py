@@ -8,7 +8,10 @@
   (its output kept in the run folder's `run.log`), with one progress bar over the grid.
 
 The ledger (`RESULTS/<experiment>/ledger.json`) records every job submitted, so a second `submit`
-skips runs that are completed, queued or running, and `status` can ask the scheduler about them.
+skips runs that are completed, queued or running, and `status` can ask the scheduler about them. A
+submit holds the experiment's submit lock while it decides what to queue and writes the ledger (a
+local grid: while it runs), so two submits at once never queue a run twice; a running run is known by
+its run lock (`ablate.lock`), which a reused process id cannot fake.
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
-from ablate.store import LEDGER, METRICS, SUMMARY, atomic_write_json, read_json, read_metrics, run_dir
+from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
+from ablate.store import (LEDGER, METRICS, RUN_LOG, SUBMIT_LOCK, SUMMARY, atomic_write_json, finished, read_json_file,
+                          read_metrics, run_dir, run_lock_path)
 
 PROFILE_KEYS = {
     "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
     "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
 }
-ACTIVE = ("pending", "running", "requeued")
-STATES = ("pending", "running", "requeued", "completed", "diverged", "failed")
+ACTIVE = ("queued", "running", "requeued")
+STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "failed")
 
 
 # ---------------------------------------------------------------------------------------------- profiles
@@ -119,7 +124,13 @@ def experiment_dir(results: Path, experiment: Experiment) -> Path:
 
 def read_ledger(folder: Path) -> dict:
     path = folder / LEDGER
-    return read_json(path) if path.exists() else {"runs": {}, "submissions": []}
+    if not path.exists():
+        return {"runs": {}, "submissions": []}
+    ledger = read_json_file(path, "move it aside (the runs' own folders keep their results; SLURM jobs it lists "
+                                  "keep running) and submit again")
+    if not isinstance(ledger.get("runs"), dict) or not isinstance(ledger.get("submissions"), list):
+        raise AblateError(f"{path} is damaged (no 'runs' or 'submissions'); move it aside and submit again")
+    return ledger
 
 
 def slurm_states(job_ids: list[str]) -> dict[str, str]:
@@ -151,17 +162,11 @@ def _expand_array(job_id: str) -> list[str]:
     return ids
 
 
-def job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
-    """(state, error tail) of a ledger entry, from sacct's answer or the local process id."""
-    if entry["executor"] == "local":
-        try:
-            os.kill(entry.get("pid"), 0)
-            return "running", None
-        except (OSError, TypeError):
-            return "finished", None
+def slurm_job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
+    """(queued | running | requeued | finished | failed, error line) of a SLURM ledger entry."""
     state = slurm.get(entry["job_id"], "UNKNOWN").upper()
     if state.startswith(("PENDING", "CONFIGURING")):
-        return "pending", None
+        return "queued", None
     if state.startswith(("RUNNING", "COMPLETING")):
         return "running", None
     if state.startswith(("REQUEUE", "RESIZING", "SUSPENDED", "PREEMPTED")):
@@ -170,83 +175,194 @@ def job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
         return "finished", None
     if state.startswith("UNKNOWN"):  # accounting has not seen a just-submitted job yet
         submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
-        return ("pending" if dt.datetime.now() - submitted < dt.timedelta(minutes=2) else "unknown"), None
+        if dt.datetime.now() - submitted < dt.timedelta(minutes=2):
+            return "queued", None
+        return "failed", "SLURM accounting does not know this job (sacct has no record of it)"
     import submitit
 
-    return "failed", _tail(submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"]).paths.stderr) or state
+    stderr = submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"]).paths.stderr
+    return "failed", error_line(_read(stderr)) or f"SLURM state {state}"
 
 
-def _tail(path, lines: int = 8) -> str | None:
+def _read(path) -> str | None:
     try:
-        return _last_lines(Path(path).read_text(errors="replace"), lines)
+        return Path(path).read_text(errors="replace")
     except OSError:
         return None
 
 
-def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str]) -> dict:
+def error_line(text: str | None) -> str | None:
+    """The one line that says what went wrong: `ablate: error: …` or a traceback's last `Type: message` line."""
+    if not text:
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("ablate: error:"):
+            return line.removeprefix("ablate: error:").strip()
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if ":" in line and head.replace(".", "").replace("_", "").isalnum() and head[:1].isupper() and " " not in head:
+            return line
+    return lines[-1][:300] if lines else None
+
+
+def progress_of(folder: Path, summary: dict) -> dict:
+    """steps, total, elapsed seconds (this attempt's wall clock so far) and an ETA from the recent step rate."""
+    metrics = read_metrics(folder / METRICS)
+    steps = max([r.get("step", 0) for r in metrics] or [summary.get("steps") or 0])
+    total = summary.get("total_steps")
+    timed = [r for r in metrics if "time" in r and "train_loss" in r][-50:]
+    eta = None
+    if total and len(timed) >= 2 and timed[-1]["time"] > timed[0]["time"]:
+        rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["time"] - timed[0]["time"])
+        eta = (total - steps) / rate if rate > 0 else None
+    elapsed = summary.get("wall_seconds")
+    if summary.get("status") == "running" and timed:
+        elapsed = (summary.get("wall_seconds") or 0) + max(0.0, dt.datetime.now().timestamp() - timed[0]["time"])
+    return {"steps": steps, "total_steps": total, "elapsed_s": elapsed, "eta_s": eta}
+
+
+def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str],
+               submit_holder: dict | None = None) -> dict:
+    """One row of `ablate status`: the run's state (STATES), progress, and the failure's one-line error."""
     folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-    summary = read_json(folder / SUMMARY) if (folder / SUMMARY).exists() else {}
+    way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
+    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
     entry = ledger["runs"].get(spec.key)
     metrics = read_metrics(folder / METRICS)
     val_rows = [r for r in metrics if "val_loss" in r]
-    row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "pending",
-           "job_id": entry["job_id"] if entry else None, "steps": metrics[-1]["step"] if metrics else 0,
-           "val_loss": val_rows[-1]["val_loss"] if val_rows else None, "error": None, "queued": False}
+    row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
+           "job_id": entry["job_id"] if entry else None, **progress_of(folder, summary),
+           "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
+               val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
     status = summary.get("status")
-    if status in ("completed", "diverged"):
+    if finished(summary):
         row["state"] = status
+        row["error"] = error_line(summary.get("error")) if status == "diverged" else None
         return row
-    job, error = job_state(entry, slurm) if entry else (None, None)
-    if job in ACTIVE:
-        row["state"], row["queued"] = ("requeued" if job == "pending" and summary else job), True
-    elif status == "failed" or job == "failed":
-        row["state"], row["error"] = "failed", _last_lines(summary.get("error")) or error
-    elif status == "running" and job in ("finished", "unknown"):  # the process ended without a result
-        row["state"], row["error"] = "failed", error or "the run stopped without finishing (killed?)"
+    if live_holder(run_lock_path(folder)) is not None:
+        row["state"], row["queued"] = "running", True
+        return row
+    if entry and entry.get("executor") == "slurm":
+        job, error = slurm_job_state(entry, slurm)
+        if job in ACTIVE:
+            row["state"], row["queued"] = ("requeued" if job == "queued" and summary else job), True
+            return row
+        if job == "failed" or status in ("failed", "running") or job == "finished":
+            row["state"] = "failed"
+            row["error"] = error_line(summary.get("error")) or error or "the run stopped without finishing"
+            return row
+    if entry and entry.get("executor") == "local":
+        if entry.get("exit_code") not in (None, 0) or status == "failed":
+            row["state"] = "failed"
+            row["error"] = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
+            return row
+        if entry.get("exit_code") is None and submit_holder and submit_holder.get("token") == entry.get("submission"):
+            row["state"], row["queued"] = "queued", True
+            return row
+    if status in ("failed", "running") or (status == "completed" and summary.get("val_loss") is None):
+        row["state"] = "failed"
+        row["error"] = error_line(summary.get("error")) or "the run stopped without finishing (killed?); submit again to resume it"
     return row
 
 
-def _last_lines(text: str | None, lines: int = 6) -> str | None:
-    return "\n".join(text.strip().splitlines()[-lines:]) if text else None
-
-
 def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
-    ledger = read_ledger(experiment_dir(results, experiment))
+    folder = experiment_dir(results, experiment)
+    ledger = read_ledger(folder)
     specs = specs or experiment.runs()
     job_ids = [ledger["runs"][s.key]["job_id"] for s in specs
                if s.key in ledger["runs"] and ledger["runs"][s.key]["executor"] == "slurm"]
     slurm = slurm_states(job_ids)
-    return [run_status(results, spec, ledger, slurm) for spec in specs]
+    holder = live_holder(folder / SUBMIT_LOCK)
+    return [run_status(results, spec, ledger, slurm, holder) for spec in specs]
 
 
 # ---------------------------------------------------------------------------------------------- submit
+def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> None:
+    """Everything that would make a queued run die on the cluster, checked before anything is queued."""
+    from ablate.data.shards import read_manifest
+    from ablate.tiers import get_tier
+    from ablate.train import resolve_config
+
+    checked = set()
+    for spec in specs:
+        config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
+        key = (spec.tier, config["data_dir"])
+        if key in checked:
+            continue
+        checked.add(key)
+        tier = get_tier(spec.tier)
+        try:
+            manifest = read_manifest(config["data_dir"])
+        except AblateError as err:
+            raise AblateError(f"tier {spec.tier}: {err}; prepare it with `ablate data prepare` "
+                              "(or give another folder with `data_dir` in the experiment's overrides)") from None
+        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config["model"]["vocab_size"]:
+            raise AblateError(
+                f"tier {spec.tier}: data folder {config['data_dir']} holds {manifest.get('tokenizer')!r} tokens "
+                f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
+                f"(vocabulary {config['model']['vocab_size']})")
+    if executor == "slurm":
+        check_slurm()
+
+
+def check_slurm() -> None:
+    """SLURM answers here (sinfo), or a one-line error that suggests the local executor."""
+    try:
+        answer = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise AblateError("SLURM is not installed here (no `sinfo` on PATH); run the grid on this machine with "
+                          "`--executor local`") from None
+    except subprocess.TimeoutExpired:
+        raise AblateError("SLURM does not answer (sinfo timed out after 30 s); try again later, or run the grid "
+                          "on this machine with `--executor local`") from None
+    if answer.returncode != 0:
+        raise AblateError(f"SLURM does not answer (sinfo: {error_line(answer.stderr) or answer.returncode}); "
+                          "run the grid on this machine with `--executor local`")
+
+
 def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
            profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
            dry_run: bool = False, options: dict | None = None) -> dict:
-    """Submit the grid's runs that are neither completed nor queued/running. Returns what was done."""
+    """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
+
+    Checked first, before anything is queued: the executor, the profile, the data folders and their
+    tokenizer, every override key, and (for SLURM) that the scheduler answers.
+    """
     if executor not in ("slurm", "local"):
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
+    if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
+        raise AblateError(f"--parallel must be a positive integer, not {parallel}")
     specs = experiment.runs(tiers, arms, seeds)
     resources = load_profile(profile) if executor == "slurm" else None
+    options = {"progress": False, **(options or {})}
+    preflight(experiment, specs, executor, options)
+    folder = experiment_dir(results, experiment)
+    if dry_run:
+        return _plan_submission(experiment, specs, results, resources)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
+    with lock:
+        report = _plan_submission(experiment, specs, results, resources)
+        todo = [s for s in specs if s.key in set(report["to_submit"])]
+        if not todo:
+            return report
+        if executor == "slurm":
+            report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
+        else:
+            report["jobs"] = _run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+    return report
+
+
+def _plan_submission(experiment, specs, results, resources) -> dict:
     rows = status(experiment, results, specs)
     todo = [spec for spec, row in zip(specs, rows) if row["state"] not in ("completed", "diverged") and not row["queued"]]
     skipped: dict[str, int] = {}
     for row in rows:
         if row["state"] in ("completed", "diverged") or row["queued"]:
             skipped[row["state"]] = skipped.get(row["state"], 0) + 1
-    report = {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
-              "skipped": skipped,
-              "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {}}
-    if dry_run or not todo:
-        return report
-    folder = experiment_dir(results, experiment)
-    folder.mkdir(parents=True, exist_ok=True)
-    options = {"progress": False, **(options or {})}
-    if executor == "slurm":
-        report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
-    else:
-        report["jobs"] = _run_local(experiment, experiment_file, todo, results, parallel, options)
-    return report
+    return {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
+            "skipped": skipped, "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {}}
 
 
 def _gpu_hours(specs: list[RunSpec]) -> float:
@@ -262,11 +378,15 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 _LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
 
 
-def _record(folder: Path, entries: dict, submission: dict) -> None:
+def _record(folder: Path, entries: dict, submission: dict | None = None) -> None:
+    """Update the ledger (the caller holds the experiment's submit lock; threads take turns here)."""
     with _LEDGER_LOCK:
         ledger = read_ledger(folder)
-        ledger["runs"].update(entries)
-        ledger["submissions"].append(submission)
+        for key, entry in entries.items():
+            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if entry.get("_update") else entry
+            ledger["runs"][key].pop("_update", None)
+        if submission is not None:
+            ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)
 
 
@@ -302,12 +422,19 @@ def cpu_training_env() -> dict:
     return {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824", **os.environ}
 
 
-def _run_local(experiment, experiment_file, specs, results, parallel, options) -> dict:
-    """Each run in its own `ablate run` process; at most `parallel` at a time; a bar over the grid."""
+def _run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
+    """Each run in its own `ablate run` process; at most `parallel` at a time; a bar over the grid.
+
+    Every run is recorded as queued by this submission first (the submit lock's token), so `status`
+    shows it queued until its process takes the run lock, and failed with its one-line error after.
+    """
     from tqdm.auto import tqdm
 
     parallel = parallel or max(1, (os.cpu_count() or 1))
     folder = experiment_dir(results, experiment)
+    _record(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
+                             "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
+            {"executor": "local", "runs": [s.key for s in specs]})
 
     def launch(spec: RunSpec) -> tuple[RunSpec, int]:
         out = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
@@ -315,11 +442,13 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options) -
         command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--spec", json.dumps(
             {"experiment_file": experiment_file, "spec": spec.__dict__ | {"overrides": dict(spec.overrides)},
              "options": {**options, "threads": options.get("threads") or 1}})]
-        with open(out / "run.log", "a", encoding="utf-8") as log:
+        with open(out / RUN_LOG, "a", encoding="utf-8") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cpu_training_env())
-            _record(folder, {spec.key: {"executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}},
-                    {"executor": "local", "runs": [spec.key]})
-            return spec, process.wait()
+            _record(folder, {spec.key: {"_update": True, "job_id": f"local-{process.pid}", "pid": process.pid}})
+            code = process.wait()
+        error = None if code == 0 else error_line(_read(out / RUN_LOG)) or f"exit code {code}"
+        _record(folder, {spec.key: {"_update": True, "exit_code": code, "error": error}})
+        return spec, code
 
     codes = {}
     with ThreadPoolExecutor(max_workers=parallel) as pool, tqdm(total=len(specs), desc=experiment.name,
@@ -336,20 +465,21 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options) -
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser("submit", help="submit an experiment's grid (SLURM job arrays, or this machine)")
     parser.add_argument("experiment", help="an experiments/*.py file or its name")
-    parser.add_argument("--tier", nargs="+", dest="tiers")
-    parser.add_argument("--arms", nargs="+")
-    parser.add_argument("--seeds", nargs="+", type=int)
-    parser.add_argument("--executor", default="slurm", help="slurm (default) or local")
+    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
+    parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
+    parser.add_argument("--executor", default="slurm", help="slurm (default): job arrays; local: run here")
     parser.add_argument("--profile", default="local", help="cluster profile slurm/NAME.toml (default: local)")
     parser.add_argument("--parallel", type=int, help="local executor: runs at a time (default: CPU count)")
+    parser.add_argument("--data", help="prepared data folder for every run (default: each tier's data_dir)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
     parser.set_defaults(func=_submit_cli)
 
-    parser = subparsers.add_parser("status", help="one row per run of an experiment, and the counts")
-    parser.add_argument("experiment")
-    parser.add_argument("--results")
-    parser.add_argument("--json", action="store_true")
+    parser = subparsers.add_parser("status", help="one row per run of an experiment, and the counts per state")
+    parser.add_argument("experiment", help="an experiments/*.py file or its name")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=_status_cli)
 
 
@@ -358,10 +488,16 @@ def _resolve(args) -> tuple[Experiment, str, Path]:
     return load_experiment(file), str(file), Path(args.results) if args.results else default_results()
 
 
+def _hint(args) -> str:
+    """The status command for what the user just did, with the options they gave."""
+    return "ablate status " + args.experiment + (f" --results {args.results}" if args.results else "")
+
+
 def _submit_cli(args) -> int:
     experiment, file, results = _resolve(args)
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
-                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run)
+                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
+                    options={"data_dir": str(Path(args.data).resolve())} if args.data else None)
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
@@ -372,15 +508,23 @@ def _submit_cli(args) -> int:
             print(f"  {key}")
         return 0
     if not report["to_submit"]:
-        print(f"{experiment.name}: nothing to submit ({skipped})")
+        print(f"{experiment.name}: nothing to submit ({skipped}); see `{_hint(args)}`")
         return 0
     if args.executor == "slurm":
         print(f"{experiment.name}: queued {len(report['jobs'])} runs (skipped: {skipped}); "
-              f"follow with `ablate status {args.experiment}`")
+              f"follow with `{_hint(args)}`")
         return 0
     failed = [k for k, code in report["jobs"].items() if code != 0]
-    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed {failed if failed else ''}")
+    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed"
+          + (f" ({', '.join(failed)}; see `{_hint(args)}`)" if failed else ""))
     return 1 if failed else 0
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _status_cli(args) -> int:
@@ -390,14 +534,20 @@ def _status_cli(args) -> int:
     if args.json:
         print(json.dumps({"experiment": experiment.name, "runs": rows, "counts": counts}, indent=2))
         return 0
-    print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<10} {'job':<14} {'steps':>6} {'val_loss':>9}")
+    print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<13} {'job':<14} {'steps':>13} {'elapsed':>9} {'eta':>9} "
+          f"{'val_loss':>9}")
     for r in rows:
         loss = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else "-"
-        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<10} {r['job_id'] or '-':<14} "
-              f"{r['steps']:>6} {loss:>9}")
+        steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
+        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "
+              f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>9}")
         if r["error"]:
-            print("        " + r["error"].replace("\n", "\n        "))
-    print("  ".join(f"{state}: {n}" for state, n in counts.items()) + f"  (total {len(rows)})")
+            print(f"        error: {r['error']}")
+    print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
+    if counts["failed"]:
+        print(f"failed runs keep their traceback in RESULTS/{experiment.name}/<tier>/<arm>/seed<k>/run.log; "
+              f"`ablate submit {args.experiment}{f' --results {args.results}' if args.results else ''}` "
+              "resubmits them")
     return 0
 
 
@@ -409,6 +559,7 @@ def _local_main(argv=None) -> int:
     args = parser.parse_args(argv)
     payload = json.loads(args.spec)
     spec = RunSpec(**payload["spec"])
+    os.environ["ABLATE_LOG_TO_STDERR_ONLY"] = "1"  # our stderr is the run's run.log already
     try:
         RunJob(payload["experiment_file"], args.results, payload["options"])(spec)
     except AblateError as err:

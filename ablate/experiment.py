@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.store import check_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +54,17 @@ class Experiment:
     overrides: Mapping = field(default_factory=dict)
     description: str = ""
 
+    match_params: bool = False  # narrow the MLP of arms that add parameters to the baseline's count
+
+    def __post_init__(self):
+        check_name("experiment", self.name)
+        if isinstance(self.tiers, str) or (isinstance(self.arms, str) and self.arms != "all"):
+            raise AblateError(f"experiment {self.name!r}: tiers and arms are lists of names (arms may be 'all')")
+        counts = self.seeds.values() if isinstance(self.seeds, Mapping) else [self.seeds]
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+                raise AblateError(f"experiment {self.name!r}: seed counts must be positive integers, not {count!r}")
+
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):
             return self.seeds
@@ -61,14 +73,19 @@ class Experiment:
         return int(self.seeds[tier])
 
     def arm_names(self) -> list[str]:
+        """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
         from ablate.arms import list_arms
 
-        return list(list_arms()) if self.arms == "all" else list(self.arms)
+        return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
 
     def tier_overrides(self, tier: str) -> dict:
         if self.overrides and all(key in self.tiers for key in self.overrides):
-            return dict(self.overrides.get(tier, {}))
-        return dict(self.overrides)
+            overrides = dict(self.overrides.get(tier, {}))
+        else:
+            overrides = dict(self.overrides)
+        if self.match_params:
+            overrides.setdefault("match_params", True)
+        return overrides
 
     def runs(
         self,
@@ -85,13 +102,13 @@ class Experiment:
             get_arm(arm)  # an experiment naming an unregistered arm fails before anything runs
         for tier in self.tiers:
             get_tier(tier)
-        chosen_tiers = list(tiers) if tiers else list(self.tiers)
+        chosen_tiers = list(dict.fromkeys(tiers or self.tiers))  # a name given twice is one tier
         for tier in chosen_tiers:
             if tier not in self.tiers:
                 raise AblateError(
                     f"tier {tier!r} is not in experiment {self.name!r}; its tiers: {', '.join(self.tiers)}"
                 )
-        chosen_arms = list(arms) if arms else all_arms
+        chosen_arms = list(dict.fromkeys(arms)) if arms else all_arms
         for arm in chosen_arms:
             if arm not in all_arms:
                 raise AblateError(
@@ -101,7 +118,7 @@ class Experiment:
         for tier in chosen_tiers:
             valid_seeds = list(range(self.seed_count(tier)))
             for seed in seeds if seeds is not None else valid_seeds:
-                if seed not in valid_seeds:
+                if isinstance(seed, bool) or not isinstance(seed, int) or seed not in valid_seeds:
                     raise AblateError(f"seed {seed} is not in tier {tier!r} of {self.name!r}; seeds: {valid_seeds}")
             tier_seeds = [s for s in valid_seeds if seeds is None or s in seeds]
             for arm in chosen_arms:

@@ -130,6 +130,14 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def finished(summary: dict) -> bool:
+    """A run is done when it diverged, or completed *with* its final loss (else it resumes and evaluates)."""
+    loss = summary.get("val_loss")
+    return summary.get("status") == "diverged" or (
+        summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool)
+        and loss == loss and abs(loss) != float("inf"))
+
+
 def iter_run_dirs(experiment_dir: str | os.PathLike) -> Iterator[Path]:
     """Every run folder (`<tier>/<arm>/seed<k>` holding a summary.json) under an experiment folder, sorted.
 

@@ -31,7 +31,7 @@ from ablate.experiment import REPO_ROOT, RunSpec, default_results
 from ablate.identity import WATCH_KEYS, config_fingerprint
 from ablate.lock import FileLock
 from ablate.store import (CHECKPOINTS, CONFIG, METRICS, RUN_LOG, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
-                          read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
+                          finished, read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
@@ -208,13 +208,6 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
     return "fresh"
 
 
-def finished(summary: dict) -> bool:
-    """A run is done when it diverged, or completed *with* its final loss (else it resumes and evaluates)."""
-    loss = summary.get("val_loss")
-    return summary.get("status") == "diverged" or (
-        summary.get("status") == "completed" and isinstance(loss, (int, float)) and math.isfinite(loss))
-
-
 def launched_child() -> bool:
     """True in the extra processes a data-parallel launcher started (they join the run their parent holds)."""
     return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0
@@ -276,7 +269,8 @@ class Trainer:
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
         fabric.launch()
-        handler = self._log_to_file() if fabric.global_rank == 0 else None
+        to_file = fabric.global_rank == 0 and not os.environ.get("ABLATE_LOG_TO_STDERR_ONLY")
+        handler = self._log_to_file() if to_file else None
         try:
             return self._fit(fabric)
         except Diverged as err:
@@ -521,7 +515,7 @@ class Trainer:
         if self.fabric.global_rank != 0:
             return
         with open(self.folder / METRICS, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
         self.fabric.log_dict({k: v for k, v in row.items() if k != "step"}, step=row["step"])
 
     def _truncate_metrics(self, step: int):

@@ -85,7 +85,9 @@ def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, va
         "tier": tier, "arm": arm, "seed": seed, "status": status,
         "val_loss": val_loss if status == "completed" else None,
         "steps": steps, "tokens": steps * 4096,
+        "experiment": experiment,
         "init_fingerprint": fingerprint("init", tier, seed), "data_fingerprint": fingerprint("data", tier, seed),
+        "config_fingerprint": fingerprint("config", tier, seed), "val_fingerprint": fingerprint("val", tier, 0),
         "params_total": 1, "params_non_embedding": 1, "params_arm_extra": 0, "git_commit": "0" * 40,
         "versions": {}, "started": "2025-01-01T00:00:00", "finished": "2025-01-01T01:00:00", "wall_seconds": 3600.0,
     }

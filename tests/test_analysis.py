@@ -138,16 +138,17 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
     folder = write_store(tmp_path, curve_points=2)
     write_run(tmp_path, "study", "50M", "combo", 1, reference_losses()[("50M", "combo", 1)], curve_points=2,
               data_fingerprint="deadbeef")
-    runs = load_runs(folder)
     with pytest.raises(AblateError) as err:
-        paired_table(runs)
+        load_runs(folder)
     message = str(err.value)
     assert "50M/baseline/seed1" in message and "50M/combo/seed1" in message and "data_fingerprint" in message
-    with pytest.raises(AblateError, match="50M/sink-logit/seed1 and 50M/combo/seed1.*data_fingerprint"):
-        increments_table(runs)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, init_fingerprint="cafe")
     with pytest.raises(AblateError, match="init_fingerprint"):
-        overlap_table(load_runs(folder))
+        load_runs(folder)
+    for column in ("config_fingerprint", "val_fingerprint"):
+        write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, **{column: "0ther"})
+        with pytest.raises(AblateError, match=f"baseline/seed1 and .*combo/seed1 are not matched: their {column}"):
+            load_runs(folder)
 
 
 def test_missing_seed_reduces_n_and_is_listed(tmp_path):

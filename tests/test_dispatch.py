@@ -86,8 +86,10 @@ def test_profile_is_checked():
     assert load_profile("example")["gpus_per_run"] == 1
 
 
-def test_dry_run_prints_runs_resources_and_gpu_hours(tmp_path):
-    out = ablate_cli("submit", "sink_vs_filter", "--dry-run", "--profile", "example", "--results", tmp_path).stdout
+@pytest.mark.slurm
+def test_dry_run_prints_runs_resources_and_gpu_hours(tmp_path, sample_data, slurm_cluster):
+    out = ablate_cli("submit", "sink_vs_filter", "--dry-run", "--profile", "example", "--data", sample_data,
+                     "--results", tmp_path).stdout
     assert "90 of 90 runs would be submitted" in out and "GPU-hours" in out and '"gpus_per_run": 1' in out
     assert "350M/combo2/seed0" in out and not any(tmp_path.iterdir())
 

@@ -25,6 +25,8 @@ def add_commands(subparsers) -> None:
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
     table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
+    table.add_argument("--allow-unverified", action="store_true",
+                       help="pair older runs that carry no fingerprints (the footer names them)")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(
@@ -35,6 +37,8 @@ def add_commands(subparsers) -> None:
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
     report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    report.add_argument("--allow-unverified", action="store_true",
+                        help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)
 
 
@@ -44,7 +48,8 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.tables import build_table
     from ablate.store import atomic_write_bytes
 
-    table = build_table(load_runs(args.source, args.results), args.kind, args.reference)
+    table = build_table(load_runs(args.source, args.results, allow_unverified=args.allow_unverified), args.kind,
+                        args.reference)
     text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         for warning in table.warnings:
@@ -60,6 +65,6 @@ def table_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from ablate.analysis.report import write_report
 
-    folder = write_report(args.experiment, args.results)
+    folder = write_report(args.experiment, args.results, allow_unverified=args.allow_unverified)
     print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
     return 0

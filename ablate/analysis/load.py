@@ -18,11 +18,13 @@ import polars as pl
 
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.errors import AblateError
-from ablate.store import METRICS, SUMMARY, iter_run_dirs, read_json, read_metrics
+from ablate.store import METRICS, SUMMARY, iter_run_dirs, read_json, read_json_file, read_metrics
 from ablate.tiers import tier_rank
 
 REQUIRED_COLUMNS = ("tier", "arm", "seed", "val_loss")
-FINGERPRINTS = ("init_fingerprint", "data_fingerprint")
+# What two runs of one (tier, seed) must share to be paired: initial weights, batches, every setting but the
+# arm (ablate.identity), and the validation tokens their final loss was measured on.
+FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
     "tier": pl.String,
@@ -32,6 +34,10 @@ RUN_SCHEMA = {
     "val_loss": pl.Float64,
     "init_fingerprint": pl.String,
     "data_fingerprint": pl.String,
+    "config_fingerprint": pl.String,
+    "val_fingerprint": pl.String,
+    "mlp_hidden": pl.Int64,
+    "verified": pl.Boolean,
     "reason": pl.String,
     "path": pl.String,
 }
@@ -48,6 +54,16 @@ class Runs:
     name: str
     frame: pl.DataFrame
     root: Path | None = None
+    notes: tuple[str, ...] = ()  # what every table of this source must say (e.g. pairing not verified)
+
+    def notes_for(self, arms) -> tuple[str, ...]:
+        """This source's notes, plus one naming the counted runs of `arms` whose pairing was not verified."""
+        unverified = self.completed.filter(~pl.col("verified") & pl.col("arm").is_in(list(arms)))
+        if self.root is None or unverified.is_empty():
+            return self.notes
+        names = ", ".join(f"{r['tier']}/{r['arm']}/seed{r['seed']}" for r in unverified.iter_rows(named=True))
+        return self.notes + (f"pairing NOT verified for {names}: older runs without fingerprints, admitted by "
+                             "--allow-unverified",)
 
     @property
     def completed(self) -> pl.DataFrame:
@@ -97,15 +113,68 @@ def sort_runs(frame: pl.DataFrame, arm_order: list[str], arm_column: str = "arm"
     return keyed.sort(keys).drop("_tier", "_arm")
 
 
-def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Runs:
+def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = None, *,
+              allow_unverified: bool = False) -> Runs:
     """SOURCE: a CSV/parquet file, an experiment folder, or an experiment (name or .py file)
-    whose runs live in `results/<name>/` (results defaults to `ablate.experiment.default_results()`)."""
+    whose runs live in `results/<name>/` (results defaults to `ablate.experiment.default_results()`).
+
+    Every counted run of a (tier, seed) must carry the same init, data, config and validation
+    fingerprints (any two of them may be paired by some table); a run without them (an older run) is
+    refused unless `allow_unverified`, and then marked `verified = False`.
+    """
     path = Path(source)
     if path.suffix.lower() in TABLE_SUFFIXES:
         if not path.is_file():
             raise AblateError(f"no such file {str(path)!r}")
-        return _runs_from_table(path)
-    return _runs_from_store(resolve_experiment_dir(source, results))
+        runs = _runs_from_table(path)
+    else:
+        runs = _runs_from_store(resolve_experiment_dir(source, results))
+    check_matched(runs, allow_unverified)
+    return runs
+
+
+def check_matched(runs: Runs, allow_unverified: bool = False) -> None:
+    """Refuse a source in which two counted runs of one (tier, seed) differ in anything but the arm."""
+    order = {arm: i for i, arm in enumerate(runs.arm_order)}
+    for (tier, seed), group in runs.completed.group_by(["tier", "seed"], maintain_order=True):
+        rows = sorted(group.iter_rows(named=True), key=lambda r: order.get(r["arm"], len(order)))
+        if runs.root is not None and not allow_unverified:
+            for row in rows:
+                absent = [c for c in FINGERPRINTS if row[c] is None]
+                if absent:
+                    raise AblateError(
+                        f"run {row['path']} has no {', '.join(absent)} (a run made before they were recorded): its "
+                        "pairing cannot be verified. Rerun it, or pass --allow-unverified to pair it anyway (the "
+                        "table's footer then names it)")
+        first = rows[0]
+        for row in rows[1:]:
+            for column in FINGERPRINTS:
+                if first[column] is None or row[column] is None or first[column] == row[column]:
+                    continue
+                raise AblateError(_mismatch(runs, first, row, column))
+
+
+def _mismatch(runs: Runs, a: dict, b: dict, column: str) -> str:
+    names = [a["path"] or f"{a['tier']}/{a['arm']}/seed{a['seed']}", b["path"] or f"{b['tier']}/{b['arm']}/seed{b['seed']}"]
+    text = (f"runs {names[0]} and {names[1]} are not matched: their {column} differs ({a[column][:12]}… vs "
+            f"{b[column][:12]}…)")
+    if column == "config_fingerprint" and a["path"] and b["path"]:
+        from ablate.identity import config_differences
+        from ablate.store import CONFIG
+
+        try:
+            diffs = config_differences(read_json(Path(a["path"]) / CONFIG), read_json(Path(b["path"]) / CONFIG))
+        except (OSError, ValueError):
+            diffs = []
+        if diffs:
+            text += "; differing settings: " + ", ".join(f"{k} = {x!r} vs {y!r}" for k, x, y in diffs)
+    elif column == "val_fingerprint":
+        text += "; their final losses were measured on different validation tokens"
+    elif column == "init_fingerprint":
+        text += "; they did not start from the same initial weights"
+    elif column == "data_fingerprint":
+        text += "; they were not trained on the same batches"
+    return text + ". A paired difference needs runs that differ only in the arm"
 
 
 def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
@@ -132,26 +201,34 @@ def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike
 
 
 def _runs_from_store(folder: Path) -> Runs:
-    rows = []
+    rows, seen = [], {}
     for run in iter_run_dirs(folder):
-        try:
-            summary = read_json(run / SUMMARY)
-        except (OSError, ValueError) as err:
-            raise AblateError(f"cannot read {str(run / SUMMARY)!r}: {err}") from err
+        summary = read_json_file(run / SUMMARY, "rerun that run (`ablate run ... --force` keeps the damaged folder "
+                                                "aside) or move the folder out of the experiment")
         tier, arm, seed_dir = run.relative_to(folder).parts
+        where = {"experiment": folder.name, "tier": tier, "arm": arm, "seed": int(seed_dir.removeprefix("seed"))}
+        for key, expected in where.items():
+            if key in summary and summary[key] != expected:
+                raise AblateError(
+                    f"{run} holds a run of {key} {summary[key]!r}, but its folder says {expected!r} (a copied or "
+                    "moved run folder?); move it out of the experiment folder")
+        key = (tier, arm, where["seed"])
+        if key in seen:
+            raise AblateError(f"run {tier}/{arm}/seed{where['seed']} appears twice: {seen[key]} and {run}")
+        seen[key] = run
         row = {
-            "tier": str(summary.get("tier", tier)),
-            "arm": str(summary.get("arm", arm)),
-            "seed": int(summary.get("seed", seed_dir.removeprefix("seed"))),
+            "tier": tier, "arm": arm, "seed": where["seed"],
             "status": summary.get("status"),
             "val_loss": summary.get("val_loss"),
+            "mlp_hidden": summary.get("mlp_hidden"),
             "path": str(run),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
+        row["verified"] = all(row[key] is not None for key in FINGERPRINTS)
         row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
         rows.append(row)
     if not rows:
-        raise AblateError(f"no runs (no */*/seed*/{SUMMARY}) under {str(folder)!r}")
+        raise AblateError(f"no runs (no */*/seed<k>/{SUMMARY}) under {str(folder)!r}")
     frame = pl.DataFrame(rows, schema=RUN_SCHEMA)
     return Runs(name=folder.name, frame=frame, root=folder)
 
@@ -163,7 +240,7 @@ def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
         if status == "failed" and summary.get("error"):
             return f"failed: {str(summary['error']).splitlines()[0][:120]}"
         return str(status or "no status")
-    if val_loss is None or not math.isfinite(float(val_loss)):
+    if isinstance(val_loss, bool) or not isinstance(val_loss, (int, float)) or not math.isfinite(float(val_loss)):
         return f"completed but val_loss is {val_loss!r}"
     return None
 
@@ -180,16 +257,14 @@ def _runs_from_table(path: Path) -> Runs:
             f"found: {', '.join(table.columns) or '(none)'}"
         )
     optional = [c for c in ("status", *FINGERPRINTS) if c in table.columns]
-    try:
-        frame = table.select(
-            pl.col("tier").cast(pl.String),
-            pl.col("arm").cast(pl.String),
-            pl.col("seed").cast(pl.Int64),
-            pl.col("val_loss").cast(pl.Float64),
-            *[pl.col(c).cast(pl.String) for c in optional],
-        )
-    except pl.exceptions.PolarsError as err:
-        raise AblateError(f"{str(path)!r}: seed must be an integer and val_loss a number ({err})") from err
+    _check_column_types(path, table)
+    frame = table.select(
+        pl.col("tier").cast(pl.String),
+        pl.col("arm").cast(pl.String),
+        pl.col("seed").cast(pl.Int64),
+        pl.col("val_loss").cast(pl.Float64),
+        *[pl.col(c).cast(pl.String) for c in optional],
+    )
     dupes = frame.filter(pl.struct("tier", "arm", "seed").is_duplicated())
     if dupes.height:
         first = dupes.row(0, named=True)
@@ -206,9 +281,26 @@ def _runs_from_table(path: Path) -> Runs:
     frame = frame.with_columns(
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
-        path=pl.lit(None, dtype=pl.String),
+        path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
     ).select(list(RUN_SCHEMA))
-    return Runs(name=path.stem, frame=frame.cast(RUN_SCHEMA), root=None)
+    note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
+            "runs of one seed differ only in the arm")
+    return Runs(name=path.stem, frame=frame.cast(RUN_SCHEMA), root=None, notes=(note,))
+
+
+def _check_column_types(path: Path, table: pl.DataFrame) -> None:
+    """seed must hold integers and val_loss numbers: 1.7 is no seed, and true or "low" is no loss."""
+    seed, loss = table["seed"], table["val_loss"]
+    if seed.dtype.is_float():
+        bad = seed.filter(seed.is_not_null() & (seed != seed.floor()))
+        if bad.len():
+            raise AblateError(f"{str(path)!r}: seed {bad[0]!r} is not an integer; seeds are integers >= 0")
+    elif not seed.dtype.is_integer():
+        raise AblateError(f"{str(path)!r}: column seed holds {seed.dtype} values (e.g. {seed.drop_nulls().head(1).to_list()}); "
+                          "seeds are integers >= 0")
+    if not (loss.dtype.is_float() or loss.dtype.is_integer()) and not loss.is_null().all():
+        raise AblateError(f"{str(path)!r}: column val_loss holds {loss.dtype} values (e.g. "
+                          f"{loss.drop_nulls().head(1).to_list()}); val_loss must be a number")
 
 
 CURVE_SCHEMA = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens": pl.Int64,

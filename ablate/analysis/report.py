@@ -142,12 +142,12 @@ def _effect_name(table: Table, row: dict) -> str:
 
 
 def write_report(source: str | os.PathLike, results: str | os.PathLike | None = None,
-                 sections: list[Section] | None = None) -> Path:
+                 sections: list[Section] | None = None, allow_unverified: bool = False) -> Path:
     """Build the report of an experiment (name, .py file or folder) and return the report folder."""
     if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
-    runs = load_runs(source, results)
+    runs = load_runs(source, results, allow_unverified=allow_unverified)
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     tables = {kind: build_table(runs, kind, reference if kind == "paired" else None) for kind in KINDS}
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS

@@ -85,9 +85,17 @@ def paired_table(runs: Runs, reference: str = "baseline") -> Table:
         raise AblateError(f"unknown reference arm {reference!r}; arms in {runs.name!r}: {', '.join(arms)}")
     others = [a for a in arms if a != reference]
     diffs = paired_differences(runs.completed, others, reference)
+    notes = []
+    with_reference = set(runs.completed.filter(pl.col("arm") == reference)["tier"].to_list())
+    for tier in runs.tiers:
+        if tier not in with_reference:
+            tier_arms = sorted(set(runs.completed.filter(pl.col("tier") == tier)["arm"].to_list()) - {reference})
+            if tier_arms:
+                notes.append(f"tier {tier} has no completed {reference} run: its arms ({', '.join(tier_arms)}) have "
+                             "no paired difference and are not in the table")
     frame = summarise(diffs, ["tier", "arm"]).with_columns(reference=pl.lit(reference))
     frame = sort_runs(frame, arms).select("tier", "arm", "reference", *STAT_COLUMNS)
-    return _table("paired", "arm", frame, runs, arms, reference=reference)
+    return _table("paired", "arm", frame, runs, arms, reference=reference, notes=notes)
 
 
 def increments_table(runs: Runs) -> Table:
@@ -144,7 +152,7 @@ def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=()) -> Tabl
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
         missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
-        notes=tuple(notes),
+        notes=tuple(notes) + runs.notes_for(arms),
     )
 
 

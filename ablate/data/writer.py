@@ -179,6 +179,10 @@ class _Writer:
         self.carry_file = carry_file
 
 
+def _is_temporary(path: Path) -> bool:
+    return path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
+
+
 def _resume(out: Path, request: dict, caps: dict) -> tuple[dict[str, _Split], int, str | None]:
     """The splits and source position saved by an interrupted prepare, or a fresh start."""
     for stray in out.glob(".*.tmp"):  # left by a writer killed mid-write
@@ -251,7 +255,8 @@ def prepare(
             )
         log.info("%s is already prepared with these arguments; nothing to do", out)
         return out
-    if out.exists() and any(out.iterdir()) and not (out / PROGRESS).exists():
+    # Only temporary files (a prepare killed during its first write) make a folder that resumes, not a stranger.
+    if out.exists() and any(not _is_temporary(p) for p in out.iterdir()) and not (out / PROGRESS).exists():
         raise AblateError(
             f"--out {str(out)!r} is a non-empty folder that is not a prepared dataset; choose an empty or new folder"
         )
