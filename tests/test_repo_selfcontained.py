@@ -48,11 +48,8 @@ def test_no_tracked_file_refers_outside_the_repository():
         path = REPO / name
         if not path.is_file():  # deleted in the work tree but not yet in the index
             continue
-        data = path.read_bytes()
-        for needle in FORBIDDEN:
-            if needle.encode() in data:
-                line = data[: data.index(needle.encode())].count(b"\n") + 1
-                offenders.append(f"{name}:{line}: {needle}")
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            offenders += [f"{name}:{number}: {needle}" for needle in FORBIDDEN if needle.encode() in line]
     assert not offenders, "tracked files refer to files outside the repository:\n" + "\n".join(offenders)
 
 
