@@ -1,4 +1,7 @@
-"""The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`)."""
+"""The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`).
+
+The smoke tier is a pipeline check: it shows the machinery working, not an effect (docs/method.md).
+"""
 
 from ablate.experiment import Experiment
 

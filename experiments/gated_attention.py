@@ -1,4 +1,7 @@
-"""Qiu et al. (NeurIPS 2025): baseline against the SDPA-output gates (G1) and the value gate (G2)."""
+"""Qiu et al. (NeurIPS 2025): baseline against the SDPA-output gates (G1) and the value gate (G2).
+
+The arms' formulas and initial values are in docs/method.md (section 3).
+"""
 
 from ablate.experiment import Experiment
 

@@ -1,6 +1,7 @@
-"""The study of SPEC.md (003): abstention (sink-logit) vs filtering (value gates) across four scales.
+"""The study: abstention (sink-logit) vs filtering (value gates) across four scales (docs/method.md).
 
-Nine arms; seeds 3/3/3/1 over the tiers 10M/50M/124M/350M; every effect is a paired difference.
+Nine arms; seeds 3/3/3/1 over the tiers 10M/50M/124M/350M; every effect is a paired difference
+(`ablate table sink_vs_filter --kind increments` gives the zero-option and filtering increments).
 Data: `ablate data prepare --source fineweb-edu --config sample-10BT --tokens 6000000000 --out data/fineweb-edu`.
 """
 
