@@ -28,7 +28,7 @@ def add_commands(subparsers) -> None:
                         help=f"read the tasks' documents from local JSON-lines files instead of the Hub: {file_layout()}")
     parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                         help=f"bootstrap draws for the stderr of perplexities (default {DEFAULT_BOOTSTRAP_ITERS:,}, "
-                             "lm-eval's; 0: no stderr)")
+                             "lm-eval's; 0: no stderr for any metric)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.set_defaults(func=_eval)
 
