@@ -87,11 +87,11 @@ class AblateLM(TemplateLM):
             batch = torch.zeros(len(inputs), width, dtype=torch.long)
             for row, tokens in enumerate(inputs):
                 batch[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            logits = self.model(batch.to(self._device)).logits[..., :VOCAB_SIZE]
-            logprobs = F.log_softmax(logits.float(), dim=-1)
-            for (request, _, continuation), row, (start, end) in zip(chunk, logprobs, spans):
+            logits = self.model(batch.to(self._device)).logits
+            for (request, _, continuation), row, (start, end) in zip(chunk, logits, spans):
+                # only the continuation's positions need a softmax (the context's are thrown away)
+                window = F.log_softmax(row[start:end, :VOCAB_SIZE].float(), dim=-1)
                 target = torch.tensor(continuation, dtype=torch.long, device=row.device)
-                window = row[start:end]
                 score = float(window.gather(1, target[:, None]).sum())
                 greedy = bool((window.argmax(dim=-1) == target).all())
                 results.append((score, greedy))
