@@ -18,8 +18,6 @@ Log-probabilities are over the 50,257 real tokens (the logits of the padding row
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from lm_eval import utils as lm_utils
@@ -29,8 +27,6 @@ from tqdm import tqdm
 
 from ablate.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode
 from ablate.errors import AblateError
-
-log = logging.getLogger(__name__)
 
 
 class AblateLM(TemplateLM):

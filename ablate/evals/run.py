@@ -112,9 +112,9 @@ def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, devi
     from ablate.evals.tasks import build_tasks, task_manager
     from ablate.probes.runio import default_device, load_run
 
+    built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
     model, _, _ = load_run(folder, device or default_device())
     lm = AblateLM(model, batch_size=batch_size, device=device or default_device())
-    built = build_tasks(names, task_data)
     start = time.perf_counter()
     results = lm_eval.simple_evaluate(model=lm, tasks=list(built.values()), limit=limit,
                                       bootstrap_iters=bootstrap_iters, log_samples=False,

@@ -13,13 +13,10 @@ SHA-256 of the local file, so results on a 50-document test file can never pair 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from pathlib import Path
 
 from ablate.errors import AblateError, choice_error
-
-log = logging.getLogger(__name__)
 
 # task → (the split it evaluates, the columns of one JSON line, its folder under lm_eval/tasks/)
 TASKS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -46,17 +43,10 @@ def check_tasks(names) -> list[str]:
     return names
 
 
-def hub_offline() -> bool:
-    """True when `datasets` may not reach the Hub (HF_DATASETS_OFFLINE or HF_HUB_OFFLINE set)."""
-    return any(os.environ.get(key, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-               for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
-
-
-def offline_error(detail: str = "") -> AblateError:
-    more = f" ({detail})" if detail else ""
+def offline_error(detail: str) -> AblateError:
     return AblateError(
-        "the Hub is offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE) and no --task-data DIR was given"
-        f"{more}: pass --task-data DIR holding {file_layout()}"
+        f"the tasks' data could not be loaded from the Hub ({detail}; HF_DATASETS_OFFLINE/HF_HUB_OFFLINE set, "
+        f"or no network) and no --task-data DIR was given: pass --task-data DIR holding {file_layout()}"
     )
 
 
@@ -119,12 +109,14 @@ def local_overrides(name: str, task_data: str | os.PathLike) -> dict:
 
 
 def build_tasks(names, task_data: str | os.PathLike | None = None) -> dict:
-    """{name: a ready harness Task} with its documents loaded (from DIR when `task_data` is given)."""
+    """{name: a ready harness Task} with its documents loaded (from DIR when `task_data` is given).
+
+    Without `task_data` the Hub datasets load as usual (a cached copy works offline too); when they
+    cannot be reached, the error names --task-data and the file layout.
+    """
     from lm_eval.api.task import ConfigurableTask
 
     names = check_tasks(names)
-    if task_data is None and hub_offline():
-        raise offline_error()
     manager = task_manager()
     tasks = {}
     for name in names:
@@ -135,9 +127,10 @@ def build_tasks(names, task_data: str | os.PathLike | None = None) -> dict:
         config.setdefault("metadata", {})
         try:
             tasks[name] = ConfigurableTask(config=config)
-        except (ConnectionError, OSError) as err:
+        except ConnectionError as err:  # datasets' answer when offline and the dataset is not cached
             if task_data is None:
-                raise offline_error(f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+                first_line = (str(err).splitlines() or [""])[0]
+                raise offline_error(f"{name}: {first_line}") from err
             raise
     return tasks
 
