@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,tensorboard]'
+	$(BIN)/pip install -q -e '.[test,tensorboard,eval]'
 	touch $(STAMP)
 
 cluster:

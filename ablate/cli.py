@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "ablate.dispatch",
     "ablate.analysis.cli",
     "ablate.probes.cli",
+    "ablate.evals.cli",
 )
 
 

@@ -1,0 +1,75 @@
+"""`ablate eval`: downstream tasks through lm-evaluation-harness, for one run folder or an experiment's grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ablate.errors import AblateError
+
+
+def add_commands(subparsers) -> None:
+    from ablate.evals.run import DEFAULT_BOOTSTRAP_ITERS
+    from ablate.evals.tasks import TASKS, file_layout
+
+    parser = subparsers.add_parser(
+        "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json")
+    parser.add_argument("target", metavar="RUN_DIR|EXPERIMENT",
+                        help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>, or an experiments/*.py file "
+                             "or its name (every completed run of its grid)")
+    parser.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help=f"tasks: {', '.join(TASKS)}")
+    parser.add_argument("--tier", nargs="+", dest="tiers", help="EXPERIMENT: only these tiers")
+    parser.add_argument("--arms", nargs="+", help="EXPERIMENT: only these arms")
+    parser.add_argument("--seeds", nargs="+", type=int, help="EXPERIMENT: only these seeds")
+    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--limit", type=int,
+                        help="documents per task (default: all; a limited result pairs only with the same limit)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
+    parser.add_argument("--task-data", metavar="DIR",
+                        help=f"read the tasks' documents from local JSON-lines files instead of the Hub: {file_layout()}")
+    parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
+                        help=f"bootstrap draws for the stderr of perplexities (default {DEFAULT_BOOTSTRAP_ITERS:,}, "
+                             "lm-eval's; 0: no stderr for any metric)")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.set_defaults(func=_eval)
+
+
+def _eval(args) -> int:
+    from ablate.evals.run import evaluate_run, require_lm_eval
+
+    require_lm_eval()
+    folders = _targets(args)
+    options = {"limit": args.limit, "batch_size": args.batch_size, "task_data": args.task_data,
+               "bootstrap_iters": args.bootstrap_iters, "device": args.device}
+    print("| run | task | metric | value | stderr |")
+    print("|---|---|---|---:|---:|")
+    for folder in folders:
+        data = evaluate_run(folder, args.tasks, **options)
+        for task in dict.fromkeys(args.tasks):
+            for metric, row in data["tasks"][task]["metrics"].items():
+                stderr = "–" if row["stderr"] is None else f"{row['stderr']:.4g}"
+                print(f"| {_label(folder)} | {task} | {metric} | {row['value']:.6g} | {stderr} |", flush=True)
+    return 0
+
+
+def _label(folder: Path) -> str:
+    return "/".join(Path(folder).parts[-3:])
+
+
+def _targets(args) -> list[Path]:
+    """The run folders to evaluate: the one given, or the experiment's completed runs (others listed)."""
+    from ablate.evals.run import runs_to_evaluate
+    from ablate.experiment import default_results, load_experiment
+
+    target = Path(args.target)
+    if target.is_dir():
+        if args.tiers or args.arms or args.seeds or args.results:
+            raise AblateError("--tier/--arms/--seeds/--results select runs of an EXPERIMENT, not of a run folder")
+        return [target]
+    experiment = load_experiment(args.target)
+    results = Path(args.results) if args.results else default_results()
+    folders, skipped = runs_to_evaluate(experiment, results, args.tiers, args.arms, args.seeds)
+    for line in skipped:
+        print(f"skipped {line}")
+    if not folders:
+        raise AblateError(f"no completed run of {experiment.name!r} under {results} to evaluate")
+    return folders

@@ -1,0 +1,156 @@
+"""Evaluating one run folder (`evaluate_run`) and the submitit task that does it on a cluster (`EvalJob`).
+
+A rerun with the same settings is a no-op: each task is recomputed only when its settings (task
+version, lm-eval version, --limit, few-shot count, data), the final weights or the bootstrap count
+changed; the other tasks' entries are kept as they were, each with its own settings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.evals import EVAL_FILE
+from ablate.evals.results import is_current, read_eval, task_entry
+from ablate.experiment import RunSpec, load_experiment
+from ablate.store import CHECKPOINTS, SUMMARY, atomic_write_json, read_json, run_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BOOTSTRAP_ITERS = 100_000  # lm-eval's own default (stderr of the perplexity metrics)
+
+
+def require_lm_eval() -> None:
+    try:
+        import lm_eval  # noqa: F401
+    except ModuleNotFoundError as err:
+        raise AblateError("lm-eval is not installed: pip install -e '.[eval]' (the `eval` extra)") from err
+
+
+def run_state(folder: str | os.PathLike) -> str | None:
+    """The run's summary.json status, None when the folder has none (weights saved by hand)."""
+    path = Path(folder) / SUMMARY
+    return read_json(path).get("status") if path.is_file() else None
+
+
+def weights_path(folder: str | os.PathLike) -> Path:
+    from ablate.modelio import FINAL_WEIGHTS
+
+    return Path(folder) / CHECKPOINTS / FINAL_WEIGHTS
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def wanted_settings(tasks, limit: int | None, task_data) -> dict[str, dict]:
+    """{task: settings} a run evaluated now would carry (no data is loaded: versions come from the YAML)."""
+    from ablate.evals.tasks import data_source, lm_eval_version, task_config, task_manager, task_version
+
+    manager = task_manager()
+    version = lm_eval_version()
+    settings = {}
+    for name in tasks:
+        config = task_config(name, manager)
+        settings[name] = {"task_version": task_version(config), "lm_eval_version": version, "limit": limit,
+                          "num_fewshot": int(config.get("num_fewshot") or 0),
+                          "data": data_source(name, task_data, config)}
+    return settings
+
+
+def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, batch_size: int = 16,
+                 task_data: str | os.PathLike | None = None, bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+                 device: str | None = None) -> dict:
+    """Evaluate the final weights of a run folder on `tasks`; returns (and writes) its eval.json."""
+    from ablate.evals.tasks import check_tasks
+
+    require_lm_eval()
+    folder = Path(folder)
+    tasks = check_tasks(tasks)
+    if limit is not None and int(limit) < 1:
+        raise AblateError(f"--limit must be ≥ 1 documents per task, got {limit}")
+    if bootstrap_iters < 0:
+        raise AblateError(f"--bootstrap-iters must be ≥ 0, got {bootstrap_iters}")
+    if not folder.is_dir():
+        raise AblateError(f"run folder {str(folder)!r} does not exist")
+    state = run_state(folder)
+    if state not in (None, "completed"):
+        raise AblateError(f"run {folder} is {state}, not completed: only final weights are evaluated")
+    if not weights_path(folder).is_file():
+        raise AblateError(f"{folder} has no trained weights ({weights_path(folder)} is missing): has the run completed?")
+
+    weights = file_sha256(weights_path(folder))
+    settings = wanted_settings(tasks, limit, task_data)
+    data = read_eval(folder)
+    todo = [name for name in tasks if not is_current(data["tasks"].get(name), settings[name], weights, bootstrap_iters)]
+    if not todo:
+        log.info("%s: %s already evaluated with these settings", folder, ", ".join(tasks))
+        return data
+    log.info("%s: evaluating %s", folder, ", ".join(todo))
+    results, seconds = _evaluate(folder, todo, limit, batch_size, task_data, bootstrap_iters, device)
+    stamp = dt.datetime.now().isoformat(timespec="seconds")
+    for name in todo:
+        data["tasks"][name] = task_entry(results, name, settings[name], weights_sha256=weights,
+                                         bootstrap_iters=bootstrap_iters, evaluated_at=stamp, seconds=seconds)
+    atomic_write_json(folder / EVAL_FILE, data)
+    return data
+
+
+def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, device) -> tuple[dict, float]:
+    import lm_eval
+
+    from ablate.evals.lm import AblateLM
+    from ablate.evals.tasks import build_tasks, task_manager
+    from ablate.probes.runio import default_device, load_run
+
+    built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
+    model, _, _ = load_run(folder, device or default_device())
+    lm = AblateLM(model, batch_size=batch_size, device=device or default_device())
+    start = time.perf_counter()
+    results = lm_eval.simple_evaluate(model=lm, tasks=list(built.values()), limit=limit,
+                                      bootstrap_iters=bootstrap_iters, log_samples=False,
+                                      task_manager=task_manager())
+    return results, round(time.perf_counter() - start, 3)
+
+
+def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> tuple[list[Path], list[str]]:
+    """(completed run folders of the grid, one line per run skipped and why)."""
+    folders, skipped = [], []
+    for spec in experiment.runs(tiers, arms, seeds):
+        folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        state = run_state(folder)
+        if state == "completed" and weights_path(folder).is_file():
+            folders.append(folder)
+        else:
+            skipped.append(f"{spec.key}: {state or 'not started'}")
+    return folders, skipped
+
+
+class EvalJob:
+    """What one array task of `ablate submit --eval` executes: evaluate one run of the grid.
+
+    Picklable (plain fields only). Re-imports the experiment file first, so arms it registers exist
+    before the weights are loaded, as `ablate.dispatch.RunJob` does. `options` are evaluate_run's
+    keyword arguments (limit, batch_size, task_data, bootstrap_iters, device).
+    """
+
+    def __init__(self, experiment_file: str | None, results: str, tasks, options: dict | None = None):
+        self.experiment_file, self.results = experiment_file, results
+        self.tasks, self.options = list(tasks), dict(options or {})
+
+    def __call__(self, spec: RunSpec) -> dict:
+        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if self.experiment_file:
+            load_experiment(self.experiment_file)
+        folder = run_dir(self.results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        return evaluate_run(folder, self.tasks, **self.options)
