@@ -84,7 +84,7 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "**Pipeline check.** smoke (100,000 nominal non-embedding parameters, 25,600 training tokens)" in summary
     assert "carry no evidence" in summary
     assert "- none: no effect outside a pipeline-check tier has two seeds" in summary
-    assert "none to list: no effect outside a pipeline-check tier has an interval (none has two seeds)" in summary
+    assert "none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
     for kind in (*KINDS, "losses"):
         text = (folder / f"{kind}.md").read_text()

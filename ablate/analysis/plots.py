@@ -92,7 +92,8 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
     axes[0].set_yticks(list(position.values()), labels=list(position))
     axes[0].set_ylim(-0.7, len(arms) - 0.3)
     fig.suptitle(f"{paired.name}: paired differences against {paired.reference}, positive = lower loss\n"
-                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05", fontsize=10)
+                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05",
+                 fontsize=10, y=1.0 + 0.5 / fig.get_figheight())
     _save(fig, path)
 
 

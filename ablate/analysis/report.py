@@ -168,7 +168,7 @@ def flags_section(ctx: ReportContext) -> str:
         lines.append(f"- none of the {tested} tested effect(s); an interval that excludes zero is not by itself "
                      "support: with many comparisons, see the p_holm rule above")
     else:
-        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (none has two seeds)")
+        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)")
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)

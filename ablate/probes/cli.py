@@ -30,7 +30,7 @@ def add_commands(subparsers) -> None:
     synthetic.add_argument("--steps", type=int, default=None, help="training steps (default: the task's)")
     synthetic.add_argument("--answer-noise", type=float, default=None,
                            help="share of stored-key answers drawn at random, a loss floor so the task cannot "
-                                "saturate (default 0.1)")
+                                "saturate (default 0: with 0.1 the mechanism reverses, see ablate/probes/synthetic.py)")
     synthetic.add_argument("--out", default=None,
                            help="experiment folder: write OUT/synthetic/synthetic.json (drawn by `ablate report` "
                                 "as synthetic.png) and run folders OUT/synthetic/runs/<arm>/seed<k>/ that "

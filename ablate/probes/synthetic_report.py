@@ -53,10 +53,13 @@ def synthetic_markdown(data: dict) -> str:
     loss_floor, accuracy_ceiling = data["floor"]["loss"], data["floor"]["accuracy"]
     lines = [
         f"Recall task where half the queries ask for a key that was never stored (answer NONE); {data['steps']} "
-        f"training steps per run. No model can beat the loss floor {loss_floor:.4f} nats or the accuracy "
-        f"{accuracy_ceiling:.1%}: {data['task']['answer_noise']:.0%} of stored-key answers are drawn at random, "
-        "so the task cannot saturate. Attention: the last (retrieval) layer at answer positions, mean over heads "
-        "and seeds.",
+        "training steps per run. " + (
+            f"No model can beat the loss floor {loss_floor:.4f} nats or the accuracy {accuracy_ceiling:.1%}: "
+            f"{data['task']['answer_noise']:.0%} of stored-key answers are drawn at random. "
+            if data["task"].get("answer_noise") else
+            "The answers are exact (loss floor 0, accuracy 100%), so a model that learned the task fully reaches "
+            "both and the losses cannot tell the arms apart; the attention still can. ")
+        + "Attention: the last (retrieval) layer at answer positions, mean over heads and seeds.",
         "",
         "| arm | seeds | val loss | accuracy | NONE accuracy | absent key: first key | absent key: phantom "
         "| stored key: queried pair |",
@@ -104,5 +107,5 @@ def plot_synthetic(data: dict, path: Path) -> None:
     axes[0].set_ylim(0.0, 1.0)
     axes[1].legend(fontsize=8)
     fig.suptitle("Synthetic abstention task: where the retrieval layer's attention goes at answer positions\n"
-                 "key absent: the baseline parks it on the first key, sink-logit on its phantom key", fontsize=10)
+                 "key absent: the baseline parks it on the first key, sink-logit on its phantom key", fontsize=10, y=1.04)
     _save(fig, path)
