@@ -1,7 +1,7 @@
 """Hand-built run stores for the analysis tests and benchmark (no training).
 
 `reference_losses()` picks per-seed final losses so that the mean paired differences equal the
-reference figures of SPEC.md §3 (the seed-to-seed noise added to each quantity sums to zero).
+reference figures the study reports (the seed-to-seed noise added to each quantity sums to zero).
 These numbers are a test fixture only: the harness never looks them up.
 """
 
@@ -18,7 +18,7 @@ TIERS = ("10M", "50M", "124M", "350M")
 SEEDS = {"10M": 3, "50M": 3, "124M": 3, "350M": 1}
 NINE_ARMS = ("baseline", "sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm", "combo", "combo2")
 
-# SPEC.md §3, mean paired differences in nats, per tier in TIERS order.
+# The study's mean paired differences in nats, per tier in TIERS order.
 REFERENCE = {
     "zero_option": (0.0185, 0.0068, 0.0052, 0.0013),
     "filtering_norm": (-0.0008, 0.0030, 0.0036, 0.0074),
@@ -26,7 +26,7 @@ REFERENCE = {
 }
 # Overlaps inside the quoted range 0.0024–0.0076, per tier.
 OVERLAP = {"norm": (0.0024, 0.0041, 0.0057, 0.0076), "proj": (0.0030, 0.0049, 0.0062, 0.0070)}
-# Gains against baseline of the arms outside the increments (10M figures of SPEC.md §3, scaled down with size).
+# Gains against baseline of the arms outside the increments (the study's 10M figures, scaled down with size).
 OTHER_GAINS = {"off-by-one": 0.0160, "sink-token": 0.0025, "renorm": -0.0017}
 BASE_LOSS = {"10M": 4.2120, "50M": 3.5512, "124M": 3.3817, "350M": 3.0421}
 

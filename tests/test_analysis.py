@@ -1,4 +1,5 @@
-"""Tables of the analysis: reference figures, statistics against scipy, pairing, missing and excluded runs."""
+"""Tables of the analysis: reference figures, statistics and Holm against scipy and a direct implementation,
+pairing, missing and excluded runs, row marks, the absolute-loss table."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from scipy import stats
 from analysis_fixtures import REFERENCE, SEEDS, TIERS, reference_losses, write_csv, write_run, write_store
 from ablate.analysis.load import load_runs
 from ablate.analysis.render import render
-from ablate.analysis.tables import build_table, increments_table, overlap_table, paired_table
+from ablate.analysis.stats import holm, summarise
+from ablate.analysis.tables import (PIPELINE_CHECK, add_mark, build_table, increments_table, losses_table, overlap_table,
+                                    paired_table)
 from ablate.errors import AblateError
 
-PAIRED_COLUMNS = ["tier", "arm", "reference", "n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree"]
-STAT_COLUMNS = ["n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree"]
+PAIRED_COLUMNS = ["tier", "arm", "reference", "n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p",
+                  "p_holm", "marks"]
+STAT_COLUMNS = ["n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p"]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +42,23 @@ def _row(table, tier, key_value):
 
 def test_increments_reproduce_the_reference_figures(runs):
     table = increments_table(runs)
-    assert table.columns == ["tier", "quantity", *STAT_COLUMNS]
+    assert table.columns == ["tier", "quantity", *STAT_COLUMNS, "marks"]
     for quantity, figures in REFERENCE.items():
         for tier, figure, seeds in zip(TIERS, figures, (SEEDS[t] for t in TIERS)):
             row = _row(table, tier, quantity)
             assert row["mean"] == pytest.approx(figure, abs=1e-9), (tier, quantity)
             assert row["n"] == seeds
+
+
+def holm_reference(pvalues):
+    """Holm's procedure written out directly: reject in ascending order while p_(i) ≤ α/(m − i + 1);
+    the adjusted p is the smallest α at which a hypothesis would be rejected."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    for position, i in enumerate(order):
+        adjusted[i] = min(1.0, max((m - k) * pvalues[order[k]] for k in range(position + 1)))
+    return adjusted
 
 
 def test_statistics_match_scipy(runs):
@@ -52,9 +67,14 @@ def test_statistics_match_scipy(runs):
     checked = 0
     for row in table.frame.iter_rows(named=True):
         seeds = range(SEEDS[row["tier"]])
-        diffs = np.array([losses[(row["tier"], "baseline", s)] - losses[(row["tier"], row["arm"], s)] for s in seeds])
+        base = np.array([losses[(row["tier"], "baseline", s)] for s in seeds])
+        arm = np.array([losses[(row["tier"], row["arm"], s)] for s in seeds])
+        diffs = base - arm
         if len(diffs) < 2:
+            assert row["p"] is None and row["p_holm"] is None
             continue
+        assert row["p"] == pytest.approx(stats.ttest_rel(base, arm).pvalue, rel=1e-9)
+        assert row["p"] == pytest.approx(stats.ttest_1samp(diffs, 0.0).pvalue, rel=1e-9)
         interval = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
         assert row["n"] == len(diffs)
         assert row["mean"] == pytest.approx(diffs.mean(), abs=1e-12)
@@ -63,15 +83,69 @@ def test_statistics_match_scipy(runs):
         assert row["ci_low"] == pytest.approx(interval.low, rel=1e-9)
         assert row["ci_high"] == pytest.approx(interval.high, rel=1e-9)
         assert row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"] == pytest.approx(diffs.max(), abs=1e-12)
-        assert row["agree"] == int((diffs > 0).sum())
+        assert row["agree"] == int((np.sign(diffs) == np.sign(diffs.mean())).sum())
         checked += 1
     assert checked == 8 * 3  # eight arms against baseline at the three tiers with three seeds
+    for tier in TIERS[:3]:
+        rows = table.frame.filter(tier=tier)
+        assert rows["p_holm"].to_list() == pytest.approx(holm_reference(rows["p"].to_list()), rel=1e-12)
+    assert (table.frame["p_holm"].drop_nulls() >= table.frame["p"].drop_nulls()).all()
+
+
+def test_holm_against_the_direct_procedure():
+    rng = np.random.default_rng(5)
+    for m in (1, 2, 5, 11):
+        pvalues = rng.uniform(0.0, 0.2, m).tolist()
+        assert holm(pvalues) == pytest.approx(holm_reference(pvalues), rel=1e-12)
+    assert holm([0.01, None, 0.04, 0.03]) == pytest.approx([0.03, None, 0.06, 0.06])  # m = 3: nulls not counted
+    assert holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1 and monotone
+    assert holm([]) == []
+
+
+def test_agree_follows_the_sign_of_the_mean_and_degenerate_groups_do_not_crash():
+    diffs = pl.DataFrame({
+        "g": ["neg"] * 3 + ["mixed"] * 3 + ["tie"] * 3 + ["zero"] * 2 + ["one"],
+        "seed": [0, 1, 2] * 3 + [0, 1, 0],
+        "diff": [-0.01, -0.02, -0.03, 0.02, 0.01, -0.005, 0.004, 0.004, 0.004, 0.0, 0.0, 0.3],
+    })
+    rows = {r["g"]: r for r in summarise(diffs, ["g"]).iter_rows(named=True)}
+    assert rows["neg"]["agree"] == 3  # an effect negative in every seed agrees 3/3, not 0/3
+    assert rows["mixed"]["agree"] == 2
+    assert rows["neg"]["p"] == pytest.approx(stats.ttest_1samp([-0.01, -0.02, -0.03], 0.0).pvalue, rel=1e-9)
+    for name in ("tie", "zero"):  # no spread: the t statistic is undefined, so no p (scipy: 0 and NaN)
+        assert rows[name]["sd"] == 0.0 and rows[name]["p"] is None
+    assert rows["tie"]["agree"] == 3 and rows["zero"]["agree"] == 0
+    assert rows["one"]["n"] == 1 and rows["one"]["p"] is None and rows["one"]["sd"] is None
+
+
+def test_pipeline_check_tier_is_marked_and_losses_table(tmp_path):
+    losses = {(tier, arm, s): 7.6 + 0.01 * s + (0.002 if arm == "sink-logit" else 0.0)
+              for tier in ("smoke", "10M") for arm in ("baseline", "sink-logit") for s in range(2)}
+    runs = load_runs(write_store(tmp_path, losses=losses, curve_points=2))
+    for kind in ("paired", "increments"):
+        table = build_table(runs, kind)
+        marks = dict(zip(table.frame["tier"], table.frame["marks"]))
+        assert marks == {"smoke": PIPELINE_CHECK, "10M": None}, kind
+        md = render(table, "md")
+        assert "| smoke |" in md and md.count(PIPELINE_CHECK) >= 2 and "carry no evidence" in md
+        assert any("carry no evidence" in w for w in table.warnings)
+    table = losses_table(runs)
+    assert table.columns == ["tier", "arm", "n", "mean", "sd", "se", "min", "max", "marks"]
+    row = table.frame.filter(tier="10M", arm="sink-logit").row(0, named=True)
+    assert row["n"] == 2 and row["mean"] == pytest.approx(7.607) and row["sd"] == pytest.approx(np.std([7.602, 7.612], ddof=1))
+    assert row["se"] == pytest.approx(row["sd"] / np.sqrt(2))
+    md = render(table, "md")
+    assert "| 10M | sink-logit | 2 | 7.6070 ± 0.0071 | 0.0050 |" in md and "pipeline-check" in md
+    assert "Marks" in render(table, "latex")
+    marked = add_mark(table.frame, pl.col("arm") == "sink-logit", "parameter-matched")
+    assert marked.filter(tier="smoke", arm="sink-logit")["marks"].item() == "pipeline-check,parameter-matched"
+    assert marked.filter(tier="10M", arm="baseline")["marks"].item() is None
 
 
 def test_overlap_matches_its_definition(runs):
     losses = reference_losses()
     table = overlap_table(runs)
-    assert table.columns == ["tier", "gate", *STAT_COLUMNS]
+    assert table.columns == ["tier", "gate", *STAT_COLUMNS, "marks"]
     for gate, alone, both in (("norm", "norm-gate", "combo"), ("proj", "proj-gate", "combo2")):
         for tier in TIERS:
             gain = lambda arm, s: losses[(tier, "baseline", s)] - losses[(tier, arm, s)]  # noqa: E731
@@ -92,6 +166,7 @@ def test_one_seed_has_no_spread(runs):
     assert "1 seed" in line and "±" not in line
     csv_line = next(line for line in render(table, "csv").splitlines() if line.startswith("350M,zero_option"))
     assert csv_line.split(",")[4:8] == ["", "", "", ""]  # sd, se, ci_low, ci_high empty
+    assert csv_line.split(",")[11] == ""  # p empty
     assert json.loads(render(table, "json"))["rows"][-3]["sd"] is None
 
 

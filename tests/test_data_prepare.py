@@ -33,7 +33,7 @@ def make_corpus(count: int = 240, seed: int = 0) -> list[dict]:
 
 
 def write_fineweb_parquet(path, docs) -> str:
-    """Parquet in FineWeb-Edu's schema (SPEC.md §2)."""
+    """Parquet in FineWeb-Edu's schema (docs/method.md §2)."""
     columns = {
         "text": [d["text"] for d in docs], "id": [d["id"] for d in docs], "dump": ["CC-MAIN-2024-10"] * len(docs),
         "url": [f"https://example.org/{i}" for i in range(len(docs))], "file_path": ["s3://x/0.parquet"] * len(docs),

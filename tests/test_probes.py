@@ -97,6 +97,7 @@ def test_summary_counts_sink_heads():
     assert summary["key0_importance_share"] == 0.5  # 0.9 and 0.35 exceed 0.3
     assert summary["first_key_mass"] == pytest.approx(0.41)
     assert summary["max_abs_residual"] == 5.0 and summary["phantom_mass"] is None
+    assert summary["mean_layer_max_abs_residual"] == pytest.approx(3.5)  # (2 + 5) / 2, the figure Qiu et al. report
 
 
 def test_probe_model_sees_a_closed_projection_gate():

@@ -23,11 +23,15 @@ mass above 0.2 there: each well inside all three measured seeds (bar the last, s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from ablate.probes.diagnostics import probe_model
-from ablate.probes.synthetic import IGNORE, SyntheticTask, synthetic_batch, synthetic_validation, train_synthetic
+from ablate.model import GPT
+from ablate.probes.synthetic import (IGNORE, SyntheticTask, answer_attention, default_model_config, synthetic_batch,
+                                     synthetic_validation, train_synthetic)
 
 SEED = 0
 MIN_RATIO = 3.0  # baseline / sink-logit first-key mass, retrieval layer, absent-key answers
@@ -101,3 +105,29 @@ def test_baseline_builds_a_sink_and_sink_logit_abstains_on_the_phantom(trained):
     assert base_phantom["absent"] is None and summary["baseline"]["phantom_mass"] is None
     assert sink_phantom["absent"] > MIN_PHANTOM, report
     assert sink_phantom["absent"] > sink_phantom["present"], report  # it abstains where nothing is there
+
+
+def test_answer_noise_sets_a_floor_and_leaves_the_rest_of_the_batch_alone():
+    clean, noisy = SyntheticTask(), SyntheticTask(answer_noise=0.2)
+    inputs, targets = synthetic_batch(clean, 256, 11)
+    noisy_inputs, noisy_targets = synthetic_batch(noisy, 256, 11)
+    assert torch.equal(inputs, noisy_inputs) and torch.equal(targets == clean.NONE, noisy_targets == clean.NONE)
+    changed = (targets != noisy_targets).float().sum() / ((targets != IGNORE) & (targets != clean.NONE)).sum()
+    assert 0.1 < changed < 0.2  # 20% redrawn, a quarter of those land on the true value again
+    loss, accuracy = noisy.floor()
+    q = 0.2 / 4
+    assert loss == pytest.approx(0.5 * -((1 - 0.2 + q) * math.log(1 - 0.2 + q) + 3 * q * math.log(q)))
+    assert accuracy == pytest.approx(0.5 + 0.5 * (1 - 0.2 + q)) and clean.floor() == (0.0, 1.0)
+
+
+def test_answer_attention_shares_sum_to_one():
+    task = SyntheticTask()
+    for arm in ("baseline", "sink-logit"):
+        model = GPT(default_model_config(task, arm, d_model=32))
+        model.init_weights(0)
+        shares = answer_attention(model.eval(), task, synthetic_validation(task, 16, 1))
+        assert shares["absent"]["queried_pair"] is None and shares["present"]["queried_pair"] > 0
+        for case in ("absent", "present"):
+            total = sum(v for v in shares[case].values() if v is not None)
+            assert total == pytest.approx(1.0, abs=1e-6), (arm, case, shares)
+        assert (shares["absent"]["phantom"] is None) == (arm == "baseline")

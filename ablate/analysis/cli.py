@@ -13,7 +13,7 @@ def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
         help="paired-seed tables: paired differences, increments, or the 2×2 overlap",
-        description="Tables of SPEC.md §3 from a run store or a CSV/parquet file with columns tier, arm, seed, "
+        description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
     table.add_argument("source", metavar="SOURCE",
@@ -32,8 +32,8 @@ def add_commands(subparsers) -> None:
     report = subparsers.add_parser(
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
-        description="Write paired/increments/overlap tables (md and csv), increments.png, curves.png and "
-        "summary.md into the experiment's report/ folder.",
+        description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
+        "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
     report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")

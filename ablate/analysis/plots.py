@@ -1,4 +1,5 @@
-"""The crossover of the filtering and zero-option increments, and the report's two figures.
+"""The report's figures: the forest plot of the paired table, the increments with their crossover, the
+validation curves; and the one colour per arm that all of them share.
 
 Figures are drawn on a bare `Figure` with the Agg canvas (no pyplot), so that drawing them changes
 no global matplotlib state and needs no display.
@@ -7,76 +8,39 @@ no global matplotlib state and needs no display.
 from __future__ import annotations
 
 import io
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from ablate.analysis.tables import DESCRIPTIONS, INCREMENTS, Table
+from ablate.analysis.crossover import (FILTERING_FORMS, ZERO_OPTION, Crossover, find_crossover,  # noqa: F401
+                                       format_params, sized)
+from ablate.analysis.tables import DESCRIPTIONS, INCREMENTS, Table, is_pipeline_check
+from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
 from ablate.tiers import tier_rank
 
-FILTERING_FORMS = ("filtering_proj", "filtering_norm")
-ZERO_OPTION = "zero_option"
+# One fixed colour per built-in arm in every figure of every report: baseline black, the others eleven
+# distinct hues (no two shades of one hue, unlike tab20's pairs). Custom arms take the extra colours in
+# their order of appearance.
+ARM_COLOURS = {
+    "baseline": "#000000", "sink-logit": "#1f77b4", "off-by-one": "#ff7f0e", "sink-token": "#2ca02c",
+    "norm-gate": "#d62728", "proj-gate": "#9467bd", "renorm": "#8c564b", "combo": "#e377c2", "combo2": "#17becf",
+    "g1-elementwise": "#bcbd22", "g1-headwise": "#7f7f7f", "g2-value": "#e6b800",
+}
+assert set(ARM_COLOURS) == set(BUILTIN_ARMS), "every built-in arm needs its fixed colour"
+EXTRA_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+QUANTITY_COLOURS = {"zero_option": "#1f77b4", "filtering_norm": "#d62728", "filtering_proj": "#9467bd"}
 
 
-@dataclass(frozen=True)
-class Crossover:
-    """Where `form` (a filtering increment) first overtakes the zero-option increment.
-
-    `params` is the crossing interpolated linearly in log10(nominal parameters) between the tiers
-    `below` and `above`, where the sign of (filtering − zero_option) flips from ≤ 0 to > 0; None when
-    there is no such flip. `message` says which case it is in words.
-    """
-
-    form: str
-    params: float | None
-    below: str | None
-    above: str | None
-    message: str
+def arm_colours(arm_order: list[str]) -> dict[str, str]:
+    """Each arm's colour: its fixed one if built in, else the next extra colour (cycling)."""
+    custom = [a for a in arm_order if a not in ARM_COLOURS]
+    return {**{a: ARM_COLOURS[a] for a in arm_order if a in ARM_COLOURS},
+            **{a: EXTRA_COLOURS[i % len(EXTRA_COLOURS)] for i, a in enumerate(custom)}}
 
 
-def format_params(count: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= size:
-            return f"{count / size:.3g}{unit}"
-    return f"{count:.3g}"
-
-
-def _sized(tier: str) -> bool:
-    rank = tier_rank(tier)
-    return math.isfinite(rank) and rank > 0
-
-
-def find_crossover(increments: Table, form: str) -> Crossover:
-    """The crossover of one filtering form, from the per-tier means of the increments table."""
-    means = {
-        (row["tier"], row["quantity"]): row["mean"] for row in increments.frame.iter_rows(named=True)
-    }
-    tiers = sorted({t for t, _ in means if _sized(t)}, key=tier_rank)
-    tiers = [t for t in tiers if (t, form) in means and (t, ZERO_OPTION) in means]
-    label = f"{form} ({DESCRIPTIONS[form]})"
-    if len(tiers) < 2:
-        return Crossover(form, None, None, None,
-                         f"{label}: not enough tiers to place a crossover (needs both increments at two or more "
-                         f"tiers of known size; have {', '.join(tiers) or 'none'})")
-    gaps = [means[(t, form)] - means[(t, ZERO_OPTION)] for t in tiers]
-    if gaps[0] > 0:
-        return Crossover(form, None, None, None,
-                         f"{label}: no crossover in range; filtering already exceeds the zero option at the "
-                         f"smallest tier, {tiers[0]}")
-    for i in range(len(tiers) - 1):
-        if gaps[i] <= 0 < gaps[i + 1]:
-            lo, hi = math.log10(tier_rank(tiers[i])), math.log10(tier_rank(tiers[i + 1]))
-            params = 10 ** (lo + (hi - lo) * (-gaps[i]) / (gaps[i + 1] - gaps[i]))
-            later = [t for t, g in zip(tiers[i + 2:], gaps[i + 2:]) if g <= 0]
-            tail = f"; it falls back to or below the zero option at {', '.join(later)}" if later else ""
-            return Crossover(form, params, tiers[i], tiers[i + 1],
-                             f"{label}: overtakes the zero option between {tiers[i]} and {tiers[i + 1]}, at "
-                             f"≈ {format_params(params)} parameters (interpolated on a log scale from the means){tail}")
-    return Crossover(form, None, None, None,
-                     f"{label}: no crossover in range; the zero option stays at least as large up to {tiers[-1]}")
+def tier_title(tier: str) -> str:
+    return f"{tier} (pipeline check: no evidence)" if is_pipeline_check(tier) else tier
 
 
 def _save(fig, path: Path) -> None:
@@ -85,7 +49,7 @@ def _save(fig, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _figure(**kwargs):
+def figure(**kwargs):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -94,82 +58,133 @@ def _figure(**kwargs):
     return fig
 
 
-def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) -> None:
-    """Increments against nominal tier size (log x), 95% t intervals; n = 1 points hollow, without a bar."""
-    fig = _figure(figsize=(7, 4.5))
-    fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)
+def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
+    """Forest plot of the paired table: one panel per tier, arms down the side, each seed's difference
+    as a dot, the mean with its 95% interval (hollow mean, no bar, at n = 1), zero marked; a star
+    marks the arms supported after Holm's adjustment (p_holm < 0.05)."""
+    frame, diffs = paired.frame, paired.differences
+    tiers = sorted(frame["tier"].unique().to_list(), key=lambda t: (tier_rank(t), t))
+    arms = [a for a in arm_order if a in set(frame["arm"].to_list())]
+    colours = arm_colours(arm_order)
+    fig = figure(figsize=(max(6.0, 4.2 * max(len(tiers), 1)), 1.2 + 0.42 * max(len(arms), 1)))
+    axes = fig.subplots(1, max(len(tiers), 1), squeeze=False, sharey=True)[0]
+    position = {arm: len(arms) - 1 - i for i, arm in enumerate(arms)}
+    for ax, tier in zip(axes, tiers):
+        for row in frame.filter(tier=tier).iter_rows(named=True):
+            y, colour = position[row["arm"]], colours[row["arm"]]
+            if diffs is not None:
+                seeds = diffs.filter(tier=tier, arm=row["arm"]).sort("seed")["diff"].to_list()
+                offsets = [0.18 * (k - (len(seeds) - 1) / 2) / max(len(seeds) - 1, 1) for k in range(len(seeds))]
+                ax.plot(seeds, [y + o for o in offsets], "o", ms=3.5, color=colour, alpha=0.45, mec="none")
+            if row["ci_low"] is not None:
+                ax.errorbar([row["mean"]], [y], xerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
+                            fmt="D", ms=5, color=colour, capsize=3)
+            else:
+                ax.plot([row["mean"]], [y], "D", ms=5, mfc="white", color=colour)
+            if row.get("p_holm") is not None and row["p_holm"] < 0.05 and not is_pipeline_check(tier):
+                ax.annotate("*", (1.0, y), xycoords=("axes fraction", "data"), ha="left", va="center", fontsize=12)
+        ax.axvline(0.0, color="grey", lw=0.9)
+        ax.set_title(tier_title(tier), fontsize=10)
+        ax.set_xlabel(f"L_{paired.reference} − L_arm (nats)")
+        ax.grid(axis="x", alpha=0.3)
+    if not tiers:
+        axes[0].text(0.5, 0.5, "no paired differences", ha="center", va="center", transform=axes[0].transAxes)
+    axes[0].set_yticks(list(position.values()), labels=list(position))
+    axes[0].set_ylim(-0.7, len(arms) - 0.3)
+    fig.suptitle(f"{paired.name}: paired differences against {paired.reference}, positive = lower loss\n"
+                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05",
+                 fontsize=10, y=1.0 + 0.5 / fig.get_figheight())
+    _save(fig, path)
+
+
+def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) -> bool:
+    """Increments against nominal tier size (log x), 95% t intervals; n = 1 points hollow, without a bar;
+    each crossover as a dashed line with its bootstrap interval shaded. Returns False (and draws
+    nothing) when no tier has a known size."""
+    frame = increments.frame.filter(pl.col("tier").map_elements(sized, return_dtype=pl.Boolean))
+    if frame.is_empty():
+        return False
+    fig = figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    sized = [t for t in increments.frame["tier"].unique().to_list() if _sized(t)]
-    frame = increments.frame.filter(pl.col("tier").is_in(sized))
-    colours = {"zero_option": "tab:blue", "filtering_norm": "tab:orange", "filtering_proj": "tab:green"}
     for k, quantity in enumerate(INCREMENTS):
         rows = frame.filter(pl.col("quantity") == quantity).to_dicts()
         if not rows:
             continue
+        colour = QUANTITY_COLOURS[quantity]
         dodge = 10 ** (0.015 * (k - 1))  # side by side, so that the bars do not hide each other
         xs = [tier_rank(r["tier"]) * dodge for r in rows]
-        ys = [r["mean"] for r in rows]
-        ax.plot(xs, ys, "-", color=colours[quantity], alpha=0.6)
+        ax.plot(xs, [r["mean"] for r in rows], "-", color=colour, alpha=0.6)
         spread = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is not None]
         if spread:
             ax.errorbar([x for x, _ in spread], [r["mean"] for _, r in spread],
                         yerr=[[r["mean"] - r["ci_low"] for _, r in spread], [r["ci_high"] - r["mean"] for _, r in spread]],
-                        fmt="o", color=colours[quantity], capsize=3)
+                        fmt="o", color=colour, capsize=3)
         single = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is None]
         if single:
-            ax.plot([x for x, _ in single], [r["mean"] for _, r in single], "o", mfc="white",
-                    color=colours[quantity])
-        ax.plot([], [], "o-", color=colours[quantity], label=f"{quantity} ({DESCRIPTIONS[quantity]})")
+            ax.plot([x for x, _ in single], [r["mean"] for _, r in single], "o", mfc="white", color=colour)
+        ax.plot([], [], "o-", color=colour, label=f"{quantity} ({DESCRIPTIONS[quantity]})")
     for crossover in crossovers:
+        colour = QUANTITY_COLOURS[crossover.form]
+        form = crossover.form.split("_")[1]
         if crossover.params is not None:
-            ax.axvline(crossover.params, ls="--", color=colours[crossover.form], alpha=0.8,
-                       label=f"crossover, {crossover.form.split('_')[1]} form ≈ {format_params(crossover.params)}")
+            ax.axvline(crossover.params, ls="--", color=colour, alpha=0.8,
+                       label=f"crossover, {form} form ≈ {format_params(crossover.params)}")
+        if crossover.low is not None:
+            ax.axvspan(crossover.low, crossover.high, color=colour, alpha=0.12,
+                       label=f"{form}: 95% seed bootstrap {format_params(crossover.low)}–{format_params(crossover.high)}")
+        elif crossover.share is not None:
+            ax.plot([], [], " ", label=f"{form}: crossover not identified ({crossover.share:.0%} of resamples cross)")
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     tiers = sorted(frame["tier"].unique().to_list(), key=tier_rank)
-    ax.set_xticks([tier_rank(t) for t in tiers], labels=tiers)
+    ax.set_xticks([tier_rank(t) for t in tiers], labels=[t + ("\n(pipeline check)" if is_pipeline_check(t) else "")
+                                                        for t in tiers])
     ax.minorticks_off()
     ax.set_xlabel("tier (nominal non-embedding parameters, log scale)")
     ax.set_ylabel("increment, nats (positive: lowers the loss)")
     ax.set_title(f"{increments.name}: increments with 95% t intervals (hollow: 1 seed)")
     ax.legend(fontsize=8)
     _save(fig, path)
+    return True
 
 
 def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], path: Path, name: str,
                 reference: str | None = None) -> None:
-    """Validation loss against tokens, mean over seeds, one column per tier, one colour per arm.
+    """Validation loss against tokens: the mean over seeds as a line, the seeds' range as a band, one
+    column per tier, each arm in its fixed colour.
 
-    With a `reference` arm, a second row shows the paired gap L_reference − L_arm per step (mean over
-    the seeds both ran): the arms differ by thousandths of a nat, invisible on the loss scale.
+    With a `reference` arm, a second row shows the paired gap L_reference − L_arm per step (per seed,
+    then mean and range over the seeds both ran): the arms differ by thousandths of a nat, invisible
+    on the loss scale.
     """
-    import matplotlib
-
-    mean = curves.group_by("tier", "arm", "step").agg(pl.col("tokens").mean(), pl.col("val_loss").mean())
+    spread = [pl.col("val_loss").mean().alias("mean"), pl.col("val_loss").min().alias("low"),
+              pl.col("val_loss").max().alias("high")]
+    mean = curves.group_by("tier", "arm", "step").agg(pl.col("tokens").mean(), *spread)
     tiers = [t for t in tiers if t in set(mean["tier"].to_list())]
     gap = None
     if reference is not None and tiers:
         ref = curves.filter(arm=reference).select("tier", "seed", "step", ref_loss="val_loss")
         gap = (
             curves.filter(pl.col("arm") != reference).join(ref, on=["tier", "seed", "step"])
-            .group_by("tier", "arm", "step").agg(pl.col("tokens").mean(), (pl.col("ref_loss") - pl.col("val_loss")).mean().alias("val_loss"))
+            .with_columns(val_loss=pl.col("ref_loss") - pl.col("val_loss"))
+            .group_by("tier", "arm", "step").agg(pl.col("tokens").mean(), *spread)
         )
     rows = 2 if gap is not None and gap.height else 1
     columns = max(len(tiers), 1)
-    fig = _figure(figsize=(max(8.0, 4.0 * columns), 3.2 * rows + 1.0))
+    fig = figure(figsize=(max(8.0, 4.0 * columns), 3.2 * rows + 1.0))
     axes = fig.subplots(rows, columns, squeeze=False)
     fig.subplots_adjust(left=0.07 if columns > 1 else 0.15, right=0.98, top=0.88, bottom=0.15 if rows == 2 else 0.28,
                         wspace=0.35, hspace=0.4)
-    palette = matplotlib.colormaps["tab20" if len(arm_order) > 10 else "tab10"]
-    colours = {arm: palette(i % palette.N) for i, arm in enumerate(arm_order)}
+    colours = arm_colours(arm_order)
     for column, tier in enumerate(tiers):
         top = axes[0][column]
         panel = mean.filter(tier=tier)
         _draw_lines(top, panel, arm_order, colours)
-        late = panel.filter(pl.col("tokens") >= 0.2 * panel["tokens"].max())["val_loss"]
-        margin = 0.05 * (late.max() - late.min()) or 0.01
-        top.set_ylim(late.min() - margin, late.max() + margin)  # the end of training, where the arms differ
-        top.set_title(tier)
+        late = panel.filter(pl.col("tokens") >= 0.2 * panel["tokens"].max())
+        low, high = late["low"].min(), late["high"].max()
+        margin = 0.05 * (high - low) or 0.01
+        top.set_ylim(low - margin, high + margin)  # the end of training, where the arms differ
+        top.set_title(tier_title(tier))
         top.set_ylabel("validation loss (nats)")
         if rows == 2:
             bottom = axes[1][column]
@@ -186,7 +201,7 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
     labels = [arm for arm in arm_order if arm in legend]
     if labels:
         fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8)
-    fig.suptitle(f"{name}: validation loss, mean over seeds (last 80% of tokens)"
+    fig.suptitle(f"{name}: validation loss, mean over seeds, band = range over seeds (last 80% of tokens)"
                  + (f"; below: gap to {reference}, positive = lower loss" if rows == 2 else ""))
     _save(fig, path)
 
@@ -196,5 +211,7 @@ def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], colours: dict) ->
     for arm in arm_order:
         line = lines.get((arm,))
         if line is not None:
-            ax.plot(line["tokens"].to_numpy(), line["val_loss"].to_numpy(), color=colours[arm], lw=1.1, label=arm)
+            tokens = line["tokens"].to_numpy()
+            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15, lw=0)
+            ax.plot(tokens, line["mean"].to_numpy(), color=colours[arm], lw=1.1, label=arm)
     ax.grid(alpha=0.3)

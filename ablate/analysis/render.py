@@ -1,9 +1,9 @@
 """Tables as text: markdown for reading, CSV and JSON for machines, LaTeX for papers.
 
-Markdown and LaTeX show mean ± sd with the 95% interval and say "1 seed" where there is no spread;
-CSV and JSON carry the exact machine columns (empty / null spread at n = 1). Markdown and JSON also
-carry the excluded runs, missing seeds and skipped quantities; CSV cannot, so the CLI prints those
-to stderr.
+Markdown and LaTeX show mean ± sd, se, the 95% interval and the p-values, and say "1 seed" where
+there is no spread; CSV and JSON carry the exact machine columns (empty / null spread and p at
+n = 1). Markdown and JSON also carry the excluded runs, missing seeds, skipped quantities and the
+meaning of every row mark; CSV cannot, so the CLI prints those to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import math
 
 from ablate.errors import choice_error
-from ablate.analysis.tables import DESCRIPTIONS, Table
+from ablate.analysis.tables import DESCRIPTIONS, MARK_NOTES, Table
 
 FORMATS = ("md", "csv", "latex", "json")
 DIGITS = 4  # reference figures are quoted to 1e-4 nats
@@ -21,6 +21,7 @@ TITLES = {
     "paired": "Paired differences against {reference}",
     "increments": "Zero-option and filtering increments",
     "overlap": "2×2 overlap of sink-logit with each value gate",
+    "losses": "Final validation loss per arm",
 }
 EXPLAIN = {
     "paired": "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
@@ -29,7 +30,14 @@ EXPLAIN = {
     "overlap": "overlap = g_sink + g_gate − g_both per seed, gains g against baseline "
                "(norm: norm-gate with combo; proj: proj-gate with combo2); positive: together the two "
                "lower the loss by less than the sum of their separate gains",
+    "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
 }
+FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); sd with ddof 1; se = sd/√n; "
+          "agree: seeds whose difference has the sign of the mean; p: two-sided paired t-test (one-sample "
+          "t-test of the per-seed differences against 0), empty with one seed or no spread.")
+HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the arms of one tier against {reference} "
+               "(the comparisons with a p in that tier); an effect counts as supported only if p_holm < 0.05.")
+LOSS_FOOTER = "sd with ddof 1; se = sd/√n; completed runs with a finite val_loss only."
 
 
 def render(table: Table, fmt: str) -> str:
@@ -42,6 +50,17 @@ def _num(value, signed: bool = True) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{value:+.{DIGITS}f}" if signed else f"{value:.{DIGITS}f}"
+
+
+def format_p(value) -> str:
+    """Three significant figures, '<0.0001' below that, '–' when there is no test."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return "<0.0001" if value < 1e-4 else f"{value:.3g}"
+
+
+def _marks(row: dict) -> str:
+    return (row.get("marks") or "").replace(",", ", ")
 
 
 def effect_cells(row: dict) -> tuple[str, str]:
@@ -57,8 +76,38 @@ def title(table: Table) -> str:
 
 def to_markdown(table: Table) -> str:
     key = table.key
-    head = ["tier", key, "n", "mean ± sd", "95% CI", "min", "max", "agree"]
-    lines = [
+    if table.kind == "losses":
+        return _losses_markdown(table)
+    holm = "p_holm" in table.columns
+    head = ["tier", key, "n", "mean ± sd", "se", "95% CI", "min", "max", "agree", "p", *(["p_holm"] if holm else []), "marks"]
+    lines = _markdown_head(table, head)
+    for row in table.frame.iter_rows(named=True):
+        effect, interval = effect_cells(row)
+        label = row[key] if key == "arm" else f"{row[key]} ({DESCRIPTIONS[row[key]]})"
+        cells = [row["tier"], label, str(row["n"]), effect, _num(row["se"], signed=False), interval, _num(row["min"]),
+                 _num(row["max"]), f"{row['agree']}/{row['n']}", format_p(row["p"]),
+                 *([format_p(row["p_holm"])] if holm else []), _marks(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if table.frame.is_empty():
+        lines.append("| " + " | ".join(["–"] * len(head)) + " |")
+    lines += ["", FOOTER + (" " + HOLM_FOOTER.format(reference=table.reference) if holm else "")
+              + " Statistics use complete pairs only."]
+    return "\n".join(lines + _markdown_tail(table)) + "\n"
+
+
+def _losses_markdown(table: Table) -> str:
+    head = ["tier", "arm", "n", "mean ± sd", "se", "min", "max", "marks"]
+    lines = _markdown_head(table, head)
+    for row in table.frame.iter_rows(named=True):
+        spread = f" ± {_num(row['sd'], signed=False)}" if row["sd"] is not None else " (1 seed)"
+        lines.append("| " + " | ".join([row["tier"], row["arm"], str(row["n"]), _num(row["mean"], signed=False) + spread,
+                                        _num(row["se"], signed=False), _num(row["min"], signed=False),
+                                        _num(row["max"], signed=False), _marks(row)]) + " |")
+    return "\n".join(lines + ["", LOSS_FOOTER] + _markdown_tail(table)) + "\n"
+
+
+def _markdown_head(table: Table, head: list[str]) -> list[str]:
+    return [
         f"## {title(table)} — {table.name}",
         "",
         "Validation loss in nats. " + EXPLAIN[table.kind].format(reference=table.reference) + ".",
@@ -66,22 +115,15 @@ def to_markdown(table: Table) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
     ]
-    for row in table.frame.iter_rows(named=True):
-        effect, interval = effect_cells(row)
-        label = row[key] if key == "arm" else f"{row[key]} ({DESCRIPTIONS[row[key]]})"
-        cells = [row["tier"], label, str(row["n"]), effect, interval, _num(row["min"]), _num(row["max"]),
-                 f"{row['agree']}/{row['n']}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    if table.frame.is_empty():
-        lines.append("| " + " | ".join(["–"] * len(head)) + " |")
-    lines += ["", "95% CI: Student-t interval over seeds (n − 1 degrees of freedom); sd with ddof 1; "
-              "agree: seeds whose difference is positive. Statistics use complete pairs only."]
+
+
+def _markdown_tail(table: Table) -> list[str]:
+    lines = _listing("Marks", [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in table.marks_used])
     lines += _listing("Missing seeds (no run; pairs with them are left out)", _missing_lines(table))
     lines += _listing("Excluded runs (not completed, or no finite val_loss)", [
         f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.excluded.iter_rows(named=True)
     ])
-    lines += _listing("Skipped", list(table.notes))
-    return "\n".join(lines) + "\n"
+    return lines + _listing("Skipped", list(table.notes))
 
 
 def _missing_lines(table: Table) -> list[str]:
@@ -114,28 +156,38 @@ def to_json(table: Table) -> str:
 
 
 def to_latex(table: Table) -> str:
-    """A booktabs tabular; '1 seed' in place of a spread that does not exist."""
+    """A booktabs tabular; '1 seed' in place of a spread that does not exist; marks as a last column."""
     key = table.key
+    if table.kind == "losses":
+        head, spec = "Tier & Arm & $n$ & Mean $\\pm$ sd & se & Marks \\\\", "llrlll"
+    else:
+        holm = "p_holm" in table.columns
+        head = (f"Tier & {key.capitalize()} & $n$ & Mean $\\pm$ sd & se & 95\\% CI & Range & Agree & $p$"
+                + (" & $p_\\mathrm{Holm}$" if holm else "") + " & Marks \\\\")
+        spec = "llrlllllr" + "l" * (2 if holm else 1)
     lines = [
         f"% {title(table)} — {table.name}; nats; " + EXPLAIN[table.kind].format(reference=table.reference),
-        r"\begin{tabular}{llrlllr}",
-        r"\toprule",
-        f"Tier & {key.capitalize()} & $n$ & Mean $\\pm$ sd & 95\\% CI & Range & Agree \\\\",
-        r"\midrule",
+        f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
     ]
     for row in table.frame.iter_rows(named=True):
+        label, marks, se = _latex_escape(row[key]), _latex_escape(_marks(row)), f"${_num(row['se'], signed=False)}$"
+        if table.kind == "losses":
+            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$" if row["sd"] is not None else "$ (1 seed)")
+            lines.append(f"{row['tier']} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
+            continue
         if row["n"] < 2 or row["sd"] is None:
             effect, interval = f"${_num(row['mean'])}$ (1 seed)", "--"
         else:
             effect = f"${_num(row['mean'])} \\pm {_num(row['sd'], signed=False)}$"
             interval = f"$[{_num(row['ci_low'])}, {_num(row['ci_high'])}]$"
-        label = _latex_escape(row[key])
         span = f"$[{_num(row['min'])}, {_num(row['max'])}]$"
-        lines.append(f"{row['tier']} & {label} & {row['n']} & {effect} & {interval} & {span} & {row['agree']}/{row['n']} \\\\")
+        ps = [format_p(row["p"])] + ([format_p(row["p_holm"])] if "p_holm" in row else [])
+        lines.append(f"{row['tier']} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "
+                     f"{row['agree']}/{row['n']} & " + " & ".join(_latex_escape(p) for p in ps) + f" & {marks} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% warning: {_latex_escape(w)}" for w in table.warnings]
     return "\n".join(lines) + "\n"
 
 
 def _latex_escape(text: str) -> str:
-    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("<", r"$<$")

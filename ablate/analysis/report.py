@@ -1,4 +1,12 @@
-"""`ablate report`: the tables, two figures and a short summary, written to `<experiment>/report/`.
+"""`ablate report`: the tables, the figures and a short summary, written to `<experiment>/report/`.
+
+Files: summary.md; paired/increments/overlap/losses as .md and .csv; paired.png (forest plot),
+increments.png (when a tier of known size has increments), curves.png; probes.md when probe results
+exist; synthetic.png when `ablate synthetic --out <experiment folder>` left its results there.
+
+Honesty rules the summary follows: an effect is called supported only if p_holm < 0.05 (Holm over
+the arms of its tier against the reference, or over the quantities of its tier for increments and
+overlap) and never in a pipeline-check tier; every list that is empty says so and why.
 
 The report is a list of sections. Each section is a function of one `ReportContext`: it may write
 files into the report folder (through `ctx.write`) and returns the markdown it adds to summary.md.
@@ -14,13 +22,19 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.errors import AblateError
+import polars as pl
+
+from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.load import TABLE_SUFFIXES, Runs, load_curves, load_runs
-from ablate.analysis.plots import FILTERING_FORMS, Crossover, find_crossover, plot_curves, plot_increments
-from ablate.analysis.render import DESCRIPTIONS, effect_cells, render
-from ablate.analysis.tables import KINDS, Table, build_table
+from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
+from ablate.analysis.render import DESCRIPTIONS, effect_cells, format_p, render
+from ablate.analysis.stats import holm_by
+from ablate.analysis.tables import KINDS, Table, build_table, is_pipeline_check, losses_table, pipeline_check_text
 from ablate.store import atomic_write_bytes
 
 REPORT_DIR = "report"
+SYNTHETIC_TIER = "synthetic"  # as ablate.probes.synthetic.SYNTHETIC_TIER (kept torch-free here)
+ALPHA = 0.05
 
 
 @dataclass
@@ -29,7 +43,7 @@ class ReportContext:
 
     runs: Runs
     out_dir: Path
-    tables: dict[str, Table]
+    tables: dict[str, Table]  # KINDS and "losses"
     crossovers: list[Crossover]
     written: list[Path] = field(default_factory=list)
 
@@ -65,17 +79,25 @@ def overview_section(ctx: ReportContext) -> str:
     if missing.height:
         lines += ["", "Seeds with no run at all (statistics use complete pairs only):", ""]
         lines += [f"- {r['tier']} {r['arm']} seed {r['seed']}" for r in missing.iter_rows(named=True)]
+    checks = [t for t in runs.tiers if is_pipeline_check(t)]
+    if checks:
+        lines += ["", "**Pipeline check.** " + " ".join(pipeline_check_text(t) + "." for t in checks)
+                  + " Its rows are marked `pipeline-check` in every table and never count as supported."]
     return "\n".join(lines)
 
 
 def tables_section(ctx: ReportContext) -> str:
     lines = ["## Tables", ""]
-    for kind in KINDS:
+    for kind in (*KINDS, "losses"):
         table = ctx.tables[kind]
         ctx.write(f"{kind}.md", render(table, "md"))
         ctx.write(f"{kind}.csv", render(table, "csv"))
         lines.append(f"- [{kind}.md]({kind}.md) ([csv]({kind}.csv)): {table.frame.height} rows")
         lines += [f"  - {note}" for note in table.notes]
+    paired = ctx.tables["paired"]
+    plot_paired(paired, ctx.runs.arm_order, ctx.record("paired.png"))
+    lines += ["", f"Paired differences against {paired.reference}, one panel per tier (each seed a dot, the mean "
+              "with its 95% interval):", "", "![paired](paired.png)"]
     return "\n".join(lines)
 
 
@@ -85,30 +107,70 @@ def crossover_section(ctx: ReportContext) -> str:
     if increments.frame.is_empty():
         return "\n".join(lines + ["No increments could be computed, so there is no crossover:",
                                   *[f"- {note}" for note in increments.notes]])
-    plot_increments(increments, ctx.crossovers, ctx.record("increments.png"))
     lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
     lines += [f"- {note}" for note in increments.notes]
-    lines += ["", "Crossover: the scale where the filtering increment overtakes the zero-option increment; the "
-              "intervals in the figure show how firmly the means place it.", "", "![increments](increments.png)"]
+    lines += ["", "Crossover: the scale where the filtering increment overtakes the zero-option increment, "
+              "interpolated on a log scale between the means of adjacent tiers; its interval is a paired seed "
+              "bootstrap (seeds resampled within each tier), reported only when ≥ 95% of resamples cross."]
+    if plot_increments(increments, ctx.crossovers, ctx.out_dir / "increments.png"):
+        ctx.record("increments.png")
+        lines += ["", "![increments](increments.png)"]
+    else:
+        lines += ["", "No figure: no tier with increments has a known size to place on the scale axis."]
     return "\n".join(lines)
 
 
 def flags_section(ctx: ReportContext) -> str:
-    """Every effect whose 95% interval contains zero, and every effect from one seed (cannot be flagged)."""
-    contains_zero, single = [], []
+    """Supported effects (p_holm < 0.05), effects whose interval contains zero, effects from one seed.
+
+    Every list says, when empty, that it is empty and why. Pipeline-check tiers are never supported.
+    """
+    supported, contains_zero, single, families = [], [], [], []
+    tested = 0
     for kind in KINDS:
         table = ctx.tables[kind]
-        for row in table.frame.iter_rows(named=True):
-            what = _effect_name(table, row)
-            effect, interval = effect_cells(row)
+        frame = table.frame if "p_holm" in table.columns else table.frame.with_columns(holm_by(table.frame, "tier"))
+        for tier, part in ((t, frame.filter(tier=t)) for t in frame["tier"].unique(maintain_order=True).to_list()):
+            m = part["p"].drop_nulls().len()
+            if m and not is_pipeline_check(tier):
+                families.append(f"{tier} {kind}: {m}")
+        for row in frame.iter_rows(named=True):
+            what, (effect, interval) = _effect_name(table, row), effect_cells(row)
             if row["n"] < 2 or row["ci_low"] is None:
                 single.append(f"- {what}: {effect}")
-            elif row["ci_low"] <= 0.0 <= row["ci_high"]:
-                contains_zero.append(f"- {what}: {effect}, 95% CI {interval}, n = {row['n']}, agree {row['agree']}/{row['n']}")
-    lines = ["## Effects whose 95% interval contains zero", ""]
-    lines += contains_zero or ["- none: every effect with two or more seeds has an interval that excludes zero"]
-    if single:
-        lines += ["", "## Effects from one seed (no interval, so they cannot be flagged either way)", "", *single]
+                continue
+            stats = f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, n = {row['n']}"
+            if is_pipeline_check(row["tier"]):
+                continue
+            tested += row["p"] is not None
+            if row["p_holm"] is not None and row["p_holm"] < ALPHA:
+                supported.append(f"- {what}: {stats}")
+            if row["ci_low"] <= 0.0 <= row["ci_high"]:
+                contains_zero.append(f"- {what}: {stats}")
+    checks = sorted({r["tier"] for t in KINDS for r in ctx.tables[t].frame.iter_rows(named=True)
+                     if is_pipeline_check(r["tier"])})
+    left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
+    lines = ["## Supported effects", "",
+             f"Supported means p_holm < {ALPHA}: the two-sided paired t-test over seeds, Holm-adjusted within each "
+             "family (the arms of one tier against the reference; the increments of one tier; the overlaps of one "
+             "tier). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}", ""]
+    if supported:
+        lines += supported
+    elif tested:
+        lines.append(f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}")
+    else:
+        lines.append("- none: no effect outside a pipeline-check tier has two seeds with a spread, so none "
+                     "could be tested")
+    lines += ["", "## Effects whose 95% interval contains zero", ""]
+    if contains_zero:
+        lines += contains_zero
+    elif tested:
+        lines.append(f"- none of the {tested} tested effect(s); an interval that excludes zero is not by itself "
+                     "support: with many comparisons, see the p_holm rule above")
+    else:
+        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)")
+    lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
+    lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)
 
 
@@ -117,7 +179,8 @@ def curves_section(ctx: ReportContext) -> str:
     reference = ctx.tables["paired"].reference
     plot_curves(curves, ctx.runs.tiers, ctx.runs.arm_order, ctx.record("curves.png"), ctx.runs.name, reference)
     note = "" if curves.height else " (no validation lines found in metrics.jsonl)"
-    return f"## Validation curves\n\nMean over seeds of the completed runs, one column per tier; below, the paired gap to {reference} (positive: lower loss){note}.\n\n![curves](curves.png)"
+    return ("## Validation curves\n\nMean over seeds of the completed runs (band: range over seeds), one column "
+            f"per tier; below, the paired gap to {reference} (positive: lower loss){note}.\n\n![curves](curves.png)")
 
 
 def probes_section(ctx: ReportContext) -> str:
@@ -130,8 +193,19 @@ def probes_section(ctx: ReportContext) -> str:
     return "## Probes\n\n" + "\n\n".join(parts) if parts else ""
 
 
+def synthetic_section(ctx: ReportContext) -> str:
+    """The synthetic abstention task's figure and table, when `ablate synthetic --out` wrote them here."""
+    from ablate.probes.synthetic_report import load_synthetic, plot_synthetic, synthetic_markdown
+
+    data = load_synthetic(ctx.runs.root) if ctx.runs.root is not None else None
+    if data is None:
+        return ""
+    plot_synthetic(data, ctx.record("synthetic.png"))
+    return "## Synthetic abstention task\n\n" + synthetic_markdown(data) + "\n\n![synthetic](synthetic.png)"
+
+
 SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section,
-                           probes_section]
+                           probes_section, synthetic_section]
 
 
 def _effect_name(table: Table, row: dict) -> str:
@@ -148,8 +222,15 @@ def write_report(source: str | os.PathLike, results: str | os.PathLike | None = 
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
     runs = load_runs(source, results, allow_unverified=allow_unverified)
+    # Run folders of the synthetic task (an older layout kept them at <experiment>/synthetic/<arm>/seed<k>)
+    # are not a tier of the study; the synthetic section reports them.
+    runs = Runs(name=runs.name, frame=runs.frame.filter(pl.col("tier") != SYNTHETIC_TIER), root=runs.root,
+                notes=runs.notes)
+    if runs.frame.is_empty():
+        raise AblateError(f"no runs of the study in {runs.name!r} (only synthetic-task runs)")
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     tables = {kind: build_table(runs, kind, reference if kind == "paired" else None) for kind in KINDS}
+    tables["losses"] = losses_table(runs)
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers)

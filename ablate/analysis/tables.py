@@ -1,8 +1,13 @@
-"""The three tables of SPEC.md §3: paired differences, increments, and the 2×2 overlap.
+"""The analysis tables: paired differences, increments, the 2×2 overlap, and absolute final losses.
 
 Sign convention throughout: positive means the arm (or the quantity) lowers the validation loss.
 A table carries, besides its rows, the runs it could not use (missing seeds, excluded runs) and
 notes on quantities it had to skip, so that no renderer can show the numbers without them.
+
+Every table ends in a `marks` column: per-row caveats by name, comma-separated, null when none
+(e.g. `pipeline-check` on a tier too small to carry evidence). `MARK_NOTES` explains each mark once;
+renderers print the explanation under any table that uses it. To add a mark, register its text in
+`MARK_NOTES` and set it with `add_mark(frame, condition, name)`.
 """
 
 from __future__ import annotations
@@ -13,9 +18,19 @@ import polars as pl
 
 from ablate.errors import AblateError, choice_error
 from ablate.analysis.load import Runs, sort_runs
-from ablate.analysis.stats import STAT_COLUMNS, paired_differences, summarise
+from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
+from ablate.tiers import TIERS, tier_rank
 
 KINDS = ("paired", "increments", "overlap")
+LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
+
+# The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
+SMALLEST_REAL_TIER = "10M"
+PIPELINE_CHECK = "pipeline-check"
+MARK_NOTES = {
+    PIPELINE_CHECK: f"a tier smaller than the smallest real tier ({SMALLEST_REAL_TIER}): a pipeline check that "
+                    "shows the harness runs end to end; its numbers carry no evidence about the arms",
+}
 
 # quantity → (reference arm, arm): the increment is L_reference − L_arm.
 INCREMENTS = {
@@ -41,7 +56,8 @@ class Table:
     """One analysis table. `frame` holds exactly the machine-readable columns of its kind.
 
     `key` names the row column (arm, quantity or gate); `missing` and `excluded` list the runs of the
-    arms this table uses that did not count; `notes` say what was skipped and why.
+    arms this table uses that did not count; `notes` say what was skipped and why; `differences`
+    holds the per-seed values behind the rows (the forest plot and the crossover bootstrap use them).
     """
 
     kind: str
@@ -52,6 +68,7 @@ class Table:
     missing: pl.DataFrame
     excluded: pl.DataFrame
     notes: tuple[str, ...] = ()
+    differences: pl.DataFrame | None = None  # per seed: tier, key, seed, diff (what the rows summarise)
 
     @property
     def columns(self) -> list[str]:
@@ -62,7 +79,32 @@ class Table:
         """Everything a reader of the numbers must also know, one line each."""
         lines = [f"excluded {r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.excluded.iter_rows(named=True)]
         lines += [f"missing {r['tier']}/{r['arm']}/seed{r['seed']}: no run" for r in self.missing.iter_rows(named=True)]
-        return lines + list(self.notes)
+        return lines + list(self.notes) + [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in self.marks_used]
+
+    @property
+    def marks_used(self) -> list[str]:
+        """The marks that appear in the rows, in MARK_NOTES order (then any others by name)."""
+        found = {m for cell in self.frame["marks"].drop_nulls().to_list() for m in cell.split(",") if m}
+        return [m for m in MARK_NOTES if m in found] + sorted(found - set(MARK_NOTES))
+
+
+def is_pipeline_check(tier: str) -> bool:
+    """A tier below the smallest real tier (by nominal non-embedding parameters), e.g. `smoke`."""
+    return tier_rank(tier) < tier_rank(SMALLEST_REAL_TIER)
+
+
+def pipeline_check_text(tier: str) -> str:
+    """One line on why `tier` carries no evidence, with its size and budget when the ladder knows it."""
+    known = TIERS.get(tier)
+    size = (f" ({known.nominal_params:,.0f} nominal non-embedding parameters, {known.tokens:,} training tokens)"
+            if known else "")
+    return f"{tier}{size} is {MARK_NOTES[PIPELINE_CHECK]}"
+
+
+def add_mark(frame: pl.DataFrame, condition: pl.Expr, mark: str) -> pl.DataFrame:
+    """Append `mark` to the `marks` cell of the rows where `condition` holds (the hook for row caveats)."""
+    joined = pl.when(pl.col("marks").is_null()).then(pl.lit(mark)).otherwise(pl.col("marks") + "," + mark)
+    return frame.with_columns(marks=pl.when(condition).then(joined).otherwise(pl.col("marks")))
 
 
 def build_table(runs: Runs, kind: str, reference: str | None = None) -> Table:
@@ -95,7 +137,25 @@ def paired_table(runs: Runs, reference: str = "baseline") -> Table:
                              "no paired difference and are not in the table")
     frame = summarise(diffs, ["tier", "arm"]).with_columns(reference=pl.lit(reference))
     frame = sort_runs(frame, arms).select("tier", "arm", "reference", *STAT_COLUMNS)
-    return _table("paired", "arm", frame, runs, arms, reference=reference, notes=notes)
+    frame = frame.with_columns(holm_by(frame, "tier"))
+    return _table("paired", "arm", frame, runs, arms, reference=reference, differences=diffs, notes=notes)
+
+
+def losses_table(runs: Runs) -> Table:
+    """Absolute final validation loss per (tier, arm) over the counted seeds: tier, arm, LOSS_COLUMNS, marks.
+
+    The differences tables say which arm is better; this one says how far training got at all (a
+    loss near ln(50257) ≈ 10.8 is an untrained model whatever the differences say).
+    """
+    completed = runs.completed.sort("tier", "arm", "seed")
+    frame = completed.group_by("tier", "arm", maintain_order=True).agg(
+        n=pl.len().cast(pl.Int64), mean=pl.col("val_loss").mean(), sd=pl.col("val_loss").std(ddof=1),
+        min=pl.col("val_loss").min(), max=pl.col("val_loss").max(),
+    ).with_columns(sd=pl.when(pl.col("n") >= 2).then(pl.col("sd"))).with_columns(se=pl.col("sd") / pl.col("n").sqrt())
+    frame = sort_runs(frame, runs.arm_order).select("tier", "arm", *LOSS_COLUMNS)
+    frame = _with_marks(frame.cast({"n": pl.Int64, **{c: pl.Float64 for c in LOSS_COLUMNS if c != "n"}}))
+    return Table(kind="losses", key="arm", frame=frame, name=runs.name, reference=None, missing=runs.missing,
+                 excluded=runs.excluded.select("tier", "arm", "seed", "status", "reason"), notes=runs.notes)
 
 
 def increments_table(runs: Runs) -> Table:
@@ -142,17 +202,24 @@ def _keyed_table(kind, key, order, parts, runs: Runs, used, notes) -> Table:
     diffs = pl.concat([p.select(list(schema)) for p in parts]) if parts else pl.DataFrame(schema=schema)
     frame = sort_runs(summarise(diffs, ["tier", key]), order, arm_column=key)
     arms = [a for a in runs.arm_order if a in used]
-    return _table(kind, key, frame.select("tier", key, *STAT_COLUMNS), runs, arms, notes=notes)
+    return _table(kind, key, frame.select("tier", key, *STAT_COLUMNS), runs, arms, notes=notes, differences=diffs)
 
 
-def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=()) -> Table:
+def _with_marks(frame: pl.DataFrame) -> pl.DataFrame:
+    frame = frame.with_columns(marks=pl.lit(None, dtype=pl.String))
+    checks = [t for t in frame["tier"].unique().to_list() if is_pipeline_check(t)]
+    return add_mark(frame, pl.col("tier").is_in(checks), PIPELINE_CHECK) if checks else frame
+
+
+def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=(), differences=None) -> Table:
     frame = frame.cast({"n": pl.Int64, "agree": pl.Int64})
-    frame = frame.cast({c: pl.Float64 for c in STAT_COLUMNS if c not in ("n", "agree")})
+    frame = _with_marks(frame.cast({c: pl.Float64 for c in frame.columns if c in (*STAT_COLUMNS, "p_holm")
+                                    and c not in ("n", "agree")}))
     used = pl.col("arm").is_in(list(arms))
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
         missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
-        notes=tuple(notes) + runs.notes_for(arms),
+        notes=tuple(notes) + runs.notes_for(arms), differences=differences,
     )
 
 

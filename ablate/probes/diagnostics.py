@@ -1,4 +1,4 @@
-"""Sink diagnostics on a trained model (SPEC.md §4): where attention mass goes and how loud the reads are.
+"""Sink diagnostics on a trained model: where attention mass goes and how loud the reads are.
 
 All figures are per layer and per *query* head, on fixed batches, from the reference attention path
 (`model(idx, record=True)`), so every arm is measured by the same code. Definitions:
@@ -17,7 +17,9 @@ All figures are per layer and per *query* head, on fixed batches, from the refer
   what of that mass still arrives after the gate.
 * **gates**: mean and share below 0.1 of the value gate (per kv head, every key and channel), of the
   output gate (per query head, every query and channel) and of the routing gate g_j = exp(log g_j).
-* **max_abs_residual**: the largest |x| in the residual stream after each layer (massive activations).
+* **max_abs_residual**: the largest |x| in the residual stream after each layer (massive activations);
+  the summary gives both the maximum over layers and `mean_layer_max_abs_residual`, the mean over
+  layers of each layer's largest activation (the figure Qiu et al. report, 1,053 → 94 with gating).
 * **key-0 importance** of a head is its first_key_mass; the summary counts the share of all
   (layer, head) pairs whose importance exceeds 0.3 (`KEY0_IMPORTANCE_THRESHOLD`): heads that are sinks.
 
@@ -187,6 +189,7 @@ def summarise_layers(layers: list[dict]) -> dict:
         values = [v for layer in layers if layer[key] is not None for v in layer[key]]
         summary[key] = round(sum(values) / len(values), 6) if values else None
     summary["max_abs_residual"] = max(layer["max_abs_residual"] for layer in layers)
+    summary["mean_layer_max_abs_residual"] = round(sum(layer["max_abs_residual"] for layer in layers) / len(layers), 6)
     masses = [v for layer in layers for v in layer["first_key_mass"]]
     summary["key0_importance_share"] = round(sum(v > KEY0_IMPORTANCE_THRESHOLD for v in masses) / len(masses), 6)
     return summary

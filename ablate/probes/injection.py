@@ -1,4 +1,4 @@
-"""Junk injection (SPEC.md §5): add junk to quiet reads, before any gate sees them, and measure the loss.
+"""Junk injection: add junk to quiet reads, before any gate sees them, and measure the loss.
 
 The protocol is identical for every arm; only the arm decides what the junk meets afterwards.
 For each batch:

@@ -32,6 +32,7 @@ PROBE_COLUMNS = (
     ("output_gate_mean", "output gate mean", False),
     ("output_gate_near_zero", "output gate <0.1", True),
     ("max_abs_residual", "max |residual|", False),
+    ("mean_layer_max_abs_residual", "mean over layers of max |residual|", False),
     ("key0_importance_share", "heads key-0 >0.3", True),
 )
 
@@ -91,7 +92,8 @@ def summarise_probes(experiment_dir) -> str:
         lines.append(f"| {tier} | {arm} | {len(runs)} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Means over layers and heads (queries i ≥ 1), then over seeds (± sd). Exposure: mass on reads "
-                 "below the head's 25th-percentile norm. Heads key-0 >0.3: share of heads whose first-key mass exceeds 0.3.")
+                 "below the head's 25th-percentile norm. Max |residual|: the largest activation over layers; mean over layers of max |residual|: "
+                 "each layer's largest activation, averaged over layers. Heads key-0 >0.3: share of heads whose first-key mass exceeds 0.3.")
     return "\n".join(lines)
 
 
