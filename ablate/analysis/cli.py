@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap")  # as ablate.analysis.tables.KINDS, repeated to keep this import light
+KINDS = ("paired", "increments", "overlap", "losses")  # tables.KINDS and losses_table, repeated to keep this light
 FORMATS = ("md", "csv", "latex", "json")
 
 
@@ -25,6 +25,9 @@ def add_commands(subparsers) -> None:
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
     table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
+    table.add_argument("--metric", default=None, metavar="TASK/METRIC",
+                       help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
+                            "positive still means the arm is better")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
     table.set_defaults(func=table_command)
@@ -48,8 +51,13 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.tables import build_table
     from ablate.store import atomic_write_bytes
 
-    table = build_table(load_runs(args.source, args.results, allow_unverified=args.allow_unverified), args.kind,
-                        args.reference)
+    runs = load_runs(args.source, args.results, allow_unverified=args.allow_unverified, metric=args.metric)
+    if args.kind == "losses":
+        from ablate.analysis.tables import losses_table
+
+        table = losses_table(runs)
+    else:
+        table = build_table(runs, args.kind, args.reference)
     text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         for warning in table.warnings:

@@ -36,6 +36,7 @@ RUN_SCHEMA = {
     "data_fingerprint": pl.String,
     "config_fingerprint": pl.String,
     "val_fingerprint": pl.String,
+    "eval_fingerprint": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
     "reason": pl.String,
@@ -114,13 +115,18 @@ def sort_runs(frame: pl.DataFrame, arm_order: list[str], arm_column: str = "arm"
 
 
 def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = None, *,
-              allow_unverified: bool = False) -> Runs:
+              allow_unverified: bool = False, metric: str | None = None) -> Runs:
     """SOURCE: a CSV/parquet file, an experiment folder, or an experiment (name or .py file)
     whose runs live in `results/<name>/` (results defaults to `ablate.experiment.default_results()`).
 
     Every counted run of a (tier, seed) must carry the same init, data, config and validation
     fingerprints (any two of them may be paired by some table); a run without them (an older run) is
     refused unless `allow_unverified`, and then marked `verified = False`.
+
+    `metric` (TASK/METRIC of `ablate eval`, store sources only) replaces the loss by that downstream
+    metric, oriented like a loss (negated when higher is better), so that every table keeps "positive
+    = the arm is better"; runs evaluated under other settings than their pair are refused like any
+    unmatched pair.
     """
     path = Path(source)
     if path.suffix.lower() in TABLE_SUFFIXES:
@@ -129,13 +135,44 @@ def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = Non
         runs = _runs_from_table(path)
     else:
         runs = _runs_from_store(resolve_experiment_dir(source, results))
-    check_matched(runs, allow_unverified)
+    if metric is not None:
+        if runs.root is None:
+            raise AblateError("--metric reads eval.json in run folders: give an experiment, not a table file")
+        runs = _with_metric(runs, metric)
+    check_matched(runs, allow_unverified, with_eval=metric is not None)
     return runs
 
 
-def check_matched(runs: Runs, allow_unverified: bool = False) -> None:
+def _with_metric(runs: Runs, name: str) -> Runs:
+    from ablate.evals.results import check_metric, read_metric
+
+    check_metric(name, [Path(p) for p in runs.frame["path"].to_list()])
+    values, fingerprints, reasons, directions = [], [], [], set()
+    for row in runs.frame.iter_rows(named=True):
+        found = read_metric(row["path"], name) if row["reason"] is None else None
+        if found is None or found.get("value") is None or not math.isfinite(found["value"]):
+            values.append(None)
+            fingerprints.append(None)
+            reasons.append(row["reason"] or f"not evaluated on {name} (`ablate eval`)")
+            continue
+        directions.add(bool(found["higher_is_better"]))
+        values.append(-found["value"] if found["higher_is_better"] else found["value"])
+        fingerprints.append(found["fingerprint"])
+        reasons.append(None)
+    frame = runs.frame.with_columns(pl.Series("val_loss", values, dtype=pl.Float64),
+                                    pl.Series("eval_fingerprint", fingerprints, dtype=pl.String),
+                                    pl.Series("reason", reasons, dtype=pl.String))
+    higher = directions == {True}
+    note = (f"metric {name} ({'higher' if higher else 'lower'} is better, as lm-eval defines it): every difference "
+            f"is oriented so that positive means the arm is better ({'arm − reference' if higher else 'reference − arm'})"
+            + ("; the values in this table are negated scores" if higher else ""))
+    return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,))
+
+
+def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False) -> None:
     """Refuse a source in which two counted runs of one (tier, seed) differ in anything but the arm."""
     order = {arm: i for i, arm in enumerate(runs.arm_order)}
+    columns = FINGERPRINTS + (("eval_fingerprint",) if with_eval else ())
     for (tier, seed), group in runs.completed.group_by(["tier", "seed"], maintain_order=True):
         rows = sorted(group.iter_rows(named=True), key=lambda r: order.get(r["arm"], len(order)))
         if runs.root is not None and not allow_unverified:
@@ -148,7 +185,7 @@ def check_matched(runs: Runs, allow_unverified: bool = False) -> None:
                         "table's footer then names it)")
         first = rows[0]
         for row in rows[1:]:
-            for column in FINGERPRINTS:
+            for column in columns:
                 if first[column] is None or row[column] is None or first[column] == row[column]:
                     continue
                 raise AblateError(_mismatch(runs, first, row, column))
@@ -174,6 +211,8 @@ def _mismatch(runs: Runs, a: dict, b: dict, column: str) -> str:
         text += "; they did not start from the same initial weights"
     elif column == "data_fingerprint":
         text += "; they were not trained on the same batches"
+    elif column == "eval_fingerprint":
+        text += "; they were evaluated under other settings (task version, limit, data or lm-eval version)"
     return text + ". A paired difference needs runs that differ only in the arm"
 
 
@@ -221,6 +260,7 @@ def _runs_from_store(folder: Path) -> Runs:
             "status": summary.get("status"),
             "val_loss": summary.get("val_loss"),
             "mlp_hidden": summary.get("mlp_hidden"),
+            "eval_fingerprint": None,
             "path": str(run),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
@@ -282,6 +322,7 @@ def _runs_from_table(path: Path) -> Runs:
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
+        eval_fingerprint=pl.lit(None, dtype=pl.String),
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")

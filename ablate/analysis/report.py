@@ -46,6 +46,7 @@ class ReportContext:
     tables: dict[str, Table]  # KINDS and "losses"
     crossovers: list[Crossover]
     written: list[Path] = field(default_factory=list)
+    allow_unverified: bool = False
 
     def write(self, name: str, data: str | bytes) -> Path:
         path = self.out_dir / name
@@ -204,8 +205,26 @@ def synthetic_section(ctx: ReportContext) -> str:
     return "## Synthetic abstention task\n\n" + synthetic_markdown(data) + "\n\n![synthetic](synthetic.png)"
 
 
+def downstream_section(ctx: ReportContext) -> str:
+    """Paired tables of every `ablate eval` metric the counted runs carry (downstream.md)."""
+    from ablate.evals.results import available_metrics
+
+    folders = [Path(p) for p in ctx.runs.completed["path"].drop_nulls().to_list()]
+    metrics = available_metrics(folders)
+    if not metrics:
+        return ""
+    reference = ctx.tables["paired"].reference
+    parts = []
+    for metric in metrics:
+        runs = load_runs(ctx.runs.root, allow_unverified=ctx.allow_unverified, metric=metric)
+        parts.append(f"### {metric}\n\n" + render(build_table(runs, "paired", reference), "md"))
+    ctx.write("downstream.md", "# Downstream evaluation (lm-evaluation-harness)\n\n" + "\n\n".join(parts))
+    return (f"## Downstream evaluation\n\n[downstream.md](downstream.md): paired tables of {len(metrics)} metrics "
+            f"({', '.join(metrics)}), positive = the arm is better.")
+
+
 SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section,
-                           probes_section, synthetic_section]
+                           downstream_section, probes_section, synthetic_section]
 
 
 def _effect_name(table: Table, row: dict) -> str:
@@ -233,7 +252,8 @@ def write_report(source: str | os.PathLike, results: str | os.PathLike | None = 
     tables["losses"] = losses_table(runs)
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
-    ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers)
+    ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
+                        allow_unverified=allow_unverified)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")
