@@ -38,5 +38,12 @@ demo: install
 	$(BIN)/ablate report demo
 	$(BIN)/ablate table demo --kind paired
 
+# What `make demo` made: the demo's results and the prepared sample data (the venv stays).
+clean-demo:
+	@for path in results/demo data/sample; do \
+		if [ -e "$$path" ]; then echo "removing $$path ($$(du -sh "$$path" | cut -f1))"; rm -rf -- "$$path"; \
+		else echo "$$path: not there"; fi; \
+	done
+
 bench: install
 	$(BIN)/python benchmarks/arms.py

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "ablate.tiers",
     "ablate.train",
     "ablate.dispatch",
+    "ablate.clean",
     "ablate.analysis.cli",
     "ablate.probes.cli",
     "ablate.evals.cli",

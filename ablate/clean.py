@@ -1,0 +1,213 @@
+"""`ablate clean`: free the disk an experiment's results take, removing only what can be rebuilt.
+
+Why a command and not `rm`: what is safe to delete depends on each run's state. The resume state
+(`checkpoints/state.pt`, the largest file of a run) is only dead weight once the run is finished
+(`ablate.store.finished`: diverged, or completed with its final loss) and its final weights
+(`checkpoints/model.pt`) exist; a run that is still running may be writing any of its files. So:
+
+removed
+    * `checkpoints/state.pt` of a finished run (a completed run drops it itself; older runs and
+      diverged runs keep it);
+    * stray temporaries `.*.tmp` that an interrupted atomic write left in a run folder or its
+      `checkpoints/`;
+    * `RESULTS/<experiment>/report/` (rebuilt by `ablate report`), only when the whole experiment is
+      cleaned (no --tier/--arms/--seeds), since the report covers every run;
+    * folders kept aside by `ablate run --force` (`seed<k>.old-…`), only with `aside=True`: they hold
+      older results that nothing can rebuild.
+never removed
+    summary.json, metrics.jsonl, config.json, run.log, eval.json, the final weights, TensorBoard and
+    SLURM logs, the ledger: none of them can be rebuilt.
+
+A run whose lock is live is skipped and reported; the real clean holds each run's lock while it
+deletes (the same lock a training process takes), so a run cannot start under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ablate.errors import AblateError
+from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
+from ablate.store import CHECKPOINTS, SEED_DIR, SUMMARY, finished, iter_run_dirs, read_json_file, run_lock_path
+
+log = logging.getLogger(__name__)
+STATE_FILE = "state.pt"  # = ablate.train.STATE_FILE (not imported: ablate.train pulls in the training stack)
+FINAL_WEIGHTS = "model.pt"  # = ablate.modelio.FINAL_WEIGHTS (not imported: it needs torch); a test checks both
+REPORT_DIR = "report"  # = ablate.analysis.report.REPORT_DIR
+ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
+
+
+@dataclass
+class Item:
+    """One file or folder that clean removes (or would), its size in bytes and why it may go."""
+
+    path: Path
+    size: int
+    why: str
+
+
+@dataclass
+class CleanResult:
+    removed: list[Item] = field(default_factory=list)  # in a dry run: what would be removed
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (run folder, why it was left alone)
+    kept_aside: list[Item] = field(default_factory=list)  # folders kept aside, left because aside=False
+    dry_run: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(item.size for item in self.removed)
+
+
+def size_of(path: Path) -> int:
+    """Bytes a file or folder takes (links are not followed)."""
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_symlink() or p.is_file())
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
+
+
+def run_items(folder: Path) -> list[Item]:
+    """What may go from one run folder, judged from its summary (the caller makes sure it is not running)."""
+    items = [Item(p, size_of(p), "stray temporary of an interrupted write")
+             for where in (folder, folder / CHECKPOINTS) for p in sorted(where.glob(".*.tmp")) if p.is_file()]
+    state = folder / CHECKPOINTS / STATE_FILE
+    if state.is_file():
+        summary = read_json_file(folder / SUMMARY, f"fix or move aside {folder} (clean left it alone)")
+        if summary.get("status") == "diverged":
+            items.append(Item(state, size_of(state), "resume state of a diverged run"))
+        elif finished(summary) and (folder / CHECKPOINTS / FINAL_WEIGHTS).is_file():
+            items.append(Item(state, size_of(state), "resume state of a completed run"))
+    return items
+
+
+def _selected(tier: str, arm: str, seed: int, tiers, arms, seeds) -> bool:
+    return (not tiers or tier in tiers) and (not arms or arm in arms) and (seeds is None or seed in seeds)
+
+
+def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arms: Sequence[str] | None = None,
+          seeds: Sequence[int] | None = None, aside: bool = False, dry_run: bool = False) -> CleanResult:
+    """Remove (or with dry_run, list) what can be rebuilt under RESULTS/<experiment>; see the module doc.
+
+    The filters are taken as given (the CLI checks them against the experiment's grid first).
+    """
+    root = Path(experiment_dir)
+    if not root.is_dir():
+        raise AblateError(f"no results for this experiment: {root} does not exist (check --results)")
+    result = CleanResult(dry_run=dry_run)
+    whole = not tiers and not arms and seeds is None
+
+    def act(folder: Path, lock_path: Path, judge) -> None:
+        """Judge and remove under the run's lock; a live holder means the run is running: leave it."""
+        if dry_run:
+            holder = live_holder(lock_path)
+            if holder is not None:
+                result.skipped.append((folder, f"running ({describe_holder(holder)})"))
+                return
+            result.removed.extend(judge())
+            return
+        try:
+            with FileLock(lock_path, what=f"run {folder}"):
+                items = judge()
+                for item in items:
+                    _remove(item.path)
+                    log.debug("removed %s (%d bytes)", item.path, item.size)
+                result.removed.extend(items)
+        except LockHeld as held:
+            result.skipped.append((folder, f"running ({describe_holder(held.holder)})"))
+
+    for folder in iter_run_dirs(root):
+        seed = int(SEED_DIR.fullmatch(folder.name).group(1))
+        if not _selected(folder.parent.parent.name, folder.parent.name, seed, tiers, arms, seeds):
+            continue
+        try:
+            act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
+        except AblateError as err:  # a damaged summary: say so, clean the other runs
+            result.skipped.append((folder, str(err)))
+
+    for folder in sorted(p for p in root.glob("*/*/seed*.old-*") if p.is_dir()):
+        match = ASIDE_DIR.fullmatch(folder.name)
+        if (not match or folder.parent.name.startswith(".") or folder.parent.parent.name.startswith(".")
+                or not _selected(folder.parent.parent.name, folder.parent.name, int(match.group(1)[4:]),
+                                 tiers, arms, seeds)):
+            continue
+        item = Item(folder, size_of(folder), "run kept aside by --force (older results)")
+        if not aside:
+            result.kept_aside.append(item)
+            continue
+        # the lock of the run it was moved from: `--force` moves folders while holding it
+        act(folder, run_lock_path(folder.with_name(match.group(1))), lambda item=item: [item])
+
+    report = root / REPORT_DIR
+    if whole and report.exists():
+        item = Item(report, size_of(report), "report (rebuilt by `ablate report`)")
+        if not dry_run:
+            _remove(report)
+        result.removed.append(item)
+    return result
+
+
+def human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "clean", help="free disk: remove what can be rebuilt (resume states of finished runs, temporaries, report)",
+        description="Remove what can be rebuilt from an experiment's results: checkpoints/state.pt of finished "
+                    "(completed or diverged) runs, stray .*.tmp files of interrupted writes, and the report/ folder "
+                    "(only when no --tier/--arms/--seeds is given). Never removed: summary.json, metrics.jsonl, "
+                    "config.json, run.log, eval.json, the final weights (checkpoints/model.pt), TensorBoard and "
+                    "SLURM logs. Runs that are running (live lock) are skipped.")
+    parser.add_argument("experiment", help="an experiments/*.py file or its name")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")
+    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
+    parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
+    parser.add_argument("--aside", action="store_true",
+                        help="also remove folders kept aside by `ablate run --force` (seed<k>.old-*): they hold "
+                             "OLDER RESULTS that cannot be rebuilt")
+    parser.set_defaults(func=_clean_cli)
+
+
+def _clean_cli(args) -> int:
+    from ablate.experiment import default_results, load_experiment
+
+    experiment = load_experiment(args.experiment)
+    if args.tiers or args.arms or args.seeds is not None:
+        experiment.runs(args.tiers, args.arms, args.seeds)  # unknown names: an error naming the valid ones
+    results = Path(args.results) if args.results else default_results()
+    result = clean(results / experiment.name, tiers=args.tiers, arms=args.arms, seeds=args.seeds, aside=args.aside,
+                   dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for item in result.removed:
+        print(f"{verb} {human(item.size):>10}  {item.path}  ({item.why})")
+    for folder, why in result.skipped:
+        print(f"skipped {folder}: {why}")
+    if result.kept_aside:
+        print(f"kept {len(result.kept_aside)} folder(s) set aside by --force "
+              f"({human(sum(i.size for i in result.kept_aside))}, older results; --aside removes them):")
+        for item in result.kept_aside:
+            print(f"  {human(item.size):>10}  {item.path}")
+    if args.dry_run:
+        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed (dry run: nothing removed)")
+    else:
+        print(f"total: freed {human(result.total)} in {len(result.removed)} item(s)")
+    return 0
