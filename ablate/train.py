@@ -180,9 +180,11 @@ def windows_fingerprint(windows, seq_len: int) -> str:
 
 
 class Diverged(Exception):
-    def __init__(self, step: int, loss: float):
+    """A non-finite loss at `step`, noticed at `detected_at` (the next read-back boundary on a GPU)."""
+
+    def __init__(self, step: int, loss: float, detected_at: int | None = None):
         super().__init__(f"non-finite training loss {loss} at step {step}")
-        self.step, self.loss = step, loss
+        self.step, self.loss, self.detected_at = step, loss, detected_at if detected_at is not None else step
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -275,8 +277,8 @@ class Trainer:
             return self._fit(fabric)
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
-            self.write_summary(status="diverged", diverged_step=err.step, val_loss=None, finished=now(),
-                               error=str(err))
+            self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
+                               val_loss=None, finished=now(), error=str(err))
             return read_json(self.summary_path)
         except Exception as err:
             log.exception("%s: the run failed: %s", self.folder, err)
@@ -363,7 +365,11 @@ class Trainer:
         model.init_weights(config["seed"])
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         groups = [{k: v for k, v in g.items() if k != "names"} for g in model.param_groups(config["weight_decay"])]
-        optimizer = torch.optim.AdamW(groups, lr=config["lr"], betas=tuple(config["betas"]), eps=config["eps"])
+        cuda = fabric.device.type == "cuda"
+        if cuda:  # TF32 for the float32 matmuls that autocast leaves (bf16 does the bulk)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        optimizer = torch.optim.AdamW(groups, lr=config["lr"], betas=tuple(config["betas"]), eps=config["eps"],
+                                      **({"fused": True} if cuda else {}))
         counts = model.param_counts()
         forward_model = torch.compile(model) if config["compile"] else model
         forward_model, optimizer = fabric.setup(forward_model, optimizer)
@@ -388,6 +394,7 @@ class Trainer:
             status="running", val_loss=None, steps=step, total_steps=config["steps"],
             tokens=step * config["global_batch"] * config["seq_len"],
             init_fingerprint=init_fingerprint, data_fingerprint=data_fp, config_fingerprint=config_fingerprint(config),
+            loss_read_every=1 if fabric.device.type == "cpu" else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=config["model"].get("mlp_hidden"), match_params=bool(config["match_params"]),
@@ -436,18 +443,47 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=step, desc=f"{config['tier']}/{config['arm']}/seed{config['seed']}",
                        unit="step", dynamic_ncols=True)
         tokens_per_step = config["global_batch"] * config["seq_len"]
+        # On a GPU every read of a device value stalls the kernel queue: losses are read every log_interval
+        # steps (and at evaluations and checkpoints). On the CPU a read costs nothing, so it happens every
+        # step and a non-finite loss stops the run before its optimiser step, exactly as it always did.
+        read_every_step = fabric.device.type == "cpu"
         try:
             if step == 0:
                 val_loss = evaluate(curve_windows)
                 self._log_metrics({"step": 0, "tokens": 0, "val_loss": val_loss})
+            pending = []  # (step, lr, loss, grad_norm) still on the device: read back at the next boundary
+            t_interval = time.time()
+
+            def flush():
+                """One device→host copy for the steps since the last boundary; divergence is caught here."""
+                nonlocal t_interval
+                if not pending:
+                    return
+                values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, _, loss, norm in pending])
+                values = values.tolist()
+                elapsed, t_interval = time.time() - t_interval, time.time()
+                for (row_step, row_lr, _, _), (loss, norm) in zip(pending, values):
+                    if not math.isfinite(loss):
+                        pending.clear()
+                        raise Diverged(row_step, loss, detected_at=step)
+                    row = {"step": row_step, "tokens": row_step * tokens_per_step, "train_loss": loss, "lr": row_lr,
+                           "grad_norm": norm, "tokens_per_s": tokens_per_step * len(values) / max(elapsed, 1e-9)}
+                    if row_step in curve:
+                        row["val_loss"] = curve.pop(row_step)
+                    self._log_metrics(row)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                pending.clear()
+
+            curve = {}
             while step < total_steps:
-                t0 = time.time()
                 lr = lr_at(step, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 global_batch = stream.global_batch(step)
                 data_fp = hashlib.sha256(data_fp.encode() + global_batch.numpy().tobytes()).hexdigest()
-                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(fabric.device)
+                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(fabric.device, non_blocking=True)
                 loss_sum = torch.zeros((), device=fabric.device)
                 chunks = local.split(micro)
                 for i, chunk in enumerate(chunks):
@@ -457,32 +493,33 @@ class Trainer:
                     loss_sum += loss.detach()
                 grad_norm = fabric.clip_gradients(forward_model, optimizer, max_norm=config["grad_clip"],
                                                   error_if_nonfinite=False)
-                train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean") if world > 1 else loss_sum)
-                if not math.isfinite(train_loss):
-                    raise Diverged(step + 1, train_loss)
+                train_loss = fabric.all_reduce(loss_sum, reduce_op="mean") if world > 1 else loss_sum
+                if read_every_step and not math.isfinite(float(train_loss)):  # no optimiser step on a bad loss
+                    raise Diverged(step + 1, float(train_loss), detected_at=step + 1)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 stream.step = step  # the position a checkpoint records
-                elapsed = time.time() - t0
-                row = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
-                       "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / max(elapsed, 1e-9)}
-                if step % config["val_interval"] == 0 or step == total_steps:
-                    row["val_loss"] = evaluate(curve_windows)
-                    log.info("%s: step %d/%d val_loss %.4f", self.folder, step, total_steps, row["val_loss"])
-                    if not math.isfinite(row["val_loss"]):
-                        raise Diverged(step, row["val_loss"])
-                self._log_metrics(row)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-                if step % config["checkpoint_interval"] == 0 or requests.checkpoint:
+                pending.append((step, lr, train_loss.detach(), grad_norm.detach()))
+                evaluate_now = step % config["val_interval"] == 0 or step == total_steps
+                checkpoint_now = step % config["checkpoint_interval"] == 0 or requests.checkpoint
+                if evaluate_now:
+                    curve[step] = val_loss = evaluate(curve_windows)
+                    flush()  # a non-finite training loss before this point is reported first, as the cause
+                    log.info("%s: step %d/%d val_loss %.4f", self.folder, step, total_steps, val_loss)
+                    if not math.isfinite(val_loss):
+                        raise Diverged(step, val_loss, detected_at=step)
+                if read_every_step or evaluate_now or checkpoint_now or step % config["log_interval"] == 0:
+                    flush()
+                    t_interval = time.time()
+                if checkpoint_now:
                     save_state()
                     requests.checkpoint = False
                     if requests.stop_signal is not None:
                         log.warning("%s: checkpointed at step %d on signal %d", self.folder, step,
                                     requests.stop_signal)
                         requests.hand_over()
+            flush()
         finally:
             requests.restore()
             if bar is not None:

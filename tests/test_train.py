@@ -211,3 +211,16 @@ def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_dat
     config = read_json(folder / "config.json")
     assert Trainer(folder, config).logger_run_id == run_id  # what a requeued job computes again
     assert Trainer(folder.parent / "seed1", config).logger_run_id != run_id
+
+
+def test_cpu_results_are_bitwise_those_of_the_recorded_run(tmp_path, sample_data):
+    """The loop reads losses back in batches now (for GPUs); on the CPU every number must stay as recorded."""
+    recorded = json.loads((REPO / "tests" / "recorded_smoke_run.json").read_text())
+    for arm, expected in recorded["runs"].items():
+        summary = train(tmp_path, arm, data=sample_data, steps=recorded["steps"])
+        rows = read_metrics(run_dir(tmp_path, "adhoc", "smoke", arm, 0) / "metrics.jsonl")
+        assert [r["train_loss"] for r in rows if "train_loss" in r] == expected["train_loss"]
+        assert [r["grad_norm"] for r in rows if "grad_norm" in r] == expected["grad_norm"]
+        assert [[r["step"], r["val_loss"]] for r in rows if "val_loss" in r] == expected["curve"]
+        for key in ("val_loss", "init_fingerprint", "data_fingerprint", "val_fingerprint", "config_fingerprint"):
+            assert summary[key] == expected[key], (arm, key)
