@@ -1,6 +1,6 @@
 """What an arm is, and the registry that names arms.
 
-An arm fills one or more *slots* of the one attention computation (DESIGN.md, "Arms as slots"):
+An arm fills one or more *slots* of the one attention computation (each arm is a choice per slot):
 
 * value slot      `value_gate(v, x) -> g`, per key, multiplies the read: v_j ← g_j v_j (cacheable)
 * routing slot    `routing_log_gate(v, x) -> log g`, per key, added to the logits inside the softmax
@@ -117,5 +117,5 @@ def get_arm(name: str) -> type[Arm]:
 
 
 def list_arms() -> list[str]:
-    """Registered arm names in registration order (built-ins first, in SPEC.md's order)."""
+    """Registered arm names in registration order (built-ins first, in the study's order)."""
     return list(_REGISTRY)
