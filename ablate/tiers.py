@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ablate.errors import AblateError, choice_error
 
@@ -218,13 +219,24 @@ def matched_mlp_hidden(config, tolerance: float = MATCH_TOLERANCE) -> int | None
 
 
 def _meta_counts(config) -> dict[str, int]:
-    """Parameter counts without allocating memory (meta tensors), so a 350M count is instant."""
+    """Parameter counts without allocating memory (meta tensors), so a 350M count is instant; cached,
+    because matching and planning count the same configs many times."""
+    from dataclasses import asdict
+
+    from ablate.arms import get_arm
+
+    return dict(_cached_counts(tuple(sorted(asdict(config).items())), get_arm(config.arm)))
+
+
+@lru_cache(maxsize=1024)
+def _cached_counts(fields: tuple, arm_class: type) -> tuple:
+    """`arm_class` is part of the key: an arm registered again under its name (replace=True) is recounted."""
     import torch
 
-    from ablate.model import GPT
+    from ablate.model import GPT, GPTConfig
 
     with torch.device("meta"):
-        return GPT(config).param_counts()
+        return tuple(GPT(GPTConfig(**dict(fields))).param_counts().items())
 
 
 # ---------------------------------------------------------------------------------------------- memory
