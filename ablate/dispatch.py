@@ -36,6 +36,7 @@ from ablate.store import (LEDGER, METRICS, RUN_LOG, SUBMIT_LOCK, SUMMARY, atomic
 PROFILE_KEYS = {
     "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
     "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
+    "gpu": str,  # the GPU model (a key of ablate.tiers.GPUS), read by `ablate plan --profile`
 }
 ACTIVE = ("queued", "running", "requeued")
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "failed")

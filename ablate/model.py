@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm, reference_attention
 from ablate.arms.kernel import key_signals
@@ -32,6 +34,7 @@ class GPTConfig:
     max_seq_len: int = 1024
     arm: str = "baseline"
     mlp_ratio: int = 4
+    mlp_hidden: int | None = None  # MLP hidden width; None: mlp_ratio · d_model (parameter matching narrows it)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     fused: bool = True  # False: the reference path that materialises the weights
@@ -42,7 +45,13 @@ class GPTConfig:
             raise ValueError(
                 f"d_model={self.d_model} must divide by n_head={self.n_head}, and n_head by n_kv_head={self.n_kv_head}"
             )
+        if self.mlp_hidden is not None and self.mlp_hidden < 1:
+            raise ValueError(f"mlp_hidden={self.mlp_hidden} must be a positive width")
         get_arm(self.arm)  # a clear error for an unknown arm, before any weight is made
+
+    @property
+    def mlp_width(self) -> int:
+        return self.mlp_ratio * self.d_model if self.mlp_hidden is None else self.mlp_hidden
 
     @property
     def head_dim(self) -> int:
@@ -130,8 +139,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model, bias=False)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model, bias=False)
+        self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=False)
+        self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=False)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
@@ -153,7 +162,7 @@ class Block(nn.Module):
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # (B, T, padded vocab): text positions only
+    logits: torch.Tensor | None  # (B, T, padded vocab): text positions only; None with a chunked loss
     loss: torch.Tensor | None = None
     records: list[AttentionRecord] = field(default_factory=list)  # per layer, when asked for
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer output, when asked for
@@ -230,8 +239,13 @@ class GPT(nn.Module):
         ]
 
     # ------------------------------------------------------------------ forward
-    def forward(self, idx, targets=None, *, record: bool = False, cache: KVCache | None = None) -> ModelOutput:
-        """idx (B, T) token ids → logits for the T text positions (the sink token's position is dropped)."""
+    def forward(self, idx, targets=None, *, record: bool = False, cache: KVCache | None = None,
+                loss_chunk: int = 0) -> ModelOutput:
+        """idx (B, T) token ids → logits for the T text positions (the sink token's position is dropped).
+
+        loss_chunk > 0 (with targets): the loss is computed `loss_chunk` tokens at a time and no logits
+        are returned, so the float32 logits of the whole micro-batch never exist (`chunked_cross_entropy`).
+        """
         B, T = idx.shape
         x = self.wte(idx)  # (B, T, C)
         offset = cache.length if cache is not None else 0
@@ -254,6 +268,9 @@ class GPT(nn.Module):
             cache.length += length
         if prepend:
             x = x[:, 1:]  # the sink token's position predicts nothing
+        if targets is not None and loss_chunk > 0:
+            out.loss = chunked_cross_entropy(self.ln_f(x), self.lm_head.weight, targets, loss_chunk)
+            return out
         out.logits = self.lm_head(self.ln_f(x))
         if targets is not None:
             out.loss = F.cross_entropy(out.logits.float().view(-1, out.logits.shape[-1]), targets.reshape(-1))
@@ -286,11 +303,62 @@ def name_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def fingerprint_parameters(named_params) -> str:
-    """SHA-256 over names, shapes and bytes (float32) of the given parameters, in name order."""
+def fingerprint_parameters(named_params, like: Mapping[str, Sequence[int]] | None = None) -> str:
+    """SHA-256 over names, shapes and bytes (float32) of the given parameters, in name order.
+
+    like (name → shape): hash only the parameters that have that name *and* that shape, i.e. the part
+    two models of different shapes have in common (a parameter-matched arm and its baseline). Without
+    it every given parameter is hashed, exactly as before parameter matching existed.
+    """
     digest = hashlib.sha256()
+    if like is not None:
+        named_params = [(n, p) for n, p in named_params if n in like and tuple(p.shape) == tuple(like[n])]
     for name, param in sorted(named_params, key=lambda item: item[0]):
         data = param.detach().to("cpu", torch.float32).contiguous()
         digest.update(f"{name}:{tuple(data.shape)};".encode())
         digest.update(data.numpy().tobytes())
     return digest.hexdigest()
+
+
+def shared_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """name → shape of the parameters every arm has (`GPT.shared_named_parameters`), built on the meta
+    device so that no memory is allocated and no weight is drawn."""
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in GPT(config).shared_named_parameters()}
+
+
+def common_fingerprint(model: GPT) -> str:
+    """The init fingerprint over the shared parameters whose shape does not depend on the MLP width.
+
+    Parameter matching changes only the MLP hidden width (`ablate.tiers.model_config(match_params=True)`),
+    so these are exactly the parameters a matched arm and its baseline both have with the same name and
+    shape: equal for a matched pair of one seed, whatever the arm's width. The embeddings, attention
+    projections and norms are in it; the MLP matrices of every layer are not (nor the arm's own weights).
+    """
+    wider = replace(model.config, mlp_hidden=model.config.mlp_width + 1)
+    mine, other = shared_shapes(model.config), shared_shapes(wider)
+    common = {n: s for n, s in mine.items() if other.get(n) == s}
+    return fingerprint_parameters(model.shared_named_parameters(), like=common)
+
+
+def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(hidden, weight).float(), targets, reduction="sum")
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk: int) -> torch.Tensor:
+    """Mean token cross-entropy of `hidden @ weight.T` computed `chunk` tokens at a time.
+
+    Why: at seq 1024 and a 50,304-way vocabulary the output layer's logits, their float32 copy and their
+    gradient dominate a small model's memory (about 33 GB at the 10M tier's micro-batch of 64). Each
+    chunk runs under `torch.utils.checkpoint`, which keeps only its inputs and recomputes the chunk's
+    logits in the backward pass, so forward and backward hold one chunk's logits at a time. The result
+    equals `F.cross_entropy(logits.float(), targets)` to float32 rounding (only the summation order
+    differs); the recomputation costs one extra output-layer matmul per chunk in the backward pass.
+    """
+    if chunk < 1:
+        raise ValueError(f"loss chunk must be at least 1 token, got {chunk}")
+    flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    total = sum(checkpoint(_chunk_loss_sum, h, weight, t, use_reentrant=False)
+                for h, t in zip(flat.split(chunk), flat_targets.split(chunk)))
+    return total / (flat_targets != -100).sum()  # cross_entropy's default ignore_index, like its mean

@@ -1,43 +1,55 @@
-"""The tier ladder of SPEC.md §2: model shapes, token budgets and optimisation hyperparameters.
+"""The tier ladder: model shapes, token budgets and optimisation hyperparameters; the GPUs a plan may
+assume; parameter-matched model configs; the micro-batch that fits a GPU.
 
-Torch-free on purpose: the analysis and `ablate plan` read it without loading training code.
+Torch-free at import on purpose: the analysis reads it without loading training code (`model_config`
+imports the model when called). The `plan` command lives in `ablate.plan`.
 
 Where the values come from
 --------------------------
 * Shapes: GPT-2-style blocks (attention 4·d², MLP 8·d², two RMSNorm vectors) with head dim 64,
   chosen so the *baseline's* non-embedding parameters land within ±5% of the tier's name
-  (the study counts non-embedding parameters; the test `test_tiers.py` checks the ±5% against the
+  (the study counts non-embedding parameters; `tests/test_tiers.py` checks the ±5% against the
   real model). 124M/350M use GPT-2 small/medium widths (768, 1024) with more layers, because GPT-2's
   "124M" counts embeddings.
+* Naming: two readings of "124M" and "350M" are defensible. The literal one (the default tiers 124M
+  and 350M) takes the names as non-embedding counts, as the study counts parameters. GPT-2's own
+  small and medium models (12×768 and 24×1024) are called 124M and 350M counting their embeddings;
+  without them they hold 85M and 302M parameters, and only then are the token budgets below about
+  20 tokens per parameter (1.6B / 85M ≈ 19, 5.8B / 302M ≈ 19; literally 1.6B / 127M ≈ 13 and
+  5.8B / 352M ≈ 16). The tiers `124M-gpt2` and `350M-gpt2` are that reading: GPT-2's shapes with the
+  same budgets and hyperparameters as 124M and 350M. Their `nominal_params` are their non-embedding
+  counts (85M, 302M), which is what orders tiers and places crossovers.
 * Tokens: the study's budgets (0.2B, 0.95B, 1.6B, 5.8B ≈ 20 tokens per parameter, Chinchilla).
 * Sequence length 1024 (GPT-2's context) in every real tier, so every tier sees the same documents
   cut the same way; global batch grows with size as in GPT-3 (Brown et al. 2020, Table 2.1: 0.5M
   tokens at 125M–350M); smaller tiers use smaller batches to keep ≥1,500 optimiser steps.
 * Learning rate: GPT-3 Table 2.1 (6e-4 at 125M, 3e-4 at 350M), extended upward for the small tiers
-  as is usual for models this size (nanoGPT/Pythia-style 1e-3 at ~10M-50M).
+  as is usual for models this size: 1e-3 at 50M and 1.5e-3 at 10M (the smaller the model, the larger
+  the stable rate; Pythia and nanoGPT's small models use 1e-3 and above).
 * Schedule: linear warm-up (≈2% of steps, as in nanoGPT's GPT-2 recipe: 700 of ~19k steps), then
   cosine decay to 10% of the peak (GPT-3, Chinchilla). AdamW β=(0.9, 0.95), ε=1e-8, weight decay
   0.1 on matrices and embeddings (GPT-3), gradient clipping at global norm 1.0 (GPT-3).
 * Seeds: 3, 3, 3, 1 as in the study.
 * micro_batch: what fits one 80 GB GPU in bf16 at seq 1024 (gradient accumulation fills the global
-  batch; identical across arms, so it changes no comparison).
+  batch; identical across arms, so it changes no comparison). `micro_batch_for` estimates it for
+  another GPU's memory.
 * smoke: a tiny shape for CPU tests and the demo (~100 steps in well under a minute on one core).
   Its cost is the 50,304-way output layer (d_model · V per token), so it keeps 256 tokens per step.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
-from ablate.errors import choice_error
+from ablate.errors import AblateError, choice_error
 
 
 @dataclass(frozen=True)
 class Tier:
     name: str
-    nominal_params: float  # the non-embedding parameter count the tier is named for
+    nominal_params: float  # the non-embedding parameter count the tier stands for (orders tiers)
     n_layer: int
     d_model: int
     n_head: int
@@ -88,7 +100,10 @@ TIERS: dict[str, Tier] = {
              tokens=5_800_000_000, lr=3e-4, warmup_steps=220, seeds=1, micro_batch=8),
     )
 }
-TIER_ORDER = tuple(TIERS)  # by size
+# GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
+TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
+TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)
+TIER_ORDER = tuple(sorted(TIERS, key=lambda name: TIERS[name].nominal_params))  # by size
 
 
 def get_tier(name: str) -> Tier:
@@ -108,89 +123,185 @@ def tier_rank(name: str) -> float:
         return math.inf
 
 
-# ---------------------------------------------------------------------------------------------- plan
-PEAK_TFLOPS = 989.0  # H100 SXM dense bf16
-ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
+# ---------------------------------------------------------------------------------------------- GPUs
+@dataclass(frozen=True)
+class GPU:
+    key: str
+    name: str
+    peak_bf16_tflops: float  # dense (no sparsity), from the vendor's data sheet
+    memory_gb: float
 
 
-def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int) -> float:
-    """6·N·D with N = non-embedding weights + the output projection (tied, but still a matmul), plus
-    Kaplan et al.'s attention term 6·n_layer·n_ctx·d_model per token (causal mask not discounted)."""
-    per_token = 6 * (params_non_embedding + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
-    return float(per_token) * tier.steps * tier.tokens_per_step
+GPUS: dict[str, GPU] = {
+    g.key: g
+    for g in (
+        GPU("a100", "NVIDIA A100 40GB", 312.0, 40.0),
+        GPU("a100-80", "NVIDIA A100 80GB", 312.0, 80.0),
+        GPU("h100", "NVIDIA H100 SXM", 989.0, 80.0),
+        GPU("h200", "NVIDIA H200", 989.0, 141.0),
+    )
+}
+DEFAULT_GPU = "h100"
 
 
-def plan_rows(tier_name: str, arms: list[str] | None = None, seeds: int | None = None) -> dict:
-    """Per-arm cost of a tier (parameters measured on the real model, built on the meta device)."""
-    from ablate.arms import get_arm, list_arms
-
-    tier = get_tier(tier_name)
-    arms = list(arms) if arms else list_arms()
-    for arm in arms:
-        get_arm(arm)
-    seeds = tier.seeds if seeds is None else seeds
-    rows = []
-    for arm in arms:
-        config = model_config(tier, arm)
-        counts = _meta_counts(config)
-        flops = training_flops(tier, counts["non_embedding"], config.padded_vocab_size)
-        gpu_hours = flops / (PEAK_TFLOPS * 1e12 * ASSUMED_MFU) / 3600
-        rows.append({
-            "tier": tier.name, "arm": arm, "params_total": counts["total"],
-            "params_non_embedding": counts["non_embedding"], "params_arm_extra": counts["arm_extra"],
-            "tokens": tier.steps * tier.tokens_per_step, "steps": tier.steps, "train_flops": flops,
-            "gpu_hours_per_run": gpu_hours, "seeds": seeds, "gpu_hours": gpu_hours * seeds,
-        })
-    return {
-        "tier": tier.name, "assumption": f"{PEAK_TFLOPS:g} TFLOP/s peak bf16 (H100 SXM) at {ASSUMED_MFU:.0%} MFU",
-        "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
-        "runs": rows, "total_runs": len(rows) * seeds,
-        "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
-        "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
-    }
+def get_gpu(key: str) -> GPU:
+    if key not in GPUS:
+        raise choice_error("gpu", key, GPUS)
+    return GPUS[key]
 
 
-def _meta_counts(config) -> dict[str, int]:
-    """Parameter counts without allocating memory (meta tensors), so a 350M plan is instant."""
-    import torch
+def gpu_key_for(device_name: str, memory_gb: float | None = None) -> str | None:
+    """'NVIDIA H100 80GB HBM3' → 'h100' (what `torch.cuda.get_device_name` says); None if not in the table.
+    An A100 is told apart by its memory (over 40 GB: the 80 GB model)."""
+    text = device_name.upper()
+    for key in ("H200", "H100"):
+        if key in text:
+            return key.lower()
+    if "A100" in text:
+        return "a100-80" if ("80G" in text or (memory_gb or 0) > 41) else "a100"
+    return None
 
-    from ablate.model import GPT
 
-    with torch.device("meta"):
-        return GPT(config).param_counts()
+# ---------------------------------------------------------------------------------------------- model configs
+MATCH_TOLERANCE = 0.005  # parameter matching: non-embedding counts equal to 0.5%
 
 
-def model_config(tier: Tier, arm: str, **overrides):
+def model_config(tier: Tier | str, arm: str, *, match_params: bool = False, **overrides):
+    """The GPTConfig of `arm` at `tier` (overrides: GPTConfig fields, e.g. from an experiment).
+
+    match_params: for an arm whose extra parameters put its non-embedding count more than 0.5% above
+    the baseline's (g1-elementwise and g2-value: n_layer·d² more), narrow the MLP hidden width of every
+    layer so the counts agree (`matched_mlp_hidden`). Arms within 0.5% already keep the baseline's width,
+    so their config, and so their init fingerprint, is the unmatched one.
+    """
     from ablate.model import GPTConfig
 
+    tier = get_tier(tier) if isinstance(tier, str) else tier
     fields = dict(vocab_size=tier.vocab_size, n_layer=tier.n_layer, n_head=tier.n_head, n_kv_head=tier.n_kv_head,
                   d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm)
     fields.update(overrides)
-    return GPTConfig(**fields)
+    config = GPTConfig(**fields)
+    if not match_params:
+        return config
+    if overrides.get("mlp_hidden") is not None:
+        raise AblateError(f"mlp_hidden={overrides['mlp_hidden']} and match_params both set the MLP width; "
+                          "give one of them")
+    width = matched_mlp_hidden(config)
+    return config if width is None else replace(config, mlp_hidden=width)
 
 
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser("plan", help="parameters, tokens, steps, FLOPs and GPU-hours of a tier's grid")
-    parser.add_argument("--tier", required=True, help=f"one of {', '.join(TIERS)}")
-    parser.add_argument("--arms", nargs="+", help="arms (default: every registered arm)")
-    parser.add_argument("--seeds", type=int, help="seeds per arm (default: the tier's)")
-    parser.add_argument("--json", action="store_true")
-    parser.set_defaults(func=_plan)
+def matched_mlp_hidden(config, tolerance: float = MATCH_TOLERANCE) -> int | None:
+    """The MLP hidden width (same in every layer) that brings `config`'s non-embedding parameters to its
+    baseline's (same config, arm 'baseline') within `tolerance`; None when they already are.
+
+    Counts come from the real model on the meta device. The count is affine in the width, so the exact
+    minimiser is solved from two counts; the width taken is the multiple of 64 nearest to it if that is
+    within the tolerance (kernel-friendly tiles), else the nearest multiple of 8 if that is, else the
+    minimiser itself. For the built-in arms (extra n_layer·d²) the minimiser is 3.5·d, a multiple of 64
+    at 50M and above and of 8 at the 10M and smoke tiers, so the counts agree to a few parameters.
+    """
+    base = _meta_counts(replace(config, arm="baseline"))["non_embedding"]
+    mine = _meta_counts(config)["non_embedding"]
+    if abs(mine / base - 1) <= tolerance:
+        return None
+    width = config.mlp_width
+    slope = mine - _meta_counts(replace(config, mlp_hidden=width - 1))["non_embedding"]  # parameters per unit
+    exact = width - round((mine - base) / slope)
+    if exact < 1:
+        raise AblateError(f"arm {config.arm!r} adds {mine - base:,} non-embedding parameters, more than the MLPs "
+                          f"hold ({slope * width:,}): it cannot be parameter-matched by narrowing them")
+
+    def gap(w: int) -> float:
+        return abs(mine + (w - width) * slope - base) / base
+
+    for multiple in (64, 8):
+        rounded = max(multiple, multiple * round(exact / multiple))
+        if gap(rounded) <= tolerance:
+            return rounded
+    return exact
 
 
-def _plan(args) -> int:
-    plan = plan_rows(args.tier, args.arms, args.seeds)
-    if args.json:
-        print(json.dumps(plan, indent=2))
-        return 0
-    h = plan["hyperparameters"]
-    print(f"tier {plan['tier']}: {h['n_layer']} layers, d_model {h['d_model']}, {h['n_head']} heads, seq {h['seq_len']}, "
-          f"batch {h['global_batch']} × {h['seq_len']} tokens, lr {h['lr']:g}, warm-up {h['warmup_steps']}, "
-          f"cosine to {h['min_lr_ratio']:g}×, wd {h['weight_decay']:g}, clip {h['grad_clip']:g}")
-    print(f"{'arm':<15} {'total':>12} {'non-emb':>12} {'arm extra':>10} {'tokens':>14} {'steps':>7} {'FLOPs':>10} {'GPU-h/run':>10} {'seeds':>5}")
-    for r in plan["runs"]:
-        print(f"{r['arm']:<15} {r['params_total']:>12,} {r['params_non_embedding']:>12,} {r['params_arm_extra']:>10,} "
-              f"{r['tokens']:>14,} {r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
-    print(f"grid: {plan['total_runs']} runs, {plan['total_train_flops']:.3g} FLOPs, {plan['total_gpu_hours']:.1f} GPU-hours "
-          f"(assuming {plan['assumption']})")
-    return 0
+def _meta_counts(config) -> dict[str, int]:
+    """Parameter counts without allocating memory (meta tensors), so a 350M count is instant; cached,
+    because matching and planning count the same configs many times."""
+    from dataclasses import asdict
+
+    from ablate.arms import get_arm
+
+    return dict(_cached_counts(tuple(sorted(asdict(config).items())), get_arm(config.arm)))
+
+
+@lru_cache(maxsize=1024)
+def _cached_counts(fields: tuple, arm_class: type) -> tuple:
+    """`arm_class` is part of the key: an arm registered again under its name (replace=True) is recounted."""
+    import torch
+
+    from ablate.model import GPT, GPTConfig
+
+    with torch.device("meta"):
+        return tuple(GPT(GPTConfig(**dict(fields))).param_counts().items())
+
+
+# ---------------------------------------------------------------------------------------------- memory
+OPTIMIZER_BYTES = 16  # per parameter: float32 weight, float32 gradient, AdamW's two float32 moments
+DDP_BYTES = 4  # per parameter with more than one process: DDP's float32 gradient buckets
+ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
+RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
+USABLE_FRACTION = 0.9
+
+
+def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
+                       mlp_hidden: int | None = None) -> float:
+    """Estimated peak GPU memory (GB) of one training process of `tier` in bf16 autocast.
+
+    * States: 16 bytes per parameter (float32 weights and gradients, AdamW's two moments), 4 more with
+      DDP (gradient buckets); parameters counted for the baseline shape.
+    * Activations kept for the backward pass, per token and layer, in bytes: RMSNorm inputs 2 × 4·d
+      (float32 residual stream), the bf16 inputs of the four matmuls 4 × 2·d, q, k, v before and after
+      RoPE 2 × 6·d, the attention output 2·d, and the MLP's two hidden tensors 2 × 2·m (m the MLP
+      width): (28·d + 4·m), times 1.25 for arm gates, autocast copies and fragmentation. Flash
+      attention keeps no T×T tensor.
+    * Output layer, per token: bf16 logits (2·V), their float32 copy (4·V), the saved log-softmax
+      (4·V), its float32 gradient (4·V) and the bf16 gradient (2·V) = 16·V bytes for every token of the
+      micro-batch, or for `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`).
+    This is an estimate for choosing a micro-batch, not a measurement.
+    """
+    tier = get_tier(tier) if isinstance(tier, str) else tier
+    d, layers = tier.d_model, tier.n_layer
+    m = mlp_hidden or 4 * d
+    vocab = math.ceil(tier.vocab_size / 64) * 64
+    head_dim = d // tier.n_head
+    per_layer = (tier.n_head + 2 * tier.n_kv_head) * head_dim * d + d * d + 2 * d * m + 2 * d
+    params = vocab * d + layers * per_layer + d
+    states = params * (OPTIMIZER_BYTES + (DDP_BYTES if world_size > 1 else 0))
+    tokens = micro_batch * tier.seq_len
+    activations = tokens * layers * (28 * d + 4 * m) * ACTIVATION_SAFETY
+    output = 16 * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
+    return (states + activations + output) / 1e9 + RESERVED_GB
+
+
+def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
+                    mlp_hidden: int | None = None) -> int:
+    """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and whose
+    `memory_estimate_gb` fits 90% of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps
+    the global batch, and so the optimisation, unchanged; only float summation order differs."""
+    tier = get_tier(tier) if isinstance(tier, str) else tier
+    if world_size < 1 or tier.global_batch % world_size:
+        raise AblateError(f"world size {world_size} must divide tier {tier.name}'s global batch {tier.global_batch}")
+    local = tier.global_batch // world_size
+    budget = USABLE_FRACTION * gpu_mem_gb
+    for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
+        if memory_estimate_gb(tier, micro, world_size=world_size, loss_chunk=loss_chunk,
+                              mlp_hidden=mlp_hidden) <= budget:
+            return micro
+    raise AblateError(f"tier {tier.name} does not fit {gpu_mem_gb:g} GB even at micro-batch 1 "
+                      f"(estimate {memory_estimate_gb(tier, 1, world_size=world_size, loss_chunk=loss_chunk):.1f} GB)")
+
+
+def __getattr__(name: str):
+    """The plan moved to `ablate.plan`; its names stay importable from here (the CLI finds `add_commands`)."""
+    if name in ("plan_rows", "training_flops", "add_commands"):
+        import ablate.plan
+
+        return getattr(ablate.plan, name)
+    raise AttributeError(f"module 'ablate.tiers' has no attribute {name!r}")

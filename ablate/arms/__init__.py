@@ -1,4 +1,4 @@
-"""Attention arms: register a class, get it by name. Built-in arms are SPEC.md §1's twelve.
+"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve.
 
     from ablate.arms import Arm, register_arm, get_arm, list_arms
 
@@ -8,7 +8,7 @@
         def value_gate(self, v, x): ...
 
 Names load on first use (PEP 562), so `ablate.arms.names` and the `ablate` command's parser stay
-torch-free; the first use registers the built-in arms, in SPEC.md's order, before anything else.
+torch-free; the first use registers the built-in arms, in the study's order, before anything else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What an arm is, and the registry that names arms.
 
-An arm fills one or more *slots* of the one attention computation (DESIGN.md, "Arms as slots"):
+An arm fills one or more *slots* of the one attention computation (each arm is a choice per slot):
 
 * value slot      `value_gate(v, x) -> g`, per key, multiplies the read: v_j ← g_j v_j (cacheable)
 * routing slot    `routing_log_gate(v, x) -> log g`, per key, added to the logits inside the softmax
@@ -99,7 +99,11 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
     def decorate(cls: type[Arm]) -> type[Arm]:
         if not (isinstance(cls, type) and issubclass(cls, Arm)):
             raise TypeError(f"@register_arm({name!r}) needs a subclass of ablate.arms.Arm, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not cls and not replace:
+        old = _REGISTRY.get(name)
+        # The same file executed again (an experiment loaded by `arms` and then `plan` in one process)
+        # defines a new class of the same module and name: that is the same arm, not a clash.
+        reloaded = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+        if old is not None and old is not cls and not (replace or reloaded):
             raise ValueError(f"an arm named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
         if cls.sequence_token and cls.slots():
             raise TypeError(f"arm {name!r}: a sequence-token arm fills no attention slot")
@@ -117,5 +121,5 @@ def get_arm(name: str) -> type[Arm]:
 
 
 def list_arms() -> list[str]:
-    """Registered arm names in registration order (built-ins first, in SPEC.md's order)."""
+    """Registered arm names in registration order (built-ins first, in the study's order)."""
     return list(_REGISTRY)

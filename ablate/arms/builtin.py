@@ -1,4 +1,6 @@
-"""The arms of SPEC.md §1, in its order. Each is a few lines: its parameters, their init, its slot(s)."""
+"""The study's twelve arms, in its order: baseline, abstention (sink-logit, off-by-one, sink-token),
+filtering (norm-gate, proj-gate), the renorm control, combinations, and Qiu et al.'s gates.
+Each is a few lines: its parameters, their init, its slot(s)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from torch import nn
 
 from ablate.arms.base import Arm, ArmContext, register_arm
 
-NORM_GATE_BETA = 8.0  # fixed sharpness of the norm gate (SPEC.md §1)
+NORM_GATE_BETA = 8.0  # fixed sharpness of the norm gate (the study fixes β, it is not learned)
 GATE_OPEN_LOGIT = 4.0  # σ(4) ≈ 0.982: value gates start (nearly) open
 QIU_GATE_STD = 0.02  # Qiu et al.'s gate projections start like any other weight (gate ≈ 0.5)
 

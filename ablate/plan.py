@@ -1,0 +1,222 @@
+"""`ablate plan`: parameters, tokens, steps, FLOPs and GPU-hours of a grid, before anything runs.
+
+A grid is an experiment's (tiers × arms × seeds, run-config overrides applied) or one given by
+`--tier/--arms/--seed-count`. GPU-hours = training FLOPs / (peak bf16 throughput × MFU). The peak is
+the chosen GPU's (`--gpu`, or the `gpu` of a cluster profile, default H100 SXM); the MFU is the one
+`benchmarks/gpu_check.py` measured on that GPU when its `gpu_check.json` is found (`--gpu-check PATH`,
+else ./gpu_check.json, else gpu_check.json at the repository root), otherwise an assumed 40%.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.tiers import DEFAULT_GPU, GPUS, TIERS, Tier, _meta_counts, get_gpu, get_tier, micro_batch_for, model_config
+
+ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
+GPU_CHECK_FILE = "gpu_check.json"
+
+
+def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int, steps: int | None = None) -> float:
+    """6·N·D with N = non-embedding weights + the output projection (tied, but still a matmul), plus
+    Kaplan et al.'s attention term 6·n_layer·n_ctx·d_model per token (causal mask not discounted)."""
+    per_token = 6 * (params_non_embedding + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
+    return float(per_token) * (tier.steps if steps is None else steps) * tier.tokens_per_step
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What one GPU-hour buys: the GPU's peak and the MFU assumed or measured on it."""
+
+    gpu: str = DEFAULT_GPU
+    mfu: float = ASSUMED_MFU
+    mfu_source: str = "assumed"
+
+    @property
+    def flops_per_hour(self) -> float:
+        return get_gpu(self.gpu).peak_bf16_tflops * 1e12 * self.mfu * 3600
+
+    def describe(self) -> str:
+        g = get_gpu(self.gpu)
+        return f"{g.peak_bf16_tflops:g} TFLOP/s peak bf16 ({g.name}) at {self.mfu:.0%} MFU ({self.mfu_source})"
+
+
+def gpu_check_paths(explicit: str | Path | None = None) -> list[Path]:
+    from ablate.experiment import REPO_ROOT
+
+    return [Path(explicit)] if explicit else [Path(GPU_CHECK_FILE), REPO_ROOT / GPU_CHECK_FILE]
+
+
+def throughput(gpu: str | None = None, gpu_check: str | Path | None = None) -> Throughput:
+    """The GPU's peak, and the baseline MFU measured on that GPU if a gpu_check.json for it is found."""
+    key = get_gpu(gpu or DEFAULT_GPU).key
+    paths = gpu_check_paths(gpu_check)
+    if gpu_check and not paths[0].is_file():
+        raise AblateError(f"--gpu-check {gpu_check}: no such file")
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            check = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise AblateError(f"{path} is not a gpu_check.json ({err})") from None
+        mfu = check.get("plan_mfu")
+        if check.get("gpu_key") == key and isinstance(mfu, (int, float)) and 0 < mfu <= 1:
+            return Throughput(key, float(mfu), f"measured by gpu_check on {check.get('device', key)}, {path}")
+    return Throughput(key, ASSUMED_MFU, "assumed")
+
+
+def _priced(tier: Tier, overrides: dict) -> tuple[Tier, int, dict, bool]:
+    """The tier, step count, model overrides and match flag a run with these run-config overrides has."""
+    overrides = dict(overrides)
+    model = dict(overrides.pop("model", {}))
+    match = bool(overrides.pop("match_params", False))
+    tier_fields = {k: v for k, v in overrides.items() if k in Tier.__dataclass_fields__ and k != "name"}
+    tier = replace(tier, **tier_fields)
+    steps = int(overrides.get("steps", tier.steps))
+    if overrides.get("max_steps") is not None:
+        steps = min(steps, int(overrides["max_steps"]))
+    return tier, steps, model, match
+
+
+def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | None = None, *,
+              match_params: bool = False, overrides: dict | None = None, speed: Throughput | None = None) -> dict:
+    """Per-arm cost of one tier (parameters measured on the real model, built on the meta device).
+
+    seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
+    this tier ("model" fields, tier fields such as global_batch, max_steps, match_params).
+    """
+    from ablate.arms import get_arm, list_arms
+
+    speed = speed or Throughput()
+    tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
+    match = match or match_params
+    arms = list(arms) if arms else list_arms()
+    for arm in arms:
+        get_arm(arm)
+    seeds = tier.seeds if seed_count is None else seed_count
+    if seeds < 0:
+        raise AblateError(f"seed count {seeds} must be 0 or more")
+    baseline = _meta_counts(model_config(tier, "baseline", **model_overrides))["non_embedding"]
+    rows = []
+    for arm in arms:
+        config = model_config(tier, arm, match_params=match, **model_overrides)
+        counts = _meta_counts(config)
+        flops = training_flops(tier, counts["non_embedding"], config.padded_vocab_size, steps)
+        hours = flops / speed.flops_per_hour
+        rows.append({
+            "tier": tier.name, "arm": arm, "params_total": counts["total"],
+            "params_non_embedding": counts["non_embedding"], "params_arm_extra": counts["arm_extra"],
+            "mlp_hidden": config.mlp_width, "params_vs_baseline": counts["non_embedding"] / baseline - 1,
+            "tokens": steps * tier.tokens_per_step, "steps": steps, "train_flops": flops,
+            "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
+        })
+    return {
+        "tier": tier.name, "assumption": speed.describe(), "match_params": match,
+        "params_non_embedding_baseline": baseline,
+        "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
+        "micro_batch_for_gpu": micro_batch_for(tier, get_gpu(speed.gpu).memory_gb),
+        "runs": rows, "total_runs": len(rows) * seeds,
+        "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
+        "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
+    }
+
+
+def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,
+              match_params: bool = False, speed: Throughput | None = None) -> dict:
+    """The whole grid: an Experiment's (filtered like `submit`: tiers, arms, seed indices), or the given
+    tiers × arms (every registered arm by default) × seed_count (default: each tier's)."""
+    speed = speed or Throughput()
+    plans = []
+    if experiment is not None:
+        specs = experiment.runs(tiers, arms, seeds)  # validates names and seed indices like `submit`
+        match = match_params or bool(getattr(experiment, "match_params", False))
+        for tier in dict.fromkeys(s.tier for s in specs):
+            tier_specs = [s for s in specs if s.tier == tier]
+            arm_names = list(dict.fromkeys(s.arm for s in tier_specs))
+            count = seed_count if seed_count is not None else len({s.seed for s in tier_specs})
+            plans.append(plan_rows(tier, arm_names, count, match_params=match,
+                                   overrides=experiment.tier_overrides(tier), speed=speed))
+    else:
+        if not tiers:
+            raise AblateError("give an experiment or --tier; valid tiers: " + ", ".join(TIERS))
+        if seeds is not None:
+            raise AblateError("--seeds takes seed indices of an experiment; without one, use --seed-count N")
+        plans = [plan_rows(t, arms, seed_count, match_params=match_params, speed=speed) for t in tiers]
+    return {
+        "experiment": experiment.name if experiment is not None else None, "assumption": speed.describe(),
+        "gpu": speed.gpu, "mfu": speed.mfu, "mfu_source": speed.mfu_source,
+        "tiers": plans, "runs": [row for p in plans for row in p["runs"]],
+        "total_runs": sum(p["total_runs"] for p in plans),
+        "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
+        "total_train_flops": sum(p["total_train_flops"] for p in plans),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- command
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="parameters, tokens, steps, FLOPs and GPU-hours of an experiment's grid or of given tiers")
+    parser.add_argument("experiment", nargs="?",
+                        help="an experiments/*.py file or its name: price its grid (its tiers, arms, seeds)")
+    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER",
+                        help=f"tiers to price (with an experiment: a subset of its tiers); one of {', '.join(TIERS)}")
+    parser.add_argument("--arms", nargs="+", metavar="ARM",
+                        help="arms to price (default: the experiment's, or every registered arm)")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="INDEX",
+                        help="seed indices of the experiment to price, as in `submit` (needs an experiment)")
+    parser.add_argument("--seed-count", type=int, metavar="N",
+                        help="runs per arm (default: the experiment's seeds, or each tier's)")
+    parser.add_argument("--match-params", action="store_true",
+                        help="narrow the MLPs of arms that add parameters to the baseline's count (within 0.5%%)")
+    parser.add_argument("--gpu", choices=sorted(GPUS),
+                        help=f"GPU whose peak bf16 throughput prices an hour (default: the profile's, else {DEFAULT_GPU})")
+    parser.add_argument("--profile", metavar="NAME",
+                        help="cluster profile slurm/NAME.toml whose `gpu` key names the GPU")
+    parser.add_argument("--gpu-check", metavar="PATH",
+                        help="gpu_check.json with a measured MFU (default: ./gpu_check.json, else the repository's)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=_plan)
+
+
+def _plan(args) -> int:
+    from ablate.experiment import load_experiment
+
+    gpu = args.gpu
+    if args.profile and not gpu:
+        from ablate.dispatch import load_profile
+
+        gpu = load_profile(args.profile).get("gpu") or None
+    experiment = load_experiment(args.experiment) if args.experiment else None
+    plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
+                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check))
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    if plan["experiment"]:
+        print(f"experiment {plan['experiment']}")
+    for tier in plan["tiers"]:
+        _print_tier(tier)
+    print(f"grid: {plan['total_runs']} runs, {plan['total_train_flops']:.3g} FLOPs, "
+          f"{plan['total_gpu_hours']:.1f} GPU-hours (assuming {plan['assumption']})")
+    return 0
+
+
+def _print_tier(plan: dict) -> None:
+    h = plan["hyperparameters"]
+    print(f"tier {plan['tier']}: {h['n_layer']} layers, d_model {h['d_model']}, {h['n_head']} heads, seq {h['seq_len']}, "
+          f"batch {h['global_batch']} × {h['seq_len']} tokens, lr {h['lr']:g}, warm-up {h['warmup_steps']}, "
+          f"cosine to {h['min_lr_ratio']:g}×, wd {h['weight_decay']:g}, clip {h['grad_clip']:g}; "
+          f"micro-batch for the GPU {plan['micro_batch_for_gpu']}"
+          + (" ; parameter-matched" if plan["match_params"] else ""))
+    print(f"{'arm':<15} {'total':>12} {'non-emb':>12} {'vs base':>8} {'arm extra':>10} {'MLP':>6} {'tokens':>14} "
+          f"{'steps':>7} {'FLOPs':>10} {'GPU-h/run':>10} {'seeds':>5}")
+    for r in plan["runs"]:
+        print(f"{r['arm']:<15} {r['params_total']:>12,} {r['params_non_embedding']:>12,} "
+              f"{r['params_vs_baseline']:>+8.2%} {r['params_arm_extra']:>10,} {r['mlp_hidden']:>6} {r['tokens']:>14,} "
+              f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
+    print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
+
