@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
-from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
+from ablate.lock import FileLock, live_holder
 from ablate.store import (LEDGER, METRICS, RUN_LOG, SUBMIT_LOCK, SUMMARY, atomic_write_json, finished, read_json_file,
                           read_metrics, run_dir, run_lock_path)
 
@@ -473,6 +473,10 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--profile", default="local", help="cluster profile slurm/NAME.toml (default: local)")
     parser.add_argument("--parallel", type=int, help="local executor: runs at a time (default: CPU count)")
     parser.add_argument("--data", help="prepared data folder for every run (default: each tier's data_dir)")
+    parser.add_argument("--match-params", dest="match_params", action="store_true", default=None,
+                        help="narrow the MLP of arms that add parameters to the baseline's count")
+    parser.add_argument("--no-match-params", dest="match_params", action="store_false",
+                        help="run arms that add parameters unmatched (overrides the experiment)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
     parser.set_defaults(func=_submit_cli)
@@ -498,7 +502,8 @@ def _submit_cli(args) -> int:
     experiment, file, results = _resolve(args)
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
                     tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-                    options={"data_dir": str(Path(args.data).resolve())} if args.data else None)
+                    options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
+                             **({"match_params": args.match_params} if args.match_params is not None else {})})
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "

@@ -6,8 +6,8 @@ every other setting of the run (optimiser, schedule, budget, shape, tokenizer, e
 the arm taken out, and the keys that change only how a run is executed or watched:
 
 * watching: progress, logger, threads, val_interval, checkpoint_interval, log_interval;
-* executing: devices, micro_batch, compile (the same global batches and the same mathematics: they
-  change float summation order, not the experiment), data_dir (a path; the data's identity is the
+* executing: devices, micro_batch, compile, loss_chunk (the same global batches and the same
+  mathematics: they change float summation order, not the experiment), data_dir (a path; the data's identity is the
   data fingerprint and `data_id`).
 
 With `match_params` the MLP width is a function of the arm (it is narrowed to match the baseline's
@@ -23,7 +23,7 @@ import json
 IDENTITY_KEYS = ("experiment", "arm")
 # May differ between two runs that are paired (and between the two halves of a resumed run, for the first six).
 WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_interval", "log_interval")
-EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir")
+EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir", "loss_chunk")
 ARM_DERIVED_MODEL_KEYS = ("arm",)
 MATCHED_MODEL_KEYS = ("mlp_hidden",)  # set per arm when match_params is on
 

@@ -36,6 +36,7 @@ from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"  # RUN_DIR/checkpoints/state.pt: everything needed to resume
+LOSS_CHUNK = 8192  # tokens per chunk of the loss on a GPU (float32 logits of 8192 × 50,304: 1.6 GB)
 # Config keys that change how a run is watched, not what it computes: they may differ on resume.
 NON_SEMANTIC = ("progress", "logger", "threads")
 POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "global_batch", "seq_len", "micro_batch",
@@ -62,6 +63,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         "eps": 1e-8, "grad_clip": tier.grad_clip, "val_interval": tier.val_interval, "val_tokens": tier.val_tokens,
         "final_val_tokens": tier.final_val_tokens, "log_interval": tier.log_interval,
         "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False, "match_params": False,
+        "loss_chunk": None,
         "progress": True, "logger": "none", "threads": None,
     }
     for key, value in chosen.items():
@@ -87,7 +89,7 @@ def valid_options() -> list[str]:
     """Every key `resolve_config` accepts as an override or option (`model` takes GPTConfig fields)."""
     keys = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
             "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
-            "checkpoint_interval", "devices", "compile", "match_params", "progress", "logger", "threads",
+            "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "progress", "logger", "threads",
             "data_seed", "data_dir", "max_steps", "model"]
     return sorted(keys)
 
@@ -339,7 +341,7 @@ class Trainer:
         import torch
 
         from ablate.data import BatchStream, TokenShards, validation_windows
-        from ablate.model import GPT, GPTConfig, fingerprint_parameters
+        from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
         from ablate.modelio import FINAL_WEIGHTS, save_model
 
         config = self.config
@@ -364,6 +366,9 @@ class Trainer:
         model = GPT(GPTConfig(**config["model"]))
         model.init_weights(config["seed"])
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
+        # A parameter-matched arm narrows its MLP: it shares with its baseline the parameters whose name and
+        # shape do not depend on the MLP width, and this fingerprint covers exactly those.
+        init_common = common_fingerprint(model)
         groups = [{k: v for k, v in g.items() if k != "names"} for g in model.param_groups(config["weight_decay"])]
         cuda = fabric.device.type == "cuda"
         if cuda:  # TF32 for the float32 matmuls that autocast leaves (bf16 does the bulk)
@@ -393,11 +398,12 @@ class Trainer:
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
             status="running", val_loss=None, steps=step, total_steps=config["steps"],
             tokens=step * config["global_batch"] * config["seq_len"],
-            init_fingerprint=init_fingerprint, data_fingerprint=data_fp, config_fingerprint=config_fingerprint(config),
+            init_fingerprint=init_fingerprint, init_fingerprint_common=init_common, data_fingerprint=data_fp,
+            config_fingerprint=config_fingerprint(config),
             loss_read_every=1 if fabric.device.type == "cpu" else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
-            mlp_hidden=config["model"].get("mlp_hidden"), match_params=bool(config["match_params"]),
+            mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
             wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
@@ -447,6 +453,10 @@ class Trainer:
         # steps (and at evaluations and checkpoints). On the CPU a read costs nothing, so it happens every
         # step and a non-finite loss stops the run before its optimiser step, exactly as it always did.
         read_every_step = fabric.device.type == "cpu"
+        # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
+        # on a GPU the loss is computed LOSS_CHUNK tokens at a time unless the run says otherwise (0: never).
+        loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (
+            0 if fabric.device.type == "cpu" else LOSS_CHUNK)
         try:
             if step == 0:
                 val_loss = evaluate(curve_windows)
@@ -488,7 +498,8 @@ class Trainer:
                 chunks = local.split(micro)
                 for i, chunk in enumerate(chunks):
                     with fabric.no_backward_sync(forward_model, enabled=i < len(chunks) - 1):
-                        loss = forward_model(chunk[:, :-1], chunk[:, 1:]).loss * (chunk.shape[0] / local_rows)
+                        loss = forward_model(chunk[:, :-1], chunk[:, 1:], loss_chunk=loss_chunk).loss * (
+                            chunk.shape[0] / local_rows)
                         fabric.backward(loss)
                     loss_sum += loss.detach()
                 grad_norm = fabric.clip_gradients(forward_model, optimizer, max_norm=config["grad_clip"],

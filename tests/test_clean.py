@@ -15,7 +15,6 @@ import pytest
 
 from ablate.clean import clean, human
 from ablate.cli import main
-from ablate.errors import AblateError
 from ablate.lock import FileLock
 from ablate.store import run_lock_path
 

@@ -303,3 +303,23 @@ def test_submit_checks_data_and_overrides_before_queuing(tmp_path, sample_data):
                         tmp_path, check=False)
     assert result.returncode == 2 and "not a prepared data folder" in result.stderr
     assert not (tmp_path / "bad").exists() and not (tmp_path / "demo").exists()
+
+
+# ---------------------------------------------------------------------------------------------- parameter matching
+def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path, sample_data):
+    base = train(tmp_path, "baseline", data=sample_data, overrides={"match_params": True})
+    gated = train(tmp_path, "g2-value", data=sample_data, overrides={"match_params": True})
+    assert gated["mlp_hidden"] < base["mlp_hidden"]
+    assert abs(gated["params_non_embedding"] / base["params_non_embedding"] - 1) <= 0.005
+    assert gated["init_fingerprint"] != base["init_fingerprint"]  # the MLP matrices differ in shape
+    assert gated["init_fingerprint_common"] == base["init_fingerprint_common"]
+    assert gated["config_fingerprint"] == base["config_fingerprint"]
+    table = build_table(load_runs(tmp_path / "study"), "paired")
+    assert "parameter-matched" in table.frame.row(0, named=True)["marks"].split(",")
+    assert any("narrowed (match_params)" in w for w in table.warnings)
+    unmatched = train(tmp_path, "g2-value", seed=1, data=sample_data)
+    train(tmp_path, "baseline", seed=1, data=sample_data)
+    assert unmatched["params_non_embedding"] > base["params_non_embedding"] * 1.05
+    with pytest.raises(AblateError, match="config_fingerprint.*match_params = True vs False"):
+        train(tmp_path, "baseline", seed=1, data=sample_data, force=True, overrides={"match_params": True})
+        load_runs(tmp_path / "study")

@@ -37,6 +37,7 @@ RUN_SCHEMA = {
     "config_fingerprint": pl.String,
     "val_fingerprint": pl.String,
     "eval_fingerprint": pl.String,
+    "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
     "reason": pl.String,
@@ -188,7 +189,15 @@ def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = 
             for column in columns:
                 if first[column] is None or row[column] is None or first[column] == row[column]:
                     continue
+                if column == "init_fingerprint" and parameter_matched(first, row):
+                    continue  # a narrowed MLP: the parameters both have with one name and shape start equal
                 raise AblateError(_mismatch(runs, first, row, column))
+
+
+def parameter_matched(a: dict, b: dict) -> bool:
+    """Two runs whose MLP widths differ (match_params) but whose common initial parameters are equal."""
+    return (a["mlp_hidden"] is not None and b["mlp_hidden"] is not None and a["mlp_hidden"] != b["mlp_hidden"]
+            and a["init_fingerprint_common"] is not None and a["init_fingerprint_common"] == b["init_fingerprint_common"])
 
 
 def _mismatch(runs: Runs, a: dict, b: dict, column: str) -> str:
@@ -261,6 +270,7 @@ def _runs_from_store(folder: Path) -> Runs:
             "val_loss": summary.get("val_loss"),
             "mlp_hidden": summary.get("mlp_hidden"),
             "eval_fingerprint": None,
+            "init_fingerprint_common": summary.get("init_fingerprint_common"),
             "path": str(run),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
@@ -322,7 +332,7 @@ def _runs_from_table(path: Path) -> Runs:
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
-        eval_fingerprint=pl.lit(None, dtype=pl.String),
+        eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")

@@ -15,8 +15,6 @@ import polars as pl
 # The Student-t quantile and distribution function; scipy.stats costs ~1 s to import.
 from scipy.special import stdtr, stdtrit
 
-from ablate.errors import AblateError
-from ablate.analysis.load import FINGERPRINTS
 
 STAT_COLUMNS = ("n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p")
 CONFIDENCE = 0.95
@@ -25,24 +23,12 @@ CONFIDENCE = 0.95
 def paired_differences(completed: pl.DataFrame, arms: Sequence[str], reference: str) -> pl.DataFrame:
     """Per (tier, seed) where both ran: `diff` = L_reference − L_arm (positive: the arm is better).
 
-    Returns columns tier, seed, arm, diff. Raises AblateError on a pair with differing fingerprints.
+    Returns columns tier, seed, arm, diff. That the two runs of a pair differ only in the arm (init,
+    data, config and validation fingerprints) is checked once for every source by
+    `ablate.analysis.load.load_runs`, before any table is built.
     """
-    ref = completed.filter(pl.col("arm") == reference).select(
-        "tier", "seed", pl.col("val_loss").alias("ref_loss"), *[pl.col(c).alias(f"ref_{c}") for c in FINGERPRINTS]
-    )
+    ref = completed.filter(pl.col("arm") == reference).select("tier", "seed", pl.col("val_loss").alias("ref_loss"))
     pairs = completed.filter(pl.col("arm").is_in(list(arms))).join(ref, on=["tier", "seed"], how="inner")
-    for column in FINGERPRINTS:
-        clash = pairs.filter(
-            pl.col(column).is_not_null() & pl.col(f"ref_{column}").is_not_null()
-            & (pl.col(column) != pl.col(f"ref_{column}"))
-        )
-        if clash.height:
-            row = clash.sort("tier", "arm", "seed").row(0, named=True)
-            raise AblateError(
-                f"runs {row['tier']}/{reference}/seed{row['seed']} and {row['tier']}/{row['arm']}/seed{row['seed']} "
-                f"are not matched: their {column} differs ({row[f'ref_{column}']} vs {row[column]}); a paired "
-                "difference needs runs that share initial values and batches (same seed, same data)"
-            )
     return pairs.select("tier", "seed", "arm", (pl.col("ref_loss") - pl.col("val_loss")).alias("diff"))
 
 

@@ -12,6 +12,7 @@ renderers print the explanation under any table that uses it. To add a mark, reg
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import polars as pl
@@ -27,7 +28,11 @@ LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
 # The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
 SMALLEST_REAL_TIER = "10M"
 PIPELINE_CHECK = "pipeline-check"
+PARAMETER_MATCHED = "parameter-matched"
 MARK_NOTES = {
+    PARAMETER_MATCHED: "the arm's MLP was narrowed (match_params) so its non-embedding parameters equal the "
+                       "reference's within 0.5%; the two share the initial values of every parameter with the same "
+                       "name and shape (not the MLP matrices), and the same data, optimiser and schedule",
     PIPELINE_CHECK: f"a tier smaller than the smallest real tier ({SMALLEST_REAL_TIER}): a pipeline check that "
                     "shows the harness runs end to end; its numbers carry no evidence about the arms",
 }
@@ -138,7 +143,15 @@ def paired_table(runs: Runs, reference: str = "baseline") -> Table:
     frame = summarise(diffs, ["tier", "arm"]).with_columns(reference=pl.lit(reference))
     frame = sort_runs(frame, arms).select("tier", "arm", "reference", *STAT_COLUMNS)
     frame = frame.with_columns(holm_by(frame, "tier"))
-    return _table("paired", "arm", frame, runs, arms, reference=reference, differences=diffs, notes=notes)
+    table = _table("paired", "arm", frame, runs, arms, reference=reference, differences=diffs, notes=notes)
+    widths = runs.completed.select("tier", "arm", "mlp_hidden").unique()
+    ref_widths = widths.filter(pl.col("arm") == reference).select("tier", pl.col("mlp_hidden").alias("ref_width"))
+    narrowed = widths.join(ref_widths, on="tier").filter(pl.col("mlp_hidden") != pl.col("ref_width"))
+    if narrowed.height:
+        keys = [f"{t}/{a}" for t, a in narrowed.select("tier", "arm").iter_rows()]
+        frame = add_mark(table.frame, pl.concat_str("tier", pl.lit("/"), "arm").is_in(keys), PARAMETER_MATCHED)
+        table = dataclasses.replace(table, frame=frame)
+    return table
 
 
 def losses_table(runs: Runs) -> Table:
