@@ -271,11 +271,31 @@ def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = 
     folder = experiment_dir(results, experiment)
     ledger = read_ledger(folder)
     specs = specs or experiment.runs()
-    job_ids = [ledger["runs"][s.key]["job_id"] for s in specs
-               if s.key in ledger["runs"] and ledger["runs"][s.key]["executor"] == "slurm"]
+    keys = [s.key for s in specs] + [f"eval:{s.key}" for s in specs]
+    job_ids = [ledger["runs"][k]["job_id"] for k in keys
+               if k in ledger["runs"] and ledger["runs"][k]["executor"] == "slurm"]
     slurm = slurm_states(job_ids)
     holder = live_holder(folder / SUBMIT_LOCK)
-    return [run_status(results, spec, ledger, slurm, holder) for spec in specs]
+    rows = [run_status(results, spec, ledger, slurm, holder) for spec in specs]
+    for spec, row in zip(specs, rows):
+        row["eval"] = eval_state(results, spec, ledger.get("runs", {}).get(f"eval:{spec.key}"), slurm)
+    return rows
+
+
+def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: dict[str, str]) -> str | None:
+    """None (never asked), or evaluated / queued / running / failed: ... for `submit --eval`."""
+    if entry is None:
+        return None
+    folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+    from ablate.evals.results import read_eval
+
+    done = set(read_eval(folder)["tasks"]) if (folder / "eval.json").exists() else set()
+    if set(entry.get("tasks", [])) <= done:
+        return "evaluated"
+    if entry.get("executor") == "local":
+        return entry.get("outcome")
+    job, error = slurm_job_state(entry, slurm)
+    return job if job in ACTIVE else f"failed: {error or 'no eval.json written'}"
 
 
 # ---------------------------------------------------------------------------------------------- submit
@@ -324,8 +344,11 @@ def check_slurm() -> None:
 
 def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
            profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
-           dry_run: bool = False, options: dict | None = None) -> dict:
+           dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None) -> dict:
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
+
+    With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
+    after that tier's training array when one was queued now; locally once the grid has run.
 
     Checked first, before anything is queued: the executor, the profile, the data folders and their
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
@@ -346,13 +369,63 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     with lock:
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
-        if not todo:
+        if not todo and not eval_tasks:
             return report
-        if executor == "slurm":
+        if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
-        else:
+        elif todo:
             report["jobs"] = _run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+        if eval_tasks:
+            report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
+                                            list(eval_tasks), eval_options or {}, report["jobs"])
     return report
+
+
+def _submit_evals(experiment, experiment_file, specs, results, executor, profile, tasks, eval_options,
+                  training_jobs) -> dict:
+    """Evaluation of every run of `specs` that is completed or was just queued; {key: job id or outcome}."""
+    from ablate.evals.run import EvalJob
+
+    folder = experiment_dir(results, experiment)
+    job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
+                  tasks, eval_options)
+    rows = {row_key(r): r for r in status(experiment, results, specs)}
+    chosen = [s for s in specs if rows[s.key]["state"] == "completed" or s.key in training_jobs]
+    outcomes = {}
+    if executor == "local":
+        for spec in chosen:
+            if rows[spec.key]["state"] != "completed" and status(experiment, results, [spec])[0]["state"] != "completed":
+                continue
+            try:
+                job(spec)
+                outcomes[spec.key] = "evaluated"
+            except Exception as err:  # one run's failure must not stop the others
+                outcomes[spec.key] = f"failed: {error_line(str(err)) or err.__class__.__name__}"
+        _record(folder, {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
+        return outcomes
+    import submitit
+
+    for tier in dict.fromkeys(s.tier for s in chosen):
+        tier_specs = [s for s in chosen if s.tier == tier]
+        logs = folder / "slurm" / f"eval-{tier}"
+        executor_ = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
+        params = executor_parameters(profile, f"ablate-eval-{experiment.name}-{tier}")
+        after = sorted({training_jobs[s.key].split("_")[0] for s in tier_specs if s.key in training_jobs})
+        if after:  # after the training array: runs that failed are refused by the evaluation itself
+            params.setdefault("slurm_additional_parameters", {})["dependency"] = "afterany:" + ":".join(after)
+        executor_.update_parameters(**params)
+        submitted = executor_.map_array(job, tier_specs)
+        entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
+                                     "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+                   for s, j in zip(tier_specs, submitted)}
+        _record(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
+                                  "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
+        outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
+    return outcomes
+
+
+def row_key(row: dict) -> str:
+    return f"{row['tier']}/{row['arm']}/seed{row['seed']}"
 
 
 def _plan_submission(experiment, specs, results, resources) -> dict:
@@ -479,6 +552,11 @@ def add_commands(subparsers) -> None:
                         help="run arms that add parameters unmatched (overrides the experiment)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
+    parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
+                        help="also evaluate the runs with lm-evaluation-harness (lambada_openai hellaswag wikitext): "
+                             "after training, or now for completed runs")
+    parser.add_argument("--eval-limit", type=int, help="--eval: documents per task (default: all)")
+    parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
     parser.set_defaults(func=_submit_cli)
 
     parser = subparsers.add_parser("status", help="one row per run of an experiment, and the counts per state")
@@ -503,7 +581,10 @@ def _submit_cli(args) -> int:
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
                     tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
                     options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                             **({"match_params": args.match_params} if args.match_params is not None else {})})
+                             **({"match_params": args.match_params} if args.match_params is not None else {})},
+                    eval_tasks=args.eval_tasks,
+                    eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
+                                  if v is not None})
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
@@ -513,9 +594,14 @@ def _submit_cli(args) -> int:
         for key in report["to_submit"]:
             print(f"  {key}")
         return 0
+    evals = report.get("evals") or {}
+    if evals:
+        failed_evals = [k for k, v in evals.items() if str(v).startswith("failed")]
+        print(f"{experiment.name}: evaluation {'queued' if args.executor == 'slurm' else 'done'} for {len(evals)} runs"
+              + (f", {len(failed_evals)} failed ({', '.join(failed_evals)})" if failed_evals else ""))
     if not report["to_submit"]:
         print(f"{experiment.name}: nothing to submit ({skipped}); see `{_hint(args)}`")
-        return 0
+        return 1 if any(str(v).startswith("failed") for v in evals.values()) else 0
     if args.executor == "slurm":
         print(f"{experiment.name}: queued {len(report['jobs'])} runs (skipped: {skipped}); "
               f"follow with `{_hint(args)}`")
@@ -549,6 +635,8 @@ def _status_cli(args) -> int:
               f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>9}")
         if r["error"]:
             print(f"        error: {r['error']}")
+        if r.get("eval"):
+            print(f"        eval: {r['eval']}")
     print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
     if counts["failed"]:
         print(f"failed runs keep their traceback in RESULTS/{experiment.name}/<tier>/<arm>/seed<k>/run.log; "
