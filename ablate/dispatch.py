@@ -476,7 +476,11 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         logs = folder / "slurm" / tier
         executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
         executor.update_parameters(**executor_parameters(profile, f"ablate-{experiment.name}-{tier}"))
-        submitted = executor.map_array(job, tier_specs)
+        tier_job = job
+        if profile.get("gpu") and "micro_batch" not in options:
+            tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
+                tier, profile["gpu"], profile["gpus_per_run"] or 1, tier_specs[0].overrides.get("micro_batch"))})
+        submitted = executor.map_array(tier_job, tier_specs)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
@@ -484,6 +488,16 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
                                   "array": submitted[0].job_id.split("_")[0], "runs": list(entries)})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
+
+
+def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
+    """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
+    the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
+    from ablate.tiers import get_gpu, micro_batch_for
+    from ablate.train import LOSS_CHUNK
+
+    fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)
+    return int(chosen) if chosen else fit
 
 
 def cpu_training_env() -> dict:

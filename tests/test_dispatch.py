@@ -173,3 +173,41 @@ def test_pending_array_rows_of_sacct_are_expanded():
 
     assert _expand_array("41_[2-4,7%8]") == ["41_2", "41_3", "41_4", "41_7"]
     assert _expand_array("41_3") == ["41_3"] and _expand_array("40") == ["40"]
+
+
+def test_the_micro_batch_follows_the_profiles_gpu():
+    from ablate.dispatch import gpu_micro_batch
+    from ablate.tiers import get_tier
+
+    small, large = gpu_micro_batch("124M", "a100", 1), gpu_micro_batch("124M", "h200", 1)
+    assert small < large and get_tier("124M").global_batch % small == 0
+    assert gpu_micro_batch("10M", "a100", 1, chosen=8) == 8  # an experiment's own choice wins
+
+
+def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_error(tmp_path, sample_data):
+    file = tmp_path / "partial.py"
+    file.write_text(
+        "from ablate.experiment import Experiment\n"
+        "EXPERIMENT = Experiment(name='partial', tiers=['smoke'], arms=['baseline', 'sink-logit', 'combo'], seeds=1,\n"
+        f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
+    results = tmp_path / "results"
+    ablate_cli("submit", file, "--executor", "local", "--arms", "baseline", "--results", results)
+    rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
+    assert rows["baseline"]["state"] == "completed" and rows["baseline"]["steps"] == 2
+    assert rows["baseline"]["total_steps"] == 2 and rows["baseline"]["elapsed_s"] is not None
+    assert rows["sink-logit"]["state"] == rows["combo"]["state"] == "not-submitted"
+    # a run that fails inside its process (a damaged checkpoint planted in its folder)
+    folder = run_dir(results, "partial", "smoke", "combo", 0)
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "state.pt").write_bytes(b"junk")
+    (folder / "config.json").write_text((run_dir(results, "partial", "smoke", "baseline", 0) / "config.json")
+                                        .read_text().replace('"arm": "baseline"', '"arm": "combo"')
+                                        .replace('"arm": "baseline"', '"arm": "combo"'))
+    failed = ablate_cli("submit", file, "--executor", "local", "--arms", "combo", "--results", results, check=False)
+    assert failed.returncode == 1 and "1 failed" in failed.stdout
+    text = ablate_cli("status", file, "--results", results).stdout
+    row = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
+    assert row["combo"]["state"] == "failed" and "cannot be loaded safely" in row["combo"]["error"]
+    assert "\n" not in row["combo"]["error"] and "Traceback" not in text
+    assert "not-submitted: 1" in text and "completed: 1" in text and "failed: 1" in text
+    assert f"--results {results}" in text  # the hint keeps the user's options
