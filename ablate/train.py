@@ -600,5 +600,6 @@ def _run(args) -> int:
                   progress=args.progress)
     if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0:
         print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
-                                                     "init_fingerprint", "data_fingerprint")}, indent=2))
+                                                     "init_fingerprint", "data_fingerprint", "config_fingerprint",
+                                                     "val_fingerprint", "val_tokens_evaluated")}, indent=2))
     return 0 if summary.get("status") in ("completed", "diverged") else 1

@@ -197,6 +197,9 @@ def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     one = json.loads(ablate_cli(*args, "--results", tmp_path / "one").stdout)
     two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two").stdout)
     assert one["data_fingerprint"] == two["data_fingerprint"]
+    # the same validation windows whatever the number of processes (and the same config: devices is execution)
+    assert one["val_fingerprint"] == two["val_fingerprint"] and one["config_fingerprint"] == two["config_fingerprint"]
+    assert one["val_tokens_evaluated"] == two["val_tokens_evaluated"] == 128 * 64
     assert abs(one["val_loss"] - two["val_loss"]) < 1e-4
 
 
