@@ -141,3 +141,14 @@ def test_answer_attention_shares_sum_to_one():
             total = sum(v for v in shares[case].values() if v is not None)
             assert total == pytest.approx(1.0, abs=1e-6), (arm, case, shares)
         assert (shares["absent"]["phantom"] is None) == (arm == "baseline")
+
+
+def test_cli_help_states_the_default_budget(capsys):
+    import re
+
+    from ablate.cli import main
+    from ablate.probes.synthetic import DEFAULT_STEPS
+
+    with pytest.raises(SystemExit):
+        main(["synthetic", "--help"])
+    assert re.search(rf"default\s+{DEFAULT_STEPS}:", capsys.readouterr().out)

@@ -83,7 +83,7 @@ class SyntheticTask:
         """
         q = self.answer_noise / self.n_values
         right = 1.0 - self.answer_noise + q
-        entropy = -sum(p * math.log(p) for p in (right, *([q] * (self.n_values - 1))) if p > 0)
+        entropy = 0.0 - sum(p * math.log(p) for p in (right, *([q] * (self.n_values - 1))) if p > 0)
         present = 1.0 - self.absent_prob
         return present * entropy, self.absent_prob + present * right
 
