@@ -11,7 +11,12 @@ CPU, one thread), first-key mass FK and sink-logit's phantom mass PM at absent /
     seed | baseline acc / loss | sink-logit acc / loss | baseline FK absent / present | sink-logit FK absent | PM absent / present
     -----|---------------------|-----------------------|------------------------------|---------------------|--------------------
       0  |    0.855 / 0.373    |     0.979 / 0.076     |        0.467 / 0.419         |        0.000        |   0.844 / 0.676
-SEEDS_TABLE
+      1  |    0.520 / 1.208    |     0.510 / 1.310     |        0.024 / 0.044         |        0.136        |   0.033 / 0.032
+      2  |    0.519 / 1.231    |     0.492 / 1.398     |        0.133 / 0.127         |        0.062        |   0.024 / 0.024
+
+At this budget only seed 0 has learned the task (seeds 1 and 2 answer NONE and little else), so the
+demo and this test use seed 0; with seed 1 at 800 steps the direction even reverses. The budget is
+what keeps the task unsaturated within a minute of CPU; see `DEFAULT_STEPS` for the tuning record.
 
 The test uses seed 0 and asks for: the baseline below 95% accuracy and above 0.1 nats (not saturated);
 both arms above 80% accuracy (they learned the task, or the comparison means nothing); the baseline's
