@@ -43,6 +43,8 @@ SYNTHETIC_TIER = "synthetic"  # the tier name of synthetic run folders
 # its mass over the pairs and sink-logit, not yet past 54% accuracy, parking it on the first key. (At lr 3e-3 the
 # baseline needs ~1,500 steps for its sink while sink-logit saturates by ~300; lr 1e-2 collapses the phantom;
 # answer noise 0.1 reverses the direction: so the budget, not noise, keeps the task unsaturated.)
+# Also tried at ~600 steps, and worse: lr 4e-3 (seed 0's baseline builds no sink); 4 heads (seed 1 does not
+# learn); batch 128 for 400 steps (seed 0 reverses: sink-logit parks 26% on the first key, 0% on the phantom).
 DEFAULT_STEPS = 600
 DEFAULT_LR = 5e-3
 DEMO_ANSWER_NOISE = 0.0
