@@ -1,43 +1,51 @@
 """The synthetic abstention task: a pure function of its seed, and the direction the study reports.
 
 Trained with the same seed (same shared init, same batches), the baseline parks the mass of queries
-that find nothing on the first key (a sink), while sink-logit puts it on the phantom key.
+that find nothing on the first key (a sink), while sink-logit puts it on the phantom key; and the
+demo's budget (`DEFAULT_STEPS` at `DEFAULT_LR`) leaves the task unsaturated, so the losses differ too.
 
 Where to look. Abstention is needed by the retrieval (last) layer at the answer positions whose key
-was never stored. Measured there (2 layers, 2 heads, d_model 64, 1500 steps, weight decay 0.1, CPU,
-one thread), first-key mass FK and sink-logit's phantom mass PM at absent / present-key answers:
+was never stored. Measured there (2 layers, 2 heads, d_model 64, 600 steps, lr 5e-3, weight decay 0.1,
+CPU, one thread), first-key mass FK and sink-logit's phantom mass PM at absent / present-key answers:
 
-    seed | baseline FK absent | sink-logit FK absent | ratio | PM absent | PM present | mean FKM b / s
-    -----|--------------------|----------------------|-------|-----------|------------|---------------
-      0  |       0.253        |        0.033         |  7.6  |   0.500   |   0.414    | 0.277 / 0.313
-      1  |       0.136        |        0.031         |  4.3  |   0.111   |   0.068    | 0.165 / 0.045
-      2  |       0.314        |        0.0000002     |  >1e5 |   0.331   |   0.196    | 0.316 / 0.202
+    seed | baseline acc / loss | sink-logit acc / loss | baseline FK absent / present | sink-logit FK absent | PM absent / present
+    -----|---------------------|-----------------------|------------------------------|---------------------|--------------------
+      0  |    0.855 / 0.373    |     0.979 / 0.076     |        0.467 / 0.419         |        0.000        |   0.844 / 0.676
+      1  |    0.520 / 1.208    |     0.510 / 1.310     |        0.024 / 0.044         |        0.136        |   0.033 / 0.032
+      2  |    0.519 / 1.231    |     0.492 / 1.398     |        0.133 / 0.127         |        0.062        |   0.024 / 0.024
 
-The whole-model mean first-key mass (last column: over layers, heads and all queries, as `probe`
-reports it) is not a stable test statistic: sink-logit's first layer sometimes parks mass on BOS, a
-free constant read, and a float-rounding change in the fused kernel moved seed 0's from 0.117 to 0.313
-while the retrieval layer kept its sign and size. The test uses seed 0 and asks for a ratio above 3,
-a gap above 0.08, more phantom mass where the key is absent than where it is present, and a phantom
-mass above 0.2 there: each well inside all three measured seeds (bar the last, seed 0's alone).
+At this budget only seed 0 has learned the task (seeds 1 and 2 answer NONE and little else), so the
+demo and this test use seed 0; with seed 1 at 800 steps the direction even reverses. The budget is
+what keeps the task unsaturated within a minute of CPU; see `DEFAULT_STEPS` for the tuning record.
+
+The test uses seed 0 and asks for: the baseline below 95% accuracy and above 0.1 nats (not saturated);
+both arms above 80% accuracy (they learned the task, or the comparison means nothing); the baseline's
+first-key mass at absent-key answers above 3 × sink-logit's and 0.08 above it, and above its own at
+present-key answers (a sink used where nothing is found); sink-logit's phantom mass at absent-key
+answers above 0.2 and above its mass at present-key answers (it abstains where nothing is there).
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from ablate.probes.diagnostics import probe_model
 from ablate.model import GPT
-from ablate.probes.synthetic import (IGNORE, SyntheticTask, answer_attention, default_model_config, synthetic_batch,
-                                     synthetic_validation, train_synthetic)
+from ablate.probes.diagnostics import PROBE_FILE
+from ablate.probes.synthetic import (ATTENTION_BATCH_SIZE, ATTENTION_BATCHES, IGNORE, SyntheticTask, answer_attention,
+                                     default_model_config, run_synthetic, synthetic_batch, synthetic_validation,
+                                     train_synthetic)
+from ablate.probes.synthetic_report import results_path
 
 SEED = 0
 MIN_RATIO = 3.0  # baseline / sink-logit first-key mass, retrieval layer, absent-key answers
 MIN_GAP = 0.08  # baseline − sink-logit first-key mass there
 MIN_PHANTOM = 0.2  # sink-logit phantom mass there
 MIN_ACCURACY = 0.8  # both models must have learned the task, or the comparison means nothing
+MAX_BASELINE_ACCURACY, MIN_BASELINE_LOSS = 0.95, 0.1  # the demo's budget leaves the baseline short of the task
 
 
 def test_batches_are_a_pure_function_of_the_seed_and_answer_correctly():
@@ -61,6 +69,7 @@ def test_batches_are_a_pure_function_of_the_seed_and_answer_correctly():
 
 @pytest.fixture(scope="module")
 def trained():
+    """Both arms at the demo's defaults (steps, lr, task), and where their retrieval layer looks at answers."""
     torch.set_num_threads(1)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -68,43 +77,49 @@ def trained():
         runs = {arm: train_synthetic(arm, SEED) for arm in ("baseline", "sink-logit")}
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
-    batches = synthetic_validation(SyntheticTask(), 64, 4)
-    return runs, {arm: probe_model(run.model, batches)["summary"] for arm, run in runs.items()}
+    task = SyntheticTask()
+    batches = synthetic_validation(task, ATTENTION_BATCH_SIZE, ATTENTION_BATCHES)
+    return runs, {arm: answer_attention(run.model, task, batches) for arm, run in runs.items()}
 
 
-def test_both_arms_learn_the_task(trained):
+@pytest.mark.slow
+def test_both_arms_learn_the_task_and_the_baseline_does_not_saturate(trained):
     runs, _ = trained
     for arm, run in runs.items():
         assert run.val_accuracy > MIN_ACCURACY, (arm, run.val_accuracy)
         assert run.absent_accuracy > MIN_ACCURACY, (arm, run.absent_accuracy)
+    base = runs["baseline"]
+    assert base.val_accuracy < MAX_BASELINE_ACCURACY and base.val_loss > MIN_BASELINE_LOSS, (base.val_accuracy,
+                                                                                              base.val_loss)
+    assert runs["sink-logit"].val_loss < base.val_loss  # abstaining costs sink-logit one logit, not a sink
 
 
-def retrieval_layer_masses(model, task):
-    """(first-key mass, phantom mass or None) of the last layer, at absent- and present-key answers."""
-    first_key, phantom = {"absent": [], "present": []}, {"absent": [], "present": []}
-    with torch.no_grad():
-        for inputs, targets in synthetic_validation(task, 64, 4):
-            record = model(inputs, record=True).records[-1]
-            answers = {"absent": targets == task.NONE, "present": (targets != task.NONE) & (targets != IGNORE)}
-            for kind, where in answers.items():
-                first_key[kind].append(record.weights[..., 0].mean(1)[where])  # mean over heads
-                if record.phantom_mass is not None:
-                    phantom[kind].append(record.phantom_mass.mean(1)[where])
-    mean = lambda parts: float(torch.cat(parts).mean()) if parts else None  # noqa: E731
-    return {k: mean(v) for k, v in first_key.items()}, {k: mean(v) for k, v in phantom.items()}
-
-
+@pytest.mark.slow
 def test_baseline_builds_a_sink_and_sink_logit_abstains_on_the_phantom(trained):
-    runs, summary = trained
-    task = SyntheticTask()
-    base_fk, base_phantom = retrieval_layer_masses(runs["baseline"].model, task)
-    sink_fk, sink_phantom = retrieval_layer_masses(runs["sink-logit"].model, task)
-    report = f"absent-key answers, last layer: first-key mass baseline {base_fk}, sink-logit {sink_fk}; phantom {sink_phantom}"
-    assert base_fk["absent"] > MIN_RATIO * sink_fk["absent"], report
-    assert base_fk["absent"] - sink_fk["absent"] > MIN_GAP, report
-    assert base_phantom["absent"] is None and summary["baseline"]["phantom_mass"] is None
-    assert sink_phantom["absent"] > MIN_PHANTOM, report
-    assert sink_phantom["absent"] > sink_phantom["present"], report  # it abstains where nothing is there
+    _, attention = trained
+    base, sink = attention["baseline"], attention["sink-logit"]
+    report = f"last layer at answers: baseline {base}, sink-logit {sink}"
+    assert base["absent"]["first_key"] > MIN_RATIO * sink["absent"]["first_key"], report
+    assert base["absent"]["first_key"] - sink["absent"]["first_key"] > MIN_GAP, report
+    assert base["absent"]["first_key"] > base["present"]["first_key"], report  # the sink serves absent keys
+    assert base["absent"]["phantom"] is None
+    assert sink["absent"]["phantom"] > MIN_PHANTOM, report
+    assert sink["absent"]["phantom"] > sink["present"]["phantom"], report  # it abstains where nothing is there
+
+
+def test_run_synthetic_writes_results_run_folders_and_probes(tmp_path):
+    threads = torch.get_num_threads()
+    results = run_synthetic(["baseline", "sink-logit"], [3], steps=3, out=tmp_path, progress=False)
+    assert torch.get_num_threads() == threads
+    assert json.loads(results_path(tmp_path).read_text()) == json.loads(json.dumps(results))
+    assert results["steps"] == 3 and [(r["arm"], r["seed"]) for r in results["runs"]] == [("baseline", 3),
+                                                                                         ("sink-logit", 3)]
+    for run in results["runs"]:
+        run_dir = tmp_path / "synthetic" / "runs" / run["arm"] / "seed3"
+        probe = json.loads((run_dir / PROBE_FILE).read_text())
+        assert probe["run"] == {"tier": "synthetic", "arm": run["arm"], "seed": 3} and probe["summary"] == run["summary"]
+        assert (run_dir / "checkpoints" / "model.pt").is_file() and (run_dir / "summary.json").is_file()
+        assert set(run["attention"]) == {"absent", "present"}
 
 
 def test_answer_noise_sets_a_floor_and_leaves_the_rest_of_the_batch_alone():
@@ -131,3 +146,14 @@ def test_answer_attention_shares_sum_to_one():
             total = sum(v for v in shares[case].values() if v is not None)
             assert total == pytest.approx(1.0, abs=1e-6), (arm, case, shares)
         assert (shares["absent"]["phantom"] is None) == (arm == "baseline")
+
+
+def test_cli_help_states_the_default_budget(capsys):
+    import re
+
+    from ablate.cli import main
+    from ablate.probes.synthetic import DEFAULT_STEPS
+
+    with pytest.raises(SystemExit):
+        main(["synthetic", "--help"])
+    assert re.search(rf"default\s+{DEFAULT_STEPS}:", capsys.readouterr().out)

@@ -57,8 +57,9 @@ def synthetic_markdown(data: dict) -> str:
             f"No model can beat the loss floor {loss_floor:.4f} nats or the accuracy {accuracy_ceiling:.1%}: "
             f"{data['task']['answer_noise']:.0%} of stored-key answers are drawn at random. "
             if data["task"].get("answer_noise") else
-            "The answers are exact (loss floor 0, accuracy 100%), so a model that learned the task fully reaches "
-            "both and the losses cannot tell the arms apart; the attention still can. ")
+            "The answers are exact (loss floor 0, accuracy 100%); the budget stops before either arm has learned the "
+            "task fully, so a loss above 0 measures how far an arm still is from it: abstaining costs sink-logit "
+            "one logit, the baseline has to build a sink. ")
         + "Attention: the last (retrieval) layer at answer positions, mean over heads and seeds.",
         "",
         "| arm | seeds | val loss | accuracy | NONE accuracy | absent key: first key | absent key: phantom "
