@@ -35,6 +35,7 @@ test-fast: install
 demo: install
 	$(BIN)/ablate data prepare --source sample --out data/sample
 	$(BIN)/ablate submit demo --executor local
+	$(BIN)/ablate synthetic --out results/demo
 	$(BIN)/ablate report demo
 	$(BIN)/ablate table demo --kind paired
 

@@ -33,6 +33,8 @@ import math
 import pytest
 import torch
 
+from ablate.errors import AblateError
+
 from ablate.model import GPT
 from ablate.probes.diagnostics import PROBE_FILE
 from ablate.probes.synthetic import (ATTENTION_BATCH_SIZE, ATTENTION_BATCHES, IGNORE, SyntheticTask, answer_attention,
@@ -120,6 +122,19 @@ def test_run_synthetic_writes_results_run_folders_and_probes(tmp_path):
         assert probe["run"] == {"tier": "synthetic", "arm": run["arm"], "seed": 3} and probe["summary"] == run["summary"]
         assert (run_dir / "checkpoints" / "model.pt").is_file() and (run_dir / "summary.json").is_file()
         assert set(run["attention"]) == {"absent", "present"}
+    # run again: reused, not retrained or overwritten; other settings are refused
+    import ablate.probes.synthetic as synthetic
+
+    mtime = results_path(tmp_path).stat().st_mtime_ns
+    original = synthetic.train_and_save_synthetic
+    synthetic.train_and_save_synthetic = None  # would fail if called
+    try:
+        again = run_synthetic(["baseline", "sink-logit"], [3], steps=3, out=tmp_path, progress=False)
+        with pytest.raises(AblateError, match="other settings"):
+            run_synthetic(["baseline"], [3], steps=4, out=tmp_path, progress=False)
+    finally:
+        synthetic.train_and_save_synthetic = original
+    assert again == json.loads(json.dumps(results)) and results_path(tmp_path).stat().st_mtime_ns == mtime
 
 
 def test_answer_noise_sets_a_floor_and_leaves_the_rest_of_the_batch_alone():

@@ -24,6 +24,8 @@ pure function of its seed: `synthetic_batch(task, batch_size, seed)` is the same
 
 from __future__ import annotations
 
+import json
+
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -330,6 +332,18 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
     results = {"task": asdict(task), "steps": steps, "floor": {"loss": loss_floor, "accuracy": accuracy_ceiling},
                "layer": "last", "runs": []}
     runs_root = None if out is None else Path(out) / "synthetic" / "runs"
+    if out is not None and results_path(out).exists():  # a finished run is reused, never overwritten
+        from ablate.errors import AblateError
+        from ablate.store import read_json_file
+
+        previous = read_json_file(results_path(out), f"delete {Path(out) / 'synthetic'} to run the task again")
+        same = (previous.get("task") == json.loads(json.dumps(results["task"])) and previous.get("steps") == steps
+                and {(r["arm"], r["seed"]) for r in previous.get("runs", [])} == {(a, int(k)) for a in arms for k in seeds})
+        if not same:
+            raise AblateError(f"{results_path(out)} holds a synthetic run with other settings (task, steps, arms or "
+                              "seeds); use another --out, or delete its synthetic/ folder to run it again")
+        log.info("%s already holds this synthetic run: nothing to do", results_path(out))
+        return previous
     attention_batches = synthetic_validation(task, ATTENTION_BATCH_SIZE, ATTENTION_BATCHES)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small runs no faster on more, and one thread gives the tests' numbers
