@@ -38,8 +38,9 @@ def matching_config(config: dict) -> dict:
             for sub, sub_value in value.items():
                 if sub in ARM_DERIVED_MODEL_KEYS or (config.get("match_params") and sub in MATCHED_MODEL_KEYS):
                     continue
-                shared[f"model.{sub}"] = sub_value
-        else:
+                if sub_value is not None:  # an optional field at its default (e.g. a newer version's) is no change
+                    shared[f"model.{sub}"] = sub_value
+        elif value is not None:
             shared[key] = value
     return shared
 

@@ -9,6 +9,8 @@ else ./gpu_check.json, else gpu_check.json at the repository root), otherwise an
 
 from __future__ import annotations
 
+import argparse
+
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -83,7 +85,7 @@ def _priced(tier: Tier, overrides: dict) -> tuple[Tier, int, dict, bool]:
 
 
 def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | None = None, *,
-              match_params: bool = False, overrides: dict | None = None, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None) -> dict:
     """Per-arm cost of one tier (parameters measured on the real model, built on the meta device).
 
     seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
@@ -93,7 +95,7 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
 
     speed = speed or Throughput()
     tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
-    match = match or match_params
+    match = match if match_params is None else match_params  # an explicit choice beats the overrides
     arms = list(arms) if arms else list_arms()
     for arm in arms:
         get_arm(arm)
@@ -126,14 +128,14 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
 
 
 def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,
-              match_params: bool = False, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, speed: Throughput | None = None) -> dict:
     """The whole grid: an Experiment's (filtered like `submit`: tiers, arms, seed indices), or the given
     tiers × arms (every registered arm by default) × seed_count (default: each tier's)."""
     speed = speed or Throughput()
     plans = []
     if experiment is not None:
         specs = experiment.runs(tiers, arms, seeds)  # validates names and seed indices like `submit`
-        match = match_params or bool(getattr(experiment, "match_params", False))
+        match = bool(getattr(experiment, "match_params", False)) if match_params is None else match_params
         for tier in dict.fromkeys(s.tier for s in specs):
             tier_specs = [s for s in specs if s.tier == tier]
             arm_names = list(dict.fromkeys(s.arm for s in tier_specs))
@@ -170,8 +172,9 @@ def add_commands(subparsers) -> None:
                         help="seed indices of the experiment to price, as in `submit` (needs an experiment)")
     parser.add_argument("--seed-count", type=int, metavar="N",
                         help="runs per arm (default: the experiment's seeds, or each tier's)")
-    parser.add_argument("--match-params", action="store_true",
-                        help="narrow the MLPs of arms that add parameters to the baseline's count (within 0.5%%)")
+    parser.add_argument("--match-params", action=argparse.BooleanOptionalAction, default=None,
+                        help="narrow the MLPs of arms that add parameters to the baseline's count (within 0.5%%); "
+                             "--no-match-params prices the unmatched variant (default: the experiment's choice)")
     parser.add_argument("--gpu", choices=sorted(GPUS),
                         help=f"GPU whose peak bf16 throughput prices an hour (default: the profile's, else {DEFAULT_GPU})")
     parser.add_argument("--profile", metavar="NAME",

@@ -159,7 +159,8 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
     rows = wait_until_settled(experiment, results)
     assert rows[0]["state"] == "completed"
     log = Path(job.paths.stderr).read_text() + Path(job.paths.stdout).read_text()
-    resumed_at = [int(line.rsplit("step", 1)[1]) for line in log.splitlines() if "resuming at step" in line]
+    resumed_at = [int(line.split("resuming at step", 1)[1].split()[0]) for line in log.splitlines()
+                  if "resuming at step" in line]
     assert resumed_at and 3 <= resumed_at[0] < 80, log[-3000:]  # restarted from the signal's checkpoint
     summary = read_json(run_dir(results, "timeout", "smoke", "proj-gate", 0) / "summary.json")
     straight = run(RunSpec("timeout", "smoke", "proj-gate", 0, {"max_steps": 80, "data_dir": str(sample_data)}),

@@ -82,7 +82,9 @@ def test_plan_match_params_shows_matched_counts_and_widths(capsys):
     assert rows["baseline"]["mlp_hidden"] == rows["g1-headwise"]["mlp_hidden"] == 3072
     for row in rows.values():
         assert abs(row["params_vs_baseline"]) <= 0.005
-    unmatched = {r["arm"]: r for r in cli_json(capsys, "plan", "gated_attention", "--tier", "124M")["runs"]}
+    assert cli_json(capsys, "plan", "gated_attention", "--tier", "124M")["tiers"][0]["match_params"] is True  # as run
+    unmatched = {r["arm"]: r for r in cli_json(capsys, "plan", "gated_attention", "--tier", "124M",
+                                                "--no-match-params")["runs"]}
     assert unmatched["g2-value"]["params_vs_baseline"] > 0.08 and unmatched["g2-value"]["mlp_hidden"] == 3072
 
 
