@@ -170,7 +170,7 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
 
 
 def test_pending_array_rows_of_sacct_are_expanded():
-    from ablate.dispatch import _expand_array
+    from ablate.status import _expand_array
 
     assert _expand_array("41_[2-4,7%8]") == ["41_2", "41_3", "41_4", "41_7"]
     assert _expand_array("41_3") == ["41_3"] and _expand_array("40") == ["40"]
