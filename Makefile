@@ -12,11 +12,18 @@ export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
 .PHONY: install test test-fast demo cluster cluster-stop bench clean-demo
 
+BASE := $(VENV)/.installed-base
+
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The demo needs the package alone; the tests add pytest, TensorBoard and lm-evaluation-harness.
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(BIN)/pip install -q -e '.[test,tensorboard,eval]'
 	touch $(STAMP)
 
@@ -32,7 +39,7 @@ test: install cluster
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slurm"
 
-demo: install
+demo: $(BASE)
 	$(BIN)/ablate data prepare --source sample --out data/sample
 	$(BIN)/ablate submit demo --executor local
 	$(BIN)/ablate synthetic --out results/demo
