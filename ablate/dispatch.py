@@ -330,42 +330,67 @@ def cpu_training_env() -> dict:
 
 
 def _run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
-    """Each run in its own `ablate run` process; at most `parallel` at a time; a bar over the grid.
+    """The runs on this machine: `parallel` worker processes, each training its share of the runs one after
+    another (a process per run would pay the ~6 s of imports every time); a bar over the grid.
 
     Every run is recorded as queued by this submission first (the submit lock's token), so `status`
-    shows it queued until its process takes the run lock, and failed with its one-line error after.
+    shows it queued until a worker takes its run lock, and failed with its one-line error after. A run
+    that fails never stops the others: an exception is caught by the worker, and a worker that dies
+    (killed, out of memory) marks its current run failed and is started again for the rest.
     """
     from tqdm.auto import tqdm
 
-    parallel = parallel or max(1, (os.cpu_count() or 1))
+    parallel = max(1, min(parallel or (os.cpu_count() or 1), len(specs)))
     folder = experiment_dir(results, experiment)
     _record(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
                              "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
             {"executor": "local", "runs": [s.key for s in specs]})
+    for spec in specs:
+        run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
+    codes, bar_lock = {}, threading.Lock()
 
-    def launch(spec: RunSpec) -> tuple[RunSpec, int]:
-        out = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-        out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--spec", json.dumps(
-            {"experiment_file": experiment_file, "spec": spec.__dict__ | {"overrides": dict(spec.overrides)},
-             "options": {**options, "threads": options.get("threads") or 1}})]
-        with open(out / RUN_LOG, "a", encoding="utf-8") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cpu_training_env())
-            _record(folder, {spec.key: {"_update": True, "job_id": f"local-{process.pid}", "pid": process.pid}})
-            code = process.wait()
-        error = None if code == 0 else error_line(read_text(out / RUN_LOG)) or f"exit code {code}"
-        _record(folder, {spec.key: {"_update": True, "exit_code": code, "error": error}})
-        return spec, code
-
-    codes = {}
-    with ThreadPoolExecutor(max_workers=parallel) as pool, tqdm(total=len(specs), desc=experiment.name,
-                                                                 unit="run") as bar:
-        for future in as_completed([pool.submit(launch, s) for s in specs]):
-            spec, code = future.result()
-            codes[spec.key] = code
-            bar.set_postfix_str(f"{spec.key} {'ok' if code == 0 else f'exit {code}'}")
+    def finished_run(bar, key: str, code: int, error: str | None) -> None:
+        _record(folder, {key: {"_update": True, "exit_code": code, "error": error}})
+        with bar_lock:
+            codes[key] = code
+            bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
             bar.update(1)
-    return codes
+
+    def work(slot: int, share: list[RunSpec], bar) -> None:
+        remaining = {s.key: s for s in share}
+        worker_log = folder / "local" / f"worker{slot}.log"
+        worker_log.parent.mkdir(parents=True, exist_ok=True)
+        while remaining:
+            payload = {"experiment_file": experiment_file, "options": {**options, "threads": options.get("threads") or 1},
+                       "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
+            command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--worker", json.dumps(payload)]
+            with open(worker_log, "a", encoding="utf-8") as log:
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=cpu_training_env(), text=True)
+                current = None
+                for line in process.stdout:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    if event.get("event") == "start":
+                        current = event["key"]
+                        _record(folder, {current: {"_update": True, "job_id": f"local-{process.pid}", "pid": process.pid}})
+                    elif event.get("event") == "done":
+                        remaining.pop(event["key"], None)
+                        finished_run(bar, event["key"], event["code"], event.get("error"))
+                        current = None
+                code = process.wait()
+            if remaining:  # the worker died during `current` (or before its first run): that run failed
+                key = current or next(iter(remaining))
+                remaining.pop(key)
+                finished_run(bar, key, code or 1, f"the worker process died (exit code {code}) during this run; "
+                                                  f"see {worker_log}")
+
+    with tqdm(total=len(specs), desc=experiment.name, unit="run") as bar, ThreadPoolExecutor(parallel) as pool:
+        futures = [pool.submit(work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
+        for future in as_completed(futures):
+            future.result()
+    return {s.key: codes[s.key] for s in specs}
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -446,24 +471,36 @@ def _submit_cli(args) -> int:
 
 
 def _local_main(argv=None) -> int:
-    """Entry point of one local run process (`python -m ablate.dispatch --spec JSON`)."""
+    """A local worker (`python -m ablate.dispatch --worker JSON`): its runs one after another.
+
+    Tells the parent on stdout, one JSON line per event (start, done with the exit code and the error
+    line); each run's own log goes to its run.log, and an error before training starts is added there.
+    """
+    import traceback
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True)
-    parser.add_argument("--spec", required=True)
+    parser.add_argument("--worker", required=True)
     args = parser.parse_args(argv)
-    payload = json.loads(args.spec)
-    spec = RunSpec(**payload["spec"])
-    os.environ["ABLATE_LOG_TO_STDERR_ONLY"] = "1"  # our stderr is the run's run.log already
-    try:
-        RunJob(payload["experiment_file"], args.results, payload["options"])(spec)
-    except AblateError as err:
-        print(f"ablate: error: {err}", file=sys.stderr)
-        return 2
+    payload = json.loads(args.worker)
+    job = RunJob(payload["experiment_file"], args.results, payload["options"])
+    for fields in payload["specs"]:
+        spec = RunSpec(**fields)
+        print(json.dumps({"event": "start", "key": spec.key}), flush=True)
+        try:
+            job(spec)
+            code, error = 0, None
+        except AblateError as err:
+            code, error, text = 2, str(err), f"ablate: error: {err}\n"
+        except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
+            code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
+        if code:
+            with open(run_dir(args.results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
+                      encoding="utf-8") as log:
+                log.write(text)
+        print(json.dumps({"event": "done", "key": spec.key, "code": code, "error": error}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(_local_main())

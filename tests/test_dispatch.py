@@ -212,3 +212,24 @@ def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_err
     assert "\n" not in row["combo"]["error"] and "Traceback" not in text
     assert "not-submitted: 1" in text and "completed: 1" in text and "failed: 1" in text
     assert f"--results {results}" in text  # the hint keeps the user's options
+
+
+def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_path, sample_data):
+    file = tmp_path / "crashy.py"
+    file.write_text(
+        "import os\n"
+        "from ablate.arms import Arm, register_arm\n"
+        "from ablate.experiment import Experiment\n\n"
+        "@register_arm('test-crash')\n"
+        "class Crash(Arm):\n"
+        "    description = 'kills its process in the first forward pass'\n"
+        "    def value_gate(self, v, x):\n"
+        "        os._exit(9)\n\n"
+        "EXPERIMENT = Experiment(name='crashy', tiers=['smoke'], arms=['test-crash', 'baseline', 'sink-logit'],\n"
+        f"    seeds=1, overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
+    results = tmp_path / "results"
+    out = ablate_cli("submit", file, "--executor", "local", "--parallel", "1", "--results", results, check=False)
+    assert out.returncode == 1 and "ran 3 runs here, 1 failed" in out.stdout
+    rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
+    assert rows["baseline"]["state"] == rows["sink-logit"]["state"] == "completed"
+    assert rows["test-crash"]["state"] == "failed" and "worker process died (exit code 9)" in rows["test-crash"]["error"]
