@@ -1,6 +1,8 @@
 """The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`).
 
 The smoke tier is a pipeline check: it shows the machinery working, not an effect (docs/method.md).
+The demo stops each run after 50 of the smoke tier's 100 steps (the schedule shortened to them), so
+that `make demo` fits in a few minutes on two CPU cores; the mechanism is shown by the synthetic task.
 """
 
 from ablate.experiment import Experiment
@@ -11,4 +13,5 @@ EXPERIMENT = Experiment(
     tiers=("smoke",),
     arms="all",
     seeds=2,
+    overrides={"max_steps": 50},
 )
