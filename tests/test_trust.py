@@ -216,12 +216,18 @@ def test_an_interrupted_prepare_that_left_only_a_temporary_file_resumes(tmp_path
 
 
 # ---------------------------------------------------------------------------------------------- 5. no code runs
-def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data):
-    train(tmp_path, data=sample_data, steps=2)
-    folder = run_dir(tmp_path, "study", "smoke", "baseline", 0)
+def unfinished_run(results, data):
+    """A run folder whose summary says it is still running: the next start resumes from its checkpoint."""
+    train(results, data=data, steps=2)
+    folder = run_dir(results, "study", "smoke", "baseline", 0)
     summary = read_json(folder / "summary.json")
     summary.update(status="running", val_loss=None)
     (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data):
+    folder = unfinished_run(tmp_path, sample_data)
     marker = tmp_path / "pwned"
 
     class Exploit:
@@ -275,11 +281,7 @@ def test_a_tier_without_the_reference_arm_is_named(tmp_path):
 
 
 def test_a_damaged_checkpoint_or_ledger_is_named(tmp_path, sample_data):
-    train(tmp_path, data=sample_data, steps=2)
-    folder = run_dir(tmp_path, "study", "smoke", "baseline", 0)
-    summary = read_json(folder / "summary.json")
-    summary.update(status="running", val_loss=None)
-    (folder / "summary.json").write_text(json.dumps(summary))
+    folder = unfinished_run(tmp_path, sample_data)
     (folder / "checkpoints" / "state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(AblateError, match="state.pt cannot be loaded safely.*--force"):
         train(tmp_path, data=sample_data, steps=2)
