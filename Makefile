@@ -33,11 +33,12 @@ cluster:
 cluster-stop:
 	bash slurm/local-cluster.sh stop
 
+# Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores.
 test: install cluster
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --durations=10
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slurm"
+	$(BIN)/python -m pytest -q -n 2 -m "not slurm"
 
 demo: $(BASE)
 	$(BIN)/ablate data prepare --source sample --out data/sample
