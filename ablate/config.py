@@ -15,8 +15,6 @@ from ablate.experiment import RunSpec
 from ablate.identity import WATCH_KEYS
 from ablate.tiers import get_tier
 
-# Config keys that change how a run is watched, not what it computes: they may differ on resume.
-NON_SEMANTIC = ("progress", "logger", "threads")
 POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "global_batch", "seq_len", "micro_batch",
                     "val_interval", "val_tokens", "final_val_tokens", "log_interval", "warmup_steps")
 
@@ -74,7 +72,7 @@ def valid_options() -> list[str]:
 
 def semantic(config: dict) -> dict:
     """What a resumed run must share with the run it continues: all but how it is watched."""
-    return {k: v for k, v in config.items() if k not in NON_SEMANTIC and k not in WATCH_KEYS}
+    return {k: v for k, v in config.items() if k not in WATCH_KEYS}
 
 
 def lr_at(step: int, config: dict) -> float:

@@ -208,13 +208,10 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
     folder = experiment_dir(results, experiment)
     job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                   tasks, eval_options)
-    rows = {row_key(r): r for r in status(experiment, results, specs)}
-    chosen = [s for s in specs if rows[s.key]["state"] == "completed" or s.key in training_jobs]
+    states = {s.key: row["state"] for s, row in zip(specs, status(experiment, results, specs))}
     outcomes = {}
-    if executor == "local":
-        for spec in chosen:
-            if rows[spec.key]["state"] != "completed" and status(experiment, results, [spec])[0]["state"] != "completed":
-                continue
+    if executor == "local":  # the grid has run: evaluate what completed
+        for spec in [s for s in specs if states[s.key] == "completed"]:
             try:
                 job(spec)
                 outcomes[spec.key] = "evaluated"
@@ -224,6 +221,7 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
         return outcomes
     import submitit
 
+    chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
     for tier in dict.fromkeys(s.tier for s in chosen):
         tier_specs = [s for s in chosen if s.tier == tier]
         logs = folder / "slurm" / f"eval-{tier}"
@@ -242,9 +240,6 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
         outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
     return outcomes
 
-
-def row_key(row: dict) -> str:
-    return f"{row['tier']}/{row['arm']}/seed{row['seed']}"
 
 
 def _plan_submission(experiment, specs, results, resources) -> dict:
@@ -271,13 +266,14 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 _LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
 
 
-def _record(folder: Path, entries: dict, submission: dict | None = None) -> None:
-    """Update the ledger (the caller holds the experiment's submit lock; threads take turns here)."""
+def _record(folder: Path, entries: dict, submission: dict | None = None, merge: bool = False) -> None:
+    """Update the ledger (the caller holds the experiment's submit lock; threads take turns here).
+
+    Each entry replaces the run's entry, or with `merge` adds its fields to it."""
     with _LEDGER_LOCK:
         ledger = read_ledger(folder)
         for key, entry in entries.items():
-            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if entry.get("_update") else entry
-            ledger["runs"][key].pop("_update", None)
+            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if merge else entry
         if submission is not None:
             ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)
@@ -350,7 +346,7 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
     codes, bar_lock = {}, threading.Lock()
 
     def finished_run(bar, key: str, code: int, error: str | None) -> None:
-        _record(folder, {key: {"_update": True, "exit_code": code, "error": error}})
+        _record(folder, {key: {"exit_code": code, "error": error}}, merge=True)
         with bar_lock:
             codes[key] = code
             bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
@@ -374,7 +370,7 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
                         continue
                     if event.get("event") == "start":
                         current = event["key"]
-                        _record(folder, {current: {"_update": True, "job_id": f"local-{process.pid}", "pid": process.pid}})
+                        _record(folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}}, merge=True)
                     elif event.get("event") == "done":
                         remaining.pop(event["key"], None)
                         finished_run(bar, event["key"], event["code"], event.get("error"))

@@ -112,9 +112,8 @@ def error_line(text: str | None) -> str | None:
     return lines[-1][:300] if lines else None
 
 
-def progress_of(folder: Path, summary: dict) -> dict:
+def progress_of(metrics: list[dict], summary: dict) -> dict:
     """steps, total, elapsed seconds (this attempt's wall clock so far) and an ETA from the recent step rate."""
-    metrics = read_metrics(folder / METRICS)
     steps = max([r.get("step", 0) for r in metrics] or [summary.get("steps") or 0])
     total = summary.get("total_steps")
     timed = [r for r in metrics if "time" in r and "train_loss" in r][-50:]
@@ -138,7 +137,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str]
     metrics = read_metrics(folder / METRICS)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
-           "job_id": entry["job_id"] if entry else None, **progress_of(folder, summary),
+           "job_id": entry["job_id"] if entry else None, **progress_of(metrics, summary),
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
     status = summary.get("status")
@@ -154,10 +153,10 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str]
         if job in ACTIVE:
             row["state"], row["queued"] = ("requeued" if job == "queued" and summary else job), True
             return row
-        if job == "failed" or status in ("failed", "running") or job == "finished":
-            row["state"] = "failed"
-            row["error"] = error_line(summary.get("error")) or error or "the run stopped without finishing"
-            return row
+        # finished or failed in SLURM's eyes, without a result in the run folder
+        row["state"] = "failed"
+        row["error"] = error_line(summary.get("error")) or error or "the run stopped without finishing"
+        return row
     if entry and entry.get("executor") == "local":
         if entry.get("exit_code") not in (None, 0) or status == "failed":
             row["state"] = "failed"

@@ -27,9 +27,8 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, RunSpec, default_results
-from ablate.config import (NON_SEMANTIC, POSITIVE_OPTIONS, lr_at, resolve_config, semantic,  # noqa: F401
-                           valid_options)
-from ablate.identity import WATCH_KEYS, config_fingerprint
+from ablate.config import lr_at, resolve_config, semantic  # noqa: F401 (resolve_config: re-exported)
+from ablate.identity import config_fingerprint
 from ablate.lock import FileLock
 from ablate.store import (CHECKPOINTS, CONFIG, METRICS, RUN_LOG, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
                           finished, read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
@@ -128,10 +127,9 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
         log.warning("kept the previous run aside in %s", aside)
     if config_path.exists():
         way_out = "use --force to keep the old run aside and start again"
-        previous = read_json_file(config_path, way_out)
-        if semantic(previous) != semantic(config):
-            diff = sorted(k for k in set(previous) | set(config)
-                          if k not in NON_SEMANTIC and k not in WATCH_KEYS and previous.get(k) != config.get(k))
+        previous, current = semantic(read_json_file(config_path, way_out)), semantic(config)
+        if previous != current:
+            diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
             raise AblateError(
                 f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
                 "use another --results folder or --force to keep the old run aside and start again")
@@ -297,7 +295,7 @@ class Trainer:
         # shape do not depend on the MLP width, and this fingerprint covers exactly those.
         init_common = common_fingerprint(model)
         groups = [{k: v for k, v in g.items() if k != "names"} for g in model.param_groups(config["weight_decay"])]
-        cuda = fabric.device.type == "cuda"
+        cuda, on_cpu = fabric.device.type == "cuda", fabric.device.type == "cpu"
         if cuda:  # TF32 for the float32 matmuls that autocast leaves (bf16 does the bulk)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         optimizer = torch.optim.AdamW(groups, lr=config["lr"], betas=tuple(config["betas"]), eps=config["eps"],
@@ -327,7 +325,7 @@ class Trainer:
             tokens=step * config["global_batch"] * config["seq_len"],
             init_fingerprint=init_fingerprint, init_fingerprint_common=init_common, data_fingerprint=data_fp,
             config_fingerprint=config_fingerprint(config),
-            loss_read_every=1 if fabric.device.type == "cpu" else config["log_interval"],
+            loss_read_every=1 if on_cpu else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
@@ -379,27 +377,25 @@ class Trainer:
         # On a GPU every read of a device value stalls the kernel queue: losses are read every log_interval
         # steps (and at evaluations and checkpoints). On the CPU a read costs nothing, so it happens every
         # step and a non-finite loss stops the run before its optimiser step, exactly as it always did.
-        read_every_step = fabric.device.type == "cpu"
+        read_every_step = on_cpu
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
         # on a GPU the loss is computed LOSS_CHUNK tokens at a time unless the run says otherwise (0: never).
-        loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (
-            0 if fabric.device.type == "cpu" else LOSS_CHUNK)
+        loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (0 if on_cpu else LOSS_CHUNK)
         try:
             if step == 0:
                 val_loss = evaluate(curve_windows)
                 self._log_metrics({"step": 0, "tokens": 0, "val_loss": val_loss})
-            pending = []  # (step, lr, loss, grad_norm) still on the device: read back at the next boundary
-            t_interval = time.time()
+            pending = []  # (step, lr, loss, grad_norm, end time) still on the device: read at the next boundary
+            t_interval = time.time()  # when the first step of `pending` began
 
             def flush():
                 """One device→host copy for the steps since the last boundary; divergence is caught here."""
-                nonlocal t_interval
                 if not pending:
                     return
-                values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, _, loss, norm in pending])
+                values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, _, loss, norm, _ in pending])
                 values = values.tolist()
-                elapsed, t_interval = time.time() - t_interval, time.time()
-                for (row_step, row_lr, _, _), (loss, norm) in zip(pending, values):
+                elapsed = pending[-1][4] - t_interval  # training time only: evaluations and checkpoints come after
+                for (row_step, row_lr, _, _, _), (loss, norm) in zip(pending, values):
                     if not math.isfinite(loss):
                         pending.clear()
                         raise Diverged(row_step, loss, detected_at=step)
@@ -415,6 +411,8 @@ class Trainer:
 
             curve = {}
             while step < total_steps:
+                if not pending:
+                    t_interval = time.time()
                 lr = lr_at(step, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -438,7 +436,7 @@ class Trainer:
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 stream.step = step  # the position a checkpoint records
-                pending.append((step, lr, train_loss.detach(), grad_norm.detach()))
+                pending.append((step, lr, train_loss.detach(), grad_norm.detach(), time.time()))
                 evaluate_now = step % config["val_interval"] == 0 or step == total_steps
                 checkpoint_now = step % config["checkpoint_interval"] == 0 or requests.checkpoint
                 if evaluate_now:
@@ -447,9 +445,8 @@ class Trainer:
                     log.info("%s: step %d/%d val_loss %.4f", self.folder, step, total_steps, val_loss)
                     if not math.isfinite(val_loss):
                         raise Diverged(step, val_loss, detected_at=step)
-                if read_every_step or evaluate_now or checkpoint_now or step % config["log_interval"] == 0:
+                if read_every_step or checkpoint_now or step % config["log_interval"] == 0:
                     flush()
-                    t_interval = time.time()
                 if checkpoint_now:
                     save_state()
                     requests.checkpoint = False
