@@ -20,11 +20,17 @@ never removed
 
 A run whose lock is live is skipped and reported; the real clean holds each run's lock while it
 deletes (the same lock a training process takes), so a run cannot start under it.
+
+Clean stays inside the experiment's folder: it never follows a symbolic link. A link anywhere on the way
+to what it would remove (a tier, arm or run folder, `checkpoints/`, `state.pt`, a temporary, `report/`, a
+folder kept aside) is listed as skipped, with where it leads, and nothing behind it is touched: the
+target may be another run's files, or not results at all.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -54,7 +60,7 @@ class Item:
 @dataclass
 class CleanResult:
     removed: list[Item] = field(default_factory=list)  # in a dry run: what would be removed
-    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (run folder, why it was left alone)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (run folder or link, why it was left alone)
     kept_aside: list[Item] = field(default_factory=list)  # folders kept aside, left because aside=False
     dry_run: bool = False
 
@@ -67,7 +73,9 @@ def size_of(path: Path) -> int:
     """Bytes a file or folder takes (links are not followed)."""
     if path.is_symlink() or not path.is_dir():
         return path.lstat().st_size
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_symlink() or p.is_file())
+    return sum(os.lstat(os.path.join(top, name)).st_size
+               for top, dirs, files in os.walk(path) for name in files + [d for d in dirs if os.path.islink(
+                   os.path.join(top, d))])
 
 
 def _remove(path: Path) -> None:
@@ -77,18 +85,59 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def run_items(folder: Path) -> list[Item]:
-    """What may go from one run folder, judged from its summary (the caller makes sure it is not running)."""
-    items = [Item(p, size_of(p), "stray temporary of an interrupted write")
-             for where in (folder, folder / CHECKPOINTS) for p in sorted(where.glob(".*.tmp")) if p.is_file()]
-    state = folder / CHECKPOINTS / STATE_FILE
-    if state.is_file():
+def first_link(path: Path, root: Path) -> Path | None:
+    """The first symbolic link on the way from `root` (not included) down to `path` (included), or None."""
+    current = root
+    for name in path.relative_to(root).parts:
+        current = current / name
+        if current.is_symlink():
+            return current
+    return None
+
+
+def link_reason(link: Path) -> str:
+    """Why clean leaves a link alone: it names where the link leads."""
+    try:
+        target = os.readlink(link)
+    except OSError as err:
+        target = f"? ({err.strerror})"
+    return (f"a symbolic link (to {target}); clean never follows links out of the results folder, so nothing "
+            "behind it is touched (remove what you want there by hand)")
+
+
+def _plain_file(path: Path) -> bool:
+    """A regular file, not a link to one: weights behind a link may not be there tomorrow."""
+    return path.is_file() and not path.is_symlink()
+
+
+def run_items(folder: Path) -> tuple[list[Item], list[tuple[Path, str]]]:
+    """What may go from one run folder, judged from its summary (the caller makes sure it is not running).
+
+    Returns the items and the links found in their place (`checkpoints/`, `state.pt`, a temporary), which stay.
+    """
+    links: list[tuple[Path, str]] = []
+    checkpoints = folder / CHECKPOINTS
+    where = [folder]
+    if checkpoints.is_symlink():
+        links.append((checkpoints, link_reason(checkpoints)))
+    else:
+        where.append(checkpoints)
+    items = []
+    for path in (p for place in where for p in sorted(place.glob(".*.tmp"))):
+        if path.is_symlink():
+            links.append((path, link_reason(path)))
+        elif path.is_file():
+            items.append(Item(path, size_of(path), "stray temporary of an interrupted write"))
+    state = checkpoints / STATE_FILE
+    if len(where) == 2 and state.is_symlink():
+        links.append((state, link_reason(state)))
+    elif len(where) == 2 and state.is_file():
         summary = read_json_file(folder / SUMMARY, f"fix or move aside {folder} (clean left it alone)")
         if summary.get("status") == "diverged":
             items.append(Item(state, size_of(state), "resume state of a diverged run"))
-        elif finished(summary) and (folder / CHECKPOINTS / FINAL_WEIGHTS).is_file():
+        elif finished(summary) and _plain_file(checkpoints / FINAL_WEIGHTS):
             items.append(Item(state, size_of(state), "resume state of a completed run"))
-    return items
+    return items, links
 
 
 def _selected(tier: str, arm: str, seed: int, tiers, arms, seeds) -> bool:
@@ -102,10 +151,22 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
     The filters are taken as given (the CLI checks them against the experiment's grid first).
     """
     root = Path(experiment_dir)
+    if root.is_symlink():
+        raise AblateError(f"{root} is a symbolic link (to {os.readlink(root)}); clean never follows links out of "
+                          "the results folder: give --results the folder that holds the experiment itself")
     if not root.is_dir():
         raise AblateError(f"no results for this experiment: {root} does not exist (check --results)")
     result = CleanResult(dry_run=dry_run)
     whole = not tiers and not arms and seeds is None
+    links_seen: set[Path] = set()
+
+    def behind_link(path: Path) -> bool:
+        """True (and the link listed once as skipped) when a link lies between root and path."""
+        link = first_link(path, root)
+        if link is not None and link not in links_seen:
+            links_seen.add(link)
+            result.skipped.append((link, link_reason(link)))
+        return link is not None
 
     def act(folder: Path, lock_path: Path, judge) -> None:
         """Judge and remove under the run's lock; a live holder means the run is running: leave it."""
@@ -114,21 +175,27 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
             if holder is not None:
                 result.skipped.append((folder, f"running ({describe_holder(holder)})"))
                 return
-            result.removed.extend(judge())
+            items, links = judge()
+            result.removed.extend(items)
+            result.skipped.extend(links)
             return
         try:
             with FileLock(lock_path, what=f"run {folder}"):
-                items = judge()
+                items, links = judge()
+                result.skipped.extend(links)
                 for item in items:
+                    if behind_link(item.path):  # swapped for a link since it was judged: leave it
+                        continue
                     _remove(item.path)
                     log.debug("removed %s (%d bytes)", item.path, item.size)
-                result.removed.extend(items)
+                    result.removed.append(item)
         except LockHeld as held:
             result.skipped.append((folder, f"running ({describe_holder(held.holder)})"))
 
     for folder in iter_run_dirs(root):
         seed = int(SEED_DIR.fullmatch(folder.name).group(1))
-        if not _selected(folder.parent.parent.name, folder.parent.name, seed, tiers, arms, seeds):
+        if (not _selected(folder.parent.parent.name, folder.parent.name, seed, tiers, arms, seeds)
+                or behind_link(folder)):
             continue
         try:
             act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
@@ -141,15 +208,17 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
                 or not _selected(folder.parent.parent.name, folder.parent.name, int(match.group(1)[4:]),
                                  tiers, arms, seeds)):
             continue
+        if behind_link(folder):
+            continue
         item = Item(folder, size_of(folder), "run kept aside by --force (older results)")
         if not aside:
             result.kept_aside.append(item)
             continue
         # the lock of the run it was moved from: `--force` moves folders while holding it
-        act(folder, run_lock_path(folder.with_name(match.group(1))), lambda item=item: [item])
+        act(folder, run_lock_path(folder.with_name(match.group(1))), lambda item=item: ([item], []))
 
     report = root / REPORT_DIR
-    if whole and report.exists():
+    if whole and (report.exists() or report.is_symlink()) and not behind_link(report):
         item = Item(report, size_of(report), "report (rebuilt by `ablate report`)")
         if not dry_run:
             _remove(report)
@@ -174,7 +243,8 @@ def add_commands(subparsers) -> None:
                     "(completed or diverged) runs, stray .*.tmp files of interrupted writes, and the report/ folder "
                     "(only when no --tier/--arms/--seeds is given). Never removed: summary.json, metrics.jsonl, "
                     "config.json, run.log, eval.json, the final weights (checkpoints/model.pt), TensorBoard and "
-                    "SLURM logs. Runs that are running (live lock) are skipped.")
+                    "SLURM logs. Runs that are running (live lock) are skipped, and so are symbolic links: clean never "
+                    "follows a link out of the results folder (each one is listed with where it leads).")
     parser.add_argument("experiment", help="an experiments/*.py file or its name")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")

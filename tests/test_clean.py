@@ -201,3 +201,152 @@ def test_make_clean_demo_removes_only_the_demo(tmp_path):
     assert "removing results/demo" in out and "removing data/sample" in out
     assert not (tmp_path / "results/demo").exists() and not (tmp_path / "data/sample").exists()
     assert (tmp_path / "results/other/f").exists() and (tmp_path / "data/other/f").exists()
+
+
+# ------------------------------------------------------------------ symbolic links: clean stays inside --results
+def _outside_run(tmp_path: Path, name: str) -> Path:
+    """A complete finished run outside the results folder (what a link may lead to)."""
+    target = tmp_path / "elsewhere" / name
+    make_run(target, {"status": "completed", "val_loss": 7.5})
+    return target
+
+
+def _clean_both_ways(exp_file: Path, results: Path, capsys) -> tuple[str, str]:
+    """The output of a dry run, then of a real run, through the CLI."""
+    assert main(["clean", str(exp_file), "--results", str(results), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert main(["clean", str(exp_file), "--results", str(results)]) == 0
+    return dry, capsys.readouterr().out
+
+
+def _assert_link_skipped(out: str, link: Path, target: Path) -> None:
+    assert f"skipped {link}: a symbolic link (to {target})" in out, out
+    assert "never follows links out of the results folder" in out
+    assert not any(line.startswith(("would remove", "removed")) and (str(target) in line or str(link) in line)
+                   for line in out.splitlines()), out
+
+
+def test_symlinked_checkpoints_are_skipped_and_their_target_survives(store, tmp_path, capsys):
+    exp_file, results, root, _ = store
+    folder = root / "smoke" / "baseline" / "seed0"
+    target = _outside_run(tmp_path, "ckpt") / "checkpoints"
+    shutil.rmtree(folder / "checkpoints")
+    (folder / "checkpoints").symlink_to(target, target_is_directory=True)
+    before = snapshot(target)
+    dry, real = _clean_both_ways(exp_file, results, capsys)
+    for out in (dry, real):
+        _assert_link_skipped(out, folder / "checkpoints", target)
+    assert snapshot(target) == before and {"state.pt", ".state.pt.abc.tmp"} <= set(before)
+    assert (folder / "checkpoints").is_symlink()
+    assert not (folder / ".summary.json.abc.tmp").exists()  # the run folder itself is still cleaned
+
+
+def test_symlinked_run_folder_is_skipped_and_its_target_survives(store, tmp_path, capsys):
+    exp_file, results, root, _ = store
+    folder = root / "smoke" / "sink-logit" / "seed2"
+    target = _outside_run(tmp_path, "run")
+    shutil.rmtree(folder)
+    folder.symlink_to(target, target_is_directory=True)
+    before = snapshot(target)
+    dry, real = _clean_both_ways(exp_file, results, capsys)
+    for out in (dry, real):
+        _assert_link_skipped(out, folder, target)
+    assert snapshot(target) == before and folder.is_symlink()
+
+
+@pytest.mark.parametrize("linked", ["tier", "arm"])
+def test_symlinked_tier_or_arm_folder_is_skipped_with_its_runs_and_aside_folders(store, tmp_path, capsys, linked):
+    exp_file, results, root, _ = store
+    folder = root / "smoke" if linked == "tier" else root / "smoke" / "sink-logit"
+    target = tmp_path / "elsewhere" / linked
+    target.parent.mkdir()
+    shutil.move(str(folder), str(target))  # the lock of the running run goes with it: its folder is not here
+    folder.symlink_to(target, target_is_directory=True)
+    aside = target / ("sink-logit" if linked == "tier" else "") / "seed0.old-x"
+    make_run(aside, {"status": "completed", "val_loss": 7.5})
+    before = snapshot(target)
+    assert main(["clean", str(exp_file), "--results", str(results), "--aside", "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert main(["clean", str(exp_file), "--results", str(results), "--aside"]) == 0
+    real = capsys.readouterr().out
+    for out in (dry, real):
+        _assert_link_skipped(out, folder, target)
+        assert out.count(f"skipped {folder}:") == 1  # one line for the link, not one per run behind it
+    assert snapshot(target) == before
+
+
+def test_symlinked_state_tmp_report_and_aside_are_skipped_and_kept(store, tmp_path, capsys):
+    exp_file, results, root, _ = store
+    folder = root / "smoke" / "baseline" / "seed0"  # completed with weights: its real state.pt would go
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    links = {folder / "checkpoints" / "state.pt": outside / "state.pt",
+             folder / "checkpoints" / ".model.pt.x.tmp": outside / "precious.bin",
+             folder / ".config.json.y.tmp": outside / "notes.txt",
+             root / "report": outside / "report",
+             root / "smoke" / "baseline" / "seed1.old-z": outside / "aside"}
+    for link, target in links.items():
+        if target.name in ("report", "aside"):
+            make_run(target, {"status": "completed", "val_loss": 7.5})
+        else:
+            target.write_bytes(b"keep me")
+        if link.exists():
+            shutil.rmtree(link) if link.is_dir() else link.unlink()
+        link.symlink_to(target)
+    before = snapshot(outside)
+    assert main(["clean", str(exp_file), "--results", str(results), "--aside", "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert main(["clean", str(exp_file), "--results", str(results), "--aside"]) == 0
+    real = capsys.readouterr().out
+    for out in (dry, real):
+        for link, target in links.items():
+            _assert_link_skipped(out, link, target)
+    assert snapshot(outside) == before
+    assert all(link.is_symlink() for link in links)  # the links themselves are left too
+    assert not (root / "smoke" / "baseline" / "seed0.old-20250101-000000-000000").exists()  # a real one goes
+
+
+def test_symlinked_model_pt_does_not_count_as_final_weights(store, tmp_path):
+    _, _, root, _ = store
+    folder = root / "smoke" / "baseline" / "seed0"
+    (tmp_path / "model.pt").write_bytes(b"m")
+    (folder / "checkpoints" / "model.pt").unlink()
+    (folder / "checkpoints" / "model.pt").symlink_to(tmp_path / "model.pt")
+    clean(root)
+    assert (folder / "checkpoints" / "state.pt").is_file()  # the only weights that surely belong to the run
+
+
+def test_symlinked_experiment_folder_is_refused_in_one_line(store, tmp_path, capsys):
+    exp_file, results, root, _ = store
+    moved = tmp_path / "elsewhere" / "cleanme"
+    moved.parent.mkdir()
+    shutil.move(str(root), str(moved))
+    root.symlink_to(moved, target_is_directory=True)
+    before = snapshot(moved)
+    assert main(["clean", str(exp_file), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{root} is a symbolic link (to {moved})" in err and "--results" in err
+    assert snapshot(moved) == before
+
+
+def test_a_folder_swapped_for_a_link_after_judging_is_left_alone(store, tmp_path, monkeypatch):
+    from ablate import clean as clean_module
+
+    _, _, root, _ = store
+    folder = root / "smoke" / "baseline" / "seed0"
+    target = _outside_run(tmp_path, "swap") / "checkpoints"
+    judge = clean_module.run_items
+
+    def judge_then_swap(run_folder):
+        judged = judge(run_folder)
+        if run_folder == folder:  # between the judgement and the removal, checkpoints/ becomes a link
+            shutil.rmtree(folder / "checkpoints")
+            (folder / "checkpoints").symlink_to(target, target_is_directory=True)
+        return judged
+
+    monkeypatch.setattr(clean_module, "run_items", judge_then_swap)
+    before = snapshot(target)
+    result = clean(root)
+    assert snapshot(target) == before
+    assert (folder / "checkpoints", clean_module.link_reason(folder / "checkpoints")) in result.skipped
+    assert not any(item.path.is_relative_to(folder / "checkpoints") for item in result.removed)

@@ -15,25 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.data.writer import FORMAT, MANIFEST, PROGRESS
+from ablate.data.layout import MANIFEST, PROGRESS, read_manifest_file
 from ablate.errors import AblateError, choice_error
-from ablate.store import read_json
 
 _HASH_BLOCK = 1 << 22
 
 
 def read_manifest(data_dir: str | os.PathLike) -> dict:
+    """DIR/manifest.json, checked (`ablate.data.layout`): a missing or damaged one is one AblateError."""
     data_dir = Path(data_dir)
-    path = data_dir / MANIFEST
-    if not path.is_file():
+    if not (data_dir / MANIFEST).is_file():
         unfinished = " (it holds an unfinished prepare: rerun the same `ablate data prepare` to finish it)" if (
             data_dir / PROGRESS
         ).exists() else ""
         raise AblateError(f"no {MANIFEST} in {str(data_dir)!r}: not a prepared data folder{unfinished}")
-    manifest = read_json(path)
-    if manifest.get("format") != FORMAT:
-        raise AblateError(f"{path} has format {manifest.get('format')!r}; expected {FORMAT!r}")
-    return manifest
+    return read_manifest_file(data_dir)
 
 
 def _verify_shards(data_dir: Path, shards: list[dict]) -> None:

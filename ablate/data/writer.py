@@ -33,15 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from ablate.data import tokenizer
+from ablate.data.layout import FORMAT, MANIFEST, PROGRESS, read_manifest_file, read_progress_file
 from ablate.data.sources import get_source
 from ablate.errors import AblateError
-from ablate.store import atomic_write_bytes, atomic_write_json, read_json
+from ablate.store import atomic_write_bytes, atomic_write_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = "ablate-token-shards/1"
-MANIFEST = "manifest.json"
-PROGRESS = "progress.json"
 SPLITS = ("train", "val")
 DEFAULT_SHARD_TOKENS = 100_000_000
 DEFAULT_VAL_TOKENS = 10_000_000
@@ -189,7 +187,7 @@ def _resume(out: Path, request: dict, caps: dict) -> tuple[dict[str, _Split], in
         stray.unlink()
     if not (out / PROGRESS).exists():
         return {name: _Split(name, caps[name]) for name in SPLITS}, 0, None
-    progress = read_json(out / PROGRESS)
+    progress = read_progress_file(out)
     if progress["request"] != request:
         raise AblateError(
             f"{out} holds an unfinished prepare with other arguments ({_differences(progress['request'], request)}); "
@@ -247,9 +245,9 @@ def prepare(
     request = _request(source, args, provenance, tokens, int(shard_tokens), float(val_fraction), int(val_tokens))
     out = Path(out)
     if (out / MANIFEST).exists():
-        manifest = read_json(out / MANIFEST)
-        if manifest.get("request") != request:
-            differences = _differences(manifest.get("request", {}), request)
+        manifest = read_manifest_file(out)
+        if manifest["request"] != request:
+            differences = _differences(manifest["request"], request)
             raise AblateError(
                 f"{out} already holds a different prepared dataset ({differences}); choose another --out or delete it"
             )
