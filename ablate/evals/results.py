@@ -136,7 +136,7 @@ def read_metric(run_folder: str | os.PathLike, name: str) -> dict | None:
     task, metric = split_metric(name)
     valid, stale = valid_evals(run_folder)
     if task in stale:
-        return {"value": None, "reason": f"its eval.json of {task} is not of its final weights: {stale[task]}"}
+        return {"value": None, "reason": f"its {task} evaluation is not of its final weights: {stale[task]}"}
     entry = valid.get(task)
     if not entry or metric not in entry["metrics"]:
         return None
