@@ -172,21 +172,21 @@ def file_sha256(path: str | os.PathLike) -> str:
 _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) → sha256 of the weights of runs without a kept hash
 
 
-def final_weights_sha256(folder: str | os.PathLike, summary: dict | None = None) -> str | None:
+def final_weights_sha256(folder: str | os.PathLike) -> str | None:
     """The SHA-256 of a completed run's final weights, None when the run has not completed with them.
 
     Training keeps it in summary.json (`weights_sha256`) when the run completes, so readers need not hash
-    the weights. A run completed before it was kept: checkpoints/model.pt is hashed when first read (once
-    per process while the file is unchanged).
+    the weights. A run completed before it was kept, or weights saved by hand (a folder without a
+    summary, as `ablate eval` accepts): checkpoints/model.pt is hashed when first read (once per process
+    while the file is unchanged).
     """
     folder = Path(folder)
-    if summary is None:
-        path = folder / SUMMARY
-        summary = read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
-            if path.is_file() else {}
-    if summary.get("status") != "completed" or not finished(summary):
+    path = folder / SUMMARY
+    summary = read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
+        if path.is_file() else None
+    if summary is not None and summary.get("status") != "completed":
         return None
-    if isinstance(summary.get("weights_sha256"), str):
+    if summary is not None and isinstance(summary.get("weights_sha256"), str):
         return summary["weights_sha256"]
     weights = folder / CHECKPOINTS / FINAL_WEIGHTS
     try:
