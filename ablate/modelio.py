@@ -10,9 +10,7 @@ import torch
 
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
-from ablate.store import CHECKPOINTS, atomic_write_bytes
-
-FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
+from ablate.store import CHECKPOINTS, FINAL_WEIGHTS, atomic_write_bytes
 
 
 def save_model(model: GPT, path: str | Path) -> None:

@@ -187,20 +187,34 @@ def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = 
 
 
 def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: dict[str, str]) -> str | None:
-    """None (never asked), or evaluated / queued / running / failed: ... for `submit --eval`."""
-    if entry is None:
-        return None
-    folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-    from ablate.evals.results import read_eval
+    """None (never evaluated nor asked), or evaluated / stale: … / queued / running / failed: … .
 
-    done = set(read_eval(folder)["tasks"]) if (folder / "eval.json").exists() else set()
-    if set(entry.get("tasks", [])) <= done:
+    Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
+    """
+    from ablate.evals.results import valid_evals
+
+    valid, stale = valid_evals(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed))
+    wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
+    if wanted and wanted <= set(valid):
         return "evaluated"
-    if entry.get("executor") == "local":
-        return entry.get("outcome")
-    job, error = slurm_job_state(entry, slurm)
-    return job if job in ACTIVE else f"failed: {error or 'no eval.json written'}"
+    if entry is None:
+        return _stale(stale) if stale else None
+    job, error = slurm_job_state(entry, slurm) if entry.get("executor") != "local" else (None, None)
+    if job in ACTIVE:
+        return job
+    if wanted & set(stale):
+        return _stale({task: why for task, why in stale.items() if task in wanted})
+    outcome = entry.get("outcome") if entry.get("executor") == "local" else None
+    if outcome is not None and outcome != "evaluated":
+        return outcome
+    return f"failed: {error or 'no eval.json of the final weights written'}"
 
+
+def _stale(stale: dict[str, str]) -> str:
+    """One line: the evaluations left out because they did not score the run's final weights."""
+    task, why = next(iter(sorted(stale.items())))
+    more = f" (and {len(stale) - 1} more tasks)" if len(stale) > 1 else ""
+    return f"stale, not counted: {task}{more}: {why}"
 
 
 def _duration(seconds) -> str:

@@ -17,6 +17,7 @@ This module has no torch dependency: the analysis reads the store through it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ CONFIG = "config.json"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
+FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
 LEDGER = "ledger.json"
 RUN_LOG = "run.log"
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
@@ -138,13 +140,60 @@ def finished(summary: dict) -> bool:
         and loss == loss and abs(loss) != float("inf"))
 
 
-def iter_run_dirs(experiment_dir: str | os.PathLike) -> Iterator[Path]:
-    """Every run folder (`<tier>/<arm>/seed<k>` holding a summary.json) under an experiment folder, sorted.
+def is_run_dir(folder: str | os.PathLike) -> bool:
+    """Whether `folder` is named as a run of the grid, `<tier>/<arm>/seed<k>`, with no hidden part.
 
     Only folders named exactly `seed<k>` count: a run kept aside by `--force` (`seed0.old-…`) or a copy
     under another name is not a run of the grid and must never be counted as one.
     """
+    folder = Path(folder)
+    return (bool(SEED_DIR.fullmatch(folder.name)) and not folder.parent.name.startswith(".")
+            and not folder.parent.parent.name.startswith("."))
+
+
+def iter_run_dirs(experiment_dir: str | os.PathLike, holding: str = SUMMARY) -> Iterator[Path]:
+    """Every run folder (`<tier>/<arm>/seed<k>`, `is_run_dir`) under an experiment folder holding the file
+    `holding` (its summary.json by default; a probe's or an evaluation's file for their readers), sorted.
+
+    Every reader of the store finds runs through this function, so that all of them count the same runs.
+    """
     root = Path(experiment_dir)
-    yield from sorted(p.parent for p in root.glob(f"*/*/seed*/{SUMMARY}")
-                      if SEED_DIR.fullmatch(p.parent.name) and not p.parent.parent.name.startswith(".")
-                      and not p.parent.parent.parent.name.startswith("."))
+    yield from sorted(p.parent for p in root.glob(f"*/*/seed*/{holding}") if is_run_dir(p.parent) and p.is_file())
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) → sha256 of the weights of runs without a kept hash
+
+
+def final_weights_sha256(folder: str | os.PathLike) -> str | None:
+    """The SHA-256 of a completed run's final weights, None when the run has not completed with them.
+
+    Training keeps it in summary.json (`weights_sha256`) when the run completes, so readers need not hash
+    the weights. A run completed before it was kept, or weights saved by hand (a folder without a
+    summary, as `ablate eval` accepts): checkpoints/model.pt is hashed when first read (once per process
+    while the file is unchanged).
+    """
+    folder = Path(folder)
+    path = folder / SUMMARY
+    summary = read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
+        if path.is_file() else None
+    if summary is not None and summary.get("status") != "completed":
+        return None
+    if summary is not None and isinstance(summary.get("weights_sha256"), str):
+        return summary["weights_sha256"]
+    weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+    try:
+        stat = weights.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(weights.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = file_sha256(weights)
+    return _HASHED[key]

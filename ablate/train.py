@@ -268,6 +268,7 @@ class Trainer:
         from ablate.data import BatchStream, TokenShards, validation_windows
         from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
         from ablate.modelio import FINAL_WEIGHTS, save_model
+        from ablate.store import file_sha256
 
         config = self.config
         tier = get_tier(config["tier"])
@@ -467,11 +468,14 @@ class Trainer:
             raise Diverged(step, val_loss)
         val_fingerprint = windows_fingerprint(final_windows, config["seq_len"])
         log.info("%s: final val_loss %.6f over %d tokens", self.folder, val_loss, final_windows[:, 1:].numel())
+        weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
         if rank == 0:
             save_model(model, self.folder / CHECKPOINTS / FINAL_WEIGHTS)
+            weights_sha256 = file_sha256(self.folder / CHECKPOINTS / FINAL_WEIGHTS)
         self.write_summary(status="completed", val_loss=val_loss, steps=step, tokens=step * tokens_per_step,
                            val_fingerprint=val_fingerprint, val_tokens_evaluated=int(final_windows[:, 1:].numel()),
-                           data_fingerprint=data_fp, finished=now(), wall_seconds=wall + time.time() - t_resume)
+                           data_fingerprint=data_fp, finished=now(), wall_seconds=wall + time.time() - t_resume,
+                           weights_sha256=weights_sha256)
         fabric.barrier()
         if rank == 0:  # the final weights stay; the resume state is not needed once the summary says completed
             self.state_path.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
 """Downstream metrics in the paired tables: same sign convention as the loss, refused when unmatched."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -21,9 +22,10 @@ PPL = {("baseline", 0): 40.0, ("baseline", 1): 41.0, ("baseline", 2): 39.5,
 
 
 def write_eval(folder, acc, ppl, settings=SETTINGS):
-    tasks = {"hellaswag": {"settings": settings, "metrics": {
+    weights = json.loads((folder / "summary.json").read_text())["weights_sha256"]  # they scored the run's weights
+    tasks = {"hellaswag": {"settings": settings, "weights_sha256": weights, "metrics": {
                 "acc_norm": {"value": acc, "stderr": 0.004, "higher_is_better": True}}},
-             "wikitext": {"settings": {**settings, "data": "hub:wikitext"}, "metrics": {
+             "wikitext": {"settings": {**settings, "data": "hub:wikitext"}, "weights_sha256": weights, "metrics": {
                 "word_perplexity": {"value": ppl, "stderr": None, "higher_is_better": False}}}}
     (folder / "eval.json").write_text(json.dumps({"tasks": tasks}))
 
@@ -31,7 +33,8 @@ def write_eval(folder, acc, ppl, settings=SETTINGS):
 @pytest.fixture
 def store(tmp_path):
     for (arm, seed), acc in ACC.items():
-        folder = write_run(tmp_path, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2)
+        folder = write_run(tmp_path, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2,
+                           weights_sha256=hashlib.sha256(f"{arm}/{seed}".encode()).hexdigest())
         write_eval(folder, acc, PPL[(arm, seed)])
     return tmp_path / "study"
 

@@ -154,7 +154,7 @@ def _with_metric(runs: Runs, name: str) -> Runs:
         if found is None or found.get("value") is None or not math.isfinite(found["value"]):
             values.append(None)
             fingerprints.append(None)
-            reasons.append(row["reason"] or f"not evaluated on {name} (`ablate eval`)")
+            reasons.append(row["reason"] or (found or {}).get("reason") or f"not evaluated on {name} (`ablate eval`)")
             continue
         directions.add(bool(found["higher_is_better"]))
         values.append(-found["value"] if found["higher_is_better"] else found["value"])

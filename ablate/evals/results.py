@@ -10,8 +10,13 @@ Layout of RUN_DIR/eval.json::
         "evaluated_at": "2025-...", "seconds": 812.3}}}
 
 `settings` is what must agree for two runs' numbers to be compared (a pair evaluated under other
-settings is unmatched); the weights' hash and the bootstrap count only decide whether a rerun must
-recompute. Each task carries its own settings, so tasks evaluated at different times never mix.
+settings is unmatched); the bootstrap count only decides whether a rerun must recompute. Each task
+carries its own settings, so tasks evaluated at different times never mix.
+
+`weights_sha256` ties a task's numbers to the weights they scored: the table, the report and `ablate
+status` accept an entry only when it equals the run's final weights (`eval_problem`, the one place
+that decides), so an eval.json copied from another run, or one written for weights since replaced by
+`run --force`, is never paired as this run's score.
 """
 
 from __future__ import annotations
@@ -24,19 +29,61 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.evals import EVAL_FILE
-from ablate.store import read_json
+from ablate.store import final_weights_sha256, read_json_file
 
 SETTINGS_KEYS = ("task_version", "lm_eval_version", "limit", "num_fewshot", "data")
 
 
 def read_eval(run_folder: str | os.PathLike) -> dict:
-    """The run's eval.json, or an empty one ({"tasks": {}}) when it has none."""
+    """The run's eval.json, or an empty one ({"tasks": {}}) when it has none; a damaged one is refused."""
     path = Path(run_folder) / EVAL_FILE
     if not path.is_file():
         return {"tasks": {}}
-    data = read_json(path)
+    way_out = f"move it aside and run `ablate eval {run_folder} --tasks ...` again"
+    data = read_json_file(path, way_out)
     data.setdefault("tasks", {})
+    if not isinstance(data["tasks"], dict):
+        raise AblateError(f"{path} is damaged ('tasks' is a {type(data['tasks']).__name__}, not an object); {way_out}")
+    for task, entry in data["tasks"].items():
+        for key in ("settings", "metrics"):
+            if not isinstance(entry, dict) or not isinstance(entry.get(key), dict):
+                raise AblateError(f"{path} is damaged (task {task!r} has no {key!r} object); {way_out}")
+        if not all(isinstance(row, dict) and "value" in row for row in entry["metrics"].values()):
+            raise AblateError(f"{path} is damaged (a metric of task {task!r} has no 'value'); {way_out}")
     return data
+
+
+def eval_problem(entry: dict, run_weights: str | None) -> str | None:
+    """Why a task's entry of eval.json is not a score of this run's final weights; None when it is.
+
+    The one decision the table, the report and `ablate status` all take (through `valid_evals`):
+    `run_weights` is `ablate.store.final_weights_sha256` of the run folder.
+    """
+    if run_weights is None:
+        return "the run has not completed with final weights to score"
+    scored = entry.get("weights_sha256")
+    if not isinstance(scored, str) or not scored:
+        return "it does not say which weights it scored; run `ablate eval` again"
+    if scored != run_weights:
+        return (f"it scored other weights (sha256 {scored[:12]}…, the run's final weights are {run_weights[:12]}…: "
+                "an eval.json copied from another run, or the run was trained again since); run `ablate eval` again")
+    return None
+
+
+def valid_evals(run_folder: str | os.PathLike) -> tuple[dict, dict]:
+    """({task: entry} that score this run's final weights, {task: why not} for the stale rest)."""
+    tasks = read_eval(run_folder)["tasks"]
+    if not tasks:
+        return {}, {}
+    weights = final_weights_sha256(run_folder)
+    valid, stale = {}, {}
+    for task, entry in tasks.items():
+        problem = eval_problem(entry, weights)
+        if problem is None:
+            valid[task] = entry
+        else:
+            stale[task] = problem
+    return valid, stale
 
 
 def settings_fingerprint(settings: dict) -> str:
@@ -53,36 +100,49 @@ def split_metric(name: str) -> tuple[str, str]:
     return task, metric
 
 
-def metric_names(run_folder: str | os.PathLike) -> list[str]:
-    """Every TASK/METRIC the run's eval.json holds, sorted."""
-    tasks = read_eval(run_folder)["tasks"]
-    return sorted(f"{task}/{metric}" for task, entry in tasks.items() for metric in entry.get("metrics", {}))
+def metric_names(run_folder: str | os.PathLike, stale: bool = False) -> list[str]:
+    """Every TASK/METRIC the run's eval.json holds for its final weights (with `stale`: for other weights), sorted."""
+    valid, problems = valid_evals(run_folder)
+    tasks = read_eval(run_folder)["tasks"] if stale else valid
+    return sorted(f"{task}/{metric}" for task, entry in tasks.items() for metric in entry["metrics"]
+                  if not stale or task in problems)
 
 
 def available_metrics(run_folders) -> list[str]:
-    """TASK/METRIC names found in any of the run folders' eval.json, sorted."""
+    """TASK/METRIC names of the run folders' final weights in any of their eval.json, sorted."""
     return sorted({name for folder in run_folders for name in metric_names(folder)})
 
 
 def check_metric(name: str, run_folders) -> tuple[str, str]:
     """(task, metric) when some run has it; otherwise a clear error naming the metrics there are."""
     task, metric = split_metric(name)
+    run_folders = list(run_folders)
     valid = available_metrics(run_folders)
     if name not in valid:
-        shown = ", ".join(valid) if valid else "none (no run has an eval.json: run `ablate eval` first)"
-        raise AblateError(f"unknown metric {name!r}; valid metrics: {shown}")
+        shown = ", ".join(valid) if valid else "none (no run has an eval.json of its final weights: run `ablate eval` first)"
+        stale = [str(f) for f in run_folders if name in metric_names(f, stale=True)]
+        extra = (f"; {len(stale)} eval.json hold {name} for other weights than their run's (e.g. {stale[0]}): "
+                 "run `ablate eval` on those runs again") if stale else ""
+        raise AblateError(f"unknown metric {name!r}; valid metrics: {shown}{extra}")
     return task, metric
 
 
 def read_metric(run_folder: str | os.PathLike, name: str) -> dict | None:
-    """{"value", "stderr", "higher_is_better", "settings", "fingerprint"} of TASK/METRIC, or None if not evaluated."""
+    """{"value", "stderr", "higher_is_better", "settings", "fingerprint"} of TASK/METRIC, None if not evaluated.
+
+    An entry that scored other weights than the run's final ones (`eval_problem`) gives {"value": None,
+    "reason": why}: it is never paired as this run's score.
+    """
     task, metric = split_metric(name)
-    entry = read_eval(run_folder)["tasks"].get(task)
-    if not entry or metric not in entry.get("metrics", {}):
+    valid, stale = valid_evals(run_folder)
+    if task in stale:
+        return {"value": None, "reason": f"its {task} evaluation is not of its final weights: {stale[task]}"}
+    entry = valid.get(task)
+    if not entry or metric not in entry["metrics"]:
         return None
     row = entry["metrics"][metric]
     settings = {key: entry["settings"].get(key) for key in SETTINGS_KEYS}
-    return {"value": row["value"], "stderr": row["stderr"], "higher_is_better": row["higher_is_better"],
+    return {"value": row["value"], "stderr": row.get("stderr"), "higher_is_better": row.get("higher_is_better"),
             "settings": settings, "fingerprint": settings_fingerprint(settings)}
 
 

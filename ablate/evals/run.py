@@ -3,12 +3,14 @@
 A rerun with the same settings is a no-op: each task is recomputed only when its settings (task
 version, lm-eval version, --limit, few-shot count, data), the final weights or the bootstrap count
 changed; the other tasks' entries are kept as they were, each with its own settings.
+
+The run's lock (`ablate.lock`) is held from the first check to the write of eval.json: an evaluation
+is refused while the run trains, and `run --force` cannot replace the folder under an evaluation.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import os
 import time
@@ -18,7 +20,9 @@ from ablate.errors import AblateError
 from ablate.evals import EVAL_FILE
 from ablate.evals.results import is_current, read_eval, task_entry
 from ablate.experiment import RunSpec, load_experiment
-from ablate.store import CHECKPOINTS, SUMMARY, atomic_write_json, read_json, run_dir
+from ablate.lock import FileLock
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, SUMMARY, atomic_write_json, file_sha256, read_json_file, run_dir,
+                          run_lock_path)
 
 log = logging.getLogger(__name__)
 
@@ -32,24 +36,22 @@ def require_lm_eval() -> None:
         raise AblateError("lm-eval is not installed: pip install -e '.[eval]' (the `eval` extra)") from err
 
 
+def run_summary(folder: str | os.PathLike) -> dict | None:
+    """The run's summary.json, None when the folder has none (weights saved by hand)."""
+    path = Path(folder) / SUMMARY
+    if not path.is_file():
+        return None
+    return read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)")
+
+
 def run_state(folder: str | os.PathLike) -> str | None:
     """The run's summary.json status, None when the folder has none (weights saved by hand)."""
-    path = Path(folder) / SUMMARY
-    return read_json(path).get("status") if path.is_file() else None
+    summary = run_summary(folder)
+    return None if summary is None else summary.get("status")
 
 
 def weights_path(folder: str | os.PathLike) -> Path:
-    from ablate.modelio import FINAL_WEIGHTS
-
     return Path(folder) / CHECKPOINTS / FINAL_WEIGHTS
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def wanted_settings(tasks, limit: int | None, task_data) -> dict[str, dict]:
@@ -82,13 +84,23 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
         raise AblateError(f"--bootstrap-iters must be ≥ 0, got {bootstrap_iters}")
     if not folder.is_dir():
         raise AblateError(f"run folder {str(folder)!r} does not exist")
-    state = run_state(folder)
+    with FileLock(run_lock_path(folder), what=f"run {folder}"):
+        return _evaluate_locked(folder, tasks, limit, batch_size, task_data, bootstrap_iters, device)
+
+
+def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstrap_iters, device) -> dict:
+    summary = run_summary(folder)
+    state = None if summary is None else summary.get("status")
     if state not in (None, "completed"):
         raise AblateError(f"run {folder} is {state}, not completed: only final weights are evaluated")
     if not weights_path(folder).is_file():
         raise AblateError(f"{folder} has no trained weights ({weights_path(folder)} is missing): has the run completed?")
 
     weights = file_sha256(weights_path(folder))
+    kept = (summary or {}).get("weights_sha256")
+    if kept is not None and kept != weights:
+        raise AblateError(f"{weights_path(folder)} is not the weights the run completed with (summary.json keeps sha256 "
+                          f"{str(kept)[:12]}…, the file has {weights[:12]}…): rerun the run with `ablate run ... --force`")
     settings = wanted_settings(tasks, limit, task_data)
     data = read_eval(folder)
     todo = [name for name in tasks if not is_current(data["tasks"].get(name), settings[name], weights, bootstrap_iters)]

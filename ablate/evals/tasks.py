@@ -136,18 +136,26 @@ def build_tasks(names, task_data: str | os.PathLike | None = None) -> dict:
 
 
 def _check_columns(name: str, path: Path) -> None:
-    """The first line of a local file has the task's columns: a wrong file fails here, not deep in a template."""
+    """Every line of a local file is a JSON object with the task's columns: a wrong file fails here, naming
+    the file and the line, not deep in the harness or a template."""
     import json
 
-    with open(path, encoding="utf-8") as handle:
-        first = handle.readline()
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError as err:
-        raise AblateError(f"{path}: the first line is not JSON ({err}); expected one object per line") from err
-    missing = [column for column in TASKS[name][1] if column not in row]
-    if missing:
-        raise AblateError(f"{path}: lines lack {', '.join(missing)}; {name} needs {', '.join(TASKS[name][1])}")
+    columns = TASKS[name][1]
+    expected = f"expected one JSON object per line with {', '.join(columns)}"
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise AblateError(f"{path}: line {number} is not JSON ({err}); {expected}") from None
+            if not isinstance(row, dict):
+                raise AblateError(f"{path}: line {number} is a JSON {type(row).__name__}, not an object; {expected}")
+            missing = [column for column in columns if column not in row]
+            if missing:
+                raise AblateError(f"{path}: line {number}: its columns lack {', '.join(missing)}; "
+                                  f"{name} needs {', '.join(columns)}")
 
 
 def lm_eval_version() -> str:

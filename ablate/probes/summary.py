@@ -7,14 +7,16 @@ there are none, so the report can leave the section out.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
 from ablate.arms.names import BUILTIN_ARMS
-from ablate.store import read_json
+from ablate.store import iter_run_dirs, read_json
 from ablate.tiers import tier_rank
+
+log = logging.getLogger(__name__)
 
 PROBE_FILE = "probe.json"  # (the same names as ablate.probes.diagnostics / injection, kept torch-free)
 INJECT_FILE = "inject.json"
@@ -38,16 +40,25 @@ PROBE_COLUMNS = (
 
 
 def _runs_with(experiment_dir, filename: str):
-    """(tier, arm, seed, parsed json) for every run folder holding `filename`, skipping unreadable files."""
-    for path in sorted(Path(experiment_dir).glob(f"*/*/seed*/{filename}")):
+    """(tier, arm, seed, parsed json) for every run folder holding `filename`, skipping unreadable files.
+
+    The run folders are the store's (`iter_run_dirs`: `<tier>/<arm>/seed<k>` only, never a folder kept aside
+    by `--force`), and a run is named by its folder; a file that names another run (copied) is left out.
+    """
+    for folder in iter_run_dirs(experiment_dir, holding=filename):
+        path = folder / filename
         try:
             data = read_json(path)
         except (OSError, ValueError):
             continue
-        run = data.get("run") or {}
-        tier = str(run.get("tier") or path.parts[-4])
-        arm = str(run.get("arm") or path.parts[-3])
-        seed = run.get("seed", path.parts[-2].removeprefix("seed"))
+        if not isinstance(data, dict):
+            continue
+        tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
+        run = data.get("run") if isinstance(data.get("run"), dict) else {}
+        claimed = {"tier": run.get("tier", tier), "arm": run.get("arm", arm), "seed": run.get("seed", seed)}
+        if (str(claimed["tier"]), str(claimed["arm"]), str(claimed["seed"])) != (tier, arm, str(seed)):
+            log.warning("%s names the run %s, not the one of its folder: left out of the summary", path, claimed)
+            continue
         yield tier, arm, seed, data
 
 
