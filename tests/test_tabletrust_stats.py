@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import pytest
+from analysis_fixtures import write_run
 
 from ablate.analysis.crossover import find_crossover
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
 from ablate.analysis.tables import Table, build_table
-from analysis_fixtures import write_run
 
 
 def _csv(tmp_path, rows) -> pl.DataFrame:

@@ -164,7 +164,7 @@ def find_crossover(increments: Table, form: str, resamples: int = BOOTSTRAP_RESA
     tail = f"; it falls back to or below the zero option at {', '.join(falls)}" if falls else ""
     boot = _bootstrap(increments, form, tiers, resamples, seed)
     if not found:
-        share, text = _no_crossing_interval(boot, log_sizes, tiers)
+        share, text = _no_crossing_interval(boot, tiers)
         if gaps[0, 0] > 0:
             what = f"no crossover in range; filtering already exceeds the zero option at the smallest tier, {tiers[0]}"
         else:
@@ -173,11 +173,11 @@ def find_crossover(increments: Table, form: str, resamples: int = BOOTSTRAP_RESA
     targets = brackets[found]
     crossings, texts = [], []
     for k, i in enumerate(found):
-        low, high, share, text = _crossing_interval(boot, log_sizes, targets, k, tiers)
+        low, high, share, text = _crossing_interval(boot, targets, k, tiers)
         crossing = Crossing(float(10 ** targets[k]), tiers[i], tiers[i + 1], low, high, share)
         crossings.append(crossing)
-        texts.append((f"between {crossing.below} and {crossing.above}, at ≈ {format_params(crossing.params)} "
-                      "parameters", text))
+        place = f"between {crossing.below} and {crossing.above}, at ≈ {format_params(crossing.params)} parameters"
+        texts.append((place, text))
     how = "(interpolated on a log scale from the means)"
     if len(found) == 1:
         message = f"{label}{left_out}: overtakes the zero option {texts[0][0]} {how}{tail}{texts[0][1]}"
@@ -223,15 +223,15 @@ def _summarise(values: np.ndarray, boot, tiers: list[str], where: str):
                               f"({share:.0%} of resamples cross){_caveat(single)}")
 
 
-def _crossing_interval(boot, log_sizes, targets: np.ndarray, k: int, tiers: list[str]):
+def _crossing_interval(boot, targets: np.ndarray, k: int, tiers: list[str]):
     if boot is None:
         return None, None, None, ""
     where = f"inside {tiers[0]}–{tiers[-1]}" + (" near this crossover" if len(targets) > 1 else "")
     return _summarise(_nearest(boot[0], targets, k), boot, tiers, where)
 
 
-def _no_crossing_interval(boot, log_sizes, tiers: list[str]):
+def _no_crossing_interval(boot, tiers: list[str]):
     if boot is None:
         return None, ""
-    low, high, share, text = _summarise(_first(boot[0]), boot, tiers, f"inside {tiers[0]}–{tiers[-1]}")
+    _, _, share, text = _summarise(_first(boot[0]), boot, tiers, f"inside {tiers[0]}–{tiers[-1]}")
     return share, text
