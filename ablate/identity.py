@@ -12,6 +12,10 @@ the arm taken out, and the keys that change only how a run is executed or watche
 
 With `match_params` the MLP width is a function of the arm (it is narrowed to match the baseline's
 parameter count), so it leaves the fingerprint as well; `match_params` itself stays in.
+
+The runs of one row of a table (one tier, every seed) must share even more: everything but the arm and
+the seed (`shared_config`, which also leaves out `data_seed`, the seed of the batch order). A run trained
+for 2 steps and one trained for 3 are not two seeds of one experiment, whatever their seeds.
 Torch-free: the analysis imports it.
 """
 
@@ -26,6 +30,7 @@ WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_inter
 EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir", "loss_chunk")
 ARM_DERIVED_MODEL_KEYS = ("arm",)
 MATCHED_MODEL_KEYS = ("mlp_hidden",)  # set per arm when match_params is on
+SEED_KEYS = ("seed", "data_seed")  # differ between the seeds of one row, and only there
 
 
 def matching_config(config: dict) -> dict:
@@ -50,9 +55,21 @@ def config_fingerprint(config: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
-    """(key, value in a, value in b) for every key of the matching config where the two runs differ."""
-    left, right = matching_config(a), matching_config(b)
+def shared_config(config: dict) -> dict:
+    """What every run of one tier shares, whatever its arm and seed: `matching_config` without SEED_KEYS."""
+    return {k: v for k, v in matching_config(config).items() if k not in SEED_KEYS}
+
+
+def shared_fingerprint(config: dict) -> str:
+    canonical = json.dumps(shared_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def config_differences(a: dict, b: dict, across_seeds: bool = False) -> list[tuple[str, object, object]]:
+    """(key, value in a, value in b) for every key of the matching config where the two runs differ
+    (of the shared config with `across_seeds`: the seeds may differ then)."""
+    view = shared_config if across_seeds else matching_config
+    left, right = view(a), view(b)
     missing = object()
     rows = []
     for key in sorted(set(left) | set(right)):
@@ -60,3 +77,8 @@ def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
         if x != y:
             rows.append((key, None if x is missing else x, None if y is missing else y))
     return rows
+
+
+def describe_differences(diffs: list[tuple[str, object, object]]) -> str:
+    """`steps: 2 vs 3, lr: 0.003 vs 0.05` for the rows of `config_differences`."""
+    return ", ".join(f"{key}: {x!r} vs {y!r}" for key, x, y in diffs)

@@ -74,10 +74,13 @@ def fingerprint(kind: str, tier: str, seed: int) -> str:
 
 
 def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, val_loss: float | None,
-              status: str = "completed", curve_points: int = 12, train_every: int = 0, **summary_extra) -> Path:
-    """One run folder as training leaves it: summary.json and metrics.jsonl (validation curve ending at val_loss).
+              status: str = "completed", curve_points: int = 12, train_every: int = 0, settings: dict | None = None,
+              **summary_extra) -> Path:
+    """One run folder as training leaves it: config.json, summary.json and metrics.jsonl (validation curve
+    ending at val_loss).
 
     train_every > 0 interleaves that many training-loss lines between validation lines, as a real log has.
+    `settings` changes config.json (e.g. {"steps": 3}); settings=False writes none (an older or damaged run).
     """
     folder = run_dir(results, experiment, tier, arm, seed)
     steps = 1000
@@ -94,6 +97,10 @@ def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, va
     summary.update(summary_extra)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").write_text(json.dumps(summary))  # plain write: fixtures need no fsync
+    if settings is not False:
+        config = {"experiment": experiment, "tier": tier, "arm": arm, "seed": seed, "data_seed": seed, "steps": steps,
+                  "lr": 1e-3, "model": {"arm": arm, "d_model": 64}, **(settings or {})}
+        (folder / "config.json").write_text(json.dumps(config))
     final = val_loss if val_loss is not None else 5.0
     lines = []
     for i in range(1, curve_points + 1):

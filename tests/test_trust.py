@@ -38,7 +38,7 @@ def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sa
     assert result.returncode == 2, result.stdout
     message = result.stderr
     assert "smoke/baseline/seed0" in message and "smoke/sink-logit/seed0" in message
-    assert "config_fingerprint" in message and "lr = 0.003 vs 0.05" in message and "weight_decay = 0.1 vs 0.5" in message
+    assert "their settings differ" in message and "lr: 0.003 vs 0.05" in message and "weight_decay: 0.1 vs 0.5" in message
 
 
 def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data):
@@ -322,6 +322,6 @@ def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path,
     unmatched = train(tmp_path, "g2-value", seed=1, data=sample_data)
     train(tmp_path, "baseline", seed=1, data=sample_data)
     assert unmatched["params_non_embedding"] > base["params_non_embedding"] * 1.05
-    with pytest.raises(AblateError, match="config_fingerprint.*match_params = True vs False"):
+    with pytest.raises(AblateError, match="their settings differ.*match_params: True vs False"):
         train(tmp_path, "baseline", seed=1, data=sample_data, force=True, overrides={"match_params": True})
         load_runs(tmp_path / "study")

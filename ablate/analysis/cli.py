@@ -60,8 +60,10 @@ def table_command(args: argparse.Namespace) -> int:
         table = build_table(runs, args.kind, args.reference)
     text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
+        from ablate.analysis.escape import one_line
+
         for warning in table.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {one_line(warning)}", file=sys.stderr)
     if args.out:
         atomic_write_bytes(args.out, text.encode())
         print(f"wrote {args.out}")

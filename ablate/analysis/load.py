@@ -18,13 +18,11 @@ import polars as pl
 
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.errors import AblateError
-from ablate.store import METRICS, SUMMARY, iter_run_dirs, read_json, read_json_file, read_metrics
+from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
+from ablate.identity import shared_fingerprint
+from ablate.store import CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
 from ablate.tiers import tier_rank
 
-REQUIRED_COLUMNS = ("tier", "arm", "seed", "val_loss")
-# What two runs of one (tier, seed) must share to be paired: initial weights, batches, every setting but the
-# arm (ablate.identity), and the validation tokens their final loss was measured on.
-FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
     "tier": pl.String,
@@ -36,6 +34,7 @@ RUN_SCHEMA = {
     "data_fingerprint": pl.String,
     "config_fingerprint": pl.String,
     "val_fingerprint": pl.String,
+    SETTINGS: pl.String,  # of everything but arm and seed (ablate.identity.shared_config), from config.json
     "eval_fingerprint": pl.String,
     "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
@@ -64,8 +63,8 @@ class Runs:
         if self.root is None or unverified.is_empty():
             return self.notes
         names = ", ".join(f"{r['tier']}/{r['arm']}/seed{r['seed']}" for r in unverified.iter_rows(named=True))
-        return self.notes + (f"pairing NOT verified for {names}: older runs without fingerprints, admitted by "
-                             "--allow-unverified",)
+        return self.notes + (f"pairing NOT verified for {names}: older runs without fingerprints or "
+                             "config.json, admitted by --allow-unverified",)
 
     @property
     def completed(self) -> pl.DataFrame:
@@ -121,8 +120,10 @@ def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = Non
     whose runs live in `results/<name>/` (results defaults to `ablate.experiment.default_results()`).
 
     Every counted run of a (tier, seed) must carry the same init, data, config and validation
-    fingerprints (any two of them may be paired by some table); a run without them (an older run) is
-    refused unless `allow_unverified`, and then marked `verified = False`.
+    fingerprints (any two of them may be paired by some table), and every counted run of a tier the
+    same settings but arm and seed (its rows average over seeds): `ablate.analysis.matching`. A run
+    without fingerprints or config.json (an older run) is refused unless `allow_unverified`, and then
+    marked `verified = False`.
 
     `metric` (TASK/METRIC of `ablate eval`, store sources only) replaces the loss by that downstream
     metric, oriented like a loss (negated when higher is better), so that every table keeps "positive
@@ -170,61 +171,6 @@ def _with_metric(runs: Runs, name: str) -> Runs:
     return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,))
 
 
-def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False) -> None:
-    """Refuse a source in which two counted runs of one (tier, seed) differ in anything but the arm."""
-    order = {arm: i for i, arm in enumerate(runs.arm_order)}
-    columns = FINGERPRINTS + (("eval_fingerprint",) if with_eval else ())
-    for (tier, seed), group in runs.completed.group_by(["tier", "seed"], maintain_order=True):
-        rows = sorted(group.iter_rows(named=True), key=lambda r: order.get(r["arm"], len(order)))
-        if runs.root is not None and not allow_unverified:
-            for row in rows:
-                absent = [c for c in FINGERPRINTS if row[c] is None]
-                if absent:
-                    raise AblateError(
-                        f"run {row['path']} has no {', '.join(absent)} (a run made before they were recorded): its "
-                        "pairing cannot be verified. Rerun it, or pass --allow-unverified to pair it anyway (the "
-                        "table's footer then names it)")
-        first = rows[0]
-        for row in rows[1:]:
-            for column in columns:
-                if first[column] is None or row[column] is None or first[column] == row[column]:
-                    continue
-                if column == "init_fingerprint" and parameter_matched(first, row):
-                    continue  # a narrowed MLP: the parameters both have with one name and shape start equal
-                raise AblateError(_mismatch(runs, first, row, column))
-
-
-def parameter_matched(a: dict, b: dict) -> bool:
-    """Two runs whose MLP widths differ (match_params) but whose common initial parameters are equal."""
-    return (a["mlp_hidden"] is not None and b["mlp_hidden"] is not None and a["mlp_hidden"] != b["mlp_hidden"]
-            and a["init_fingerprint_common"] is not None and a["init_fingerprint_common"] == b["init_fingerprint_common"])
-
-
-def _mismatch(runs: Runs, a: dict, b: dict, column: str) -> str:
-    names = [a["path"] or f"{a['tier']}/{a['arm']}/seed{a['seed']}", b["path"] or f"{b['tier']}/{b['arm']}/seed{b['seed']}"]
-    text = (f"runs {names[0]} and {names[1]} are not matched: their {column} differs ({a[column][:12]}… vs "
-            f"{b[column][:12]}…)")
-    if column == "config_fingerprint" and a["path"] and b["path"]:
-        from ablate.identity import config_differences
-        from ablate.store import CONFIG
-
-        try:
-            diffs = config_differences(read_json(Path(a["path"]) / CONFIG), read_json(Path(b["path"]) / CONFIG))
-        except (OSError, ValueError):
-            diffs = []
-        if diffs:
-            text += "; differing settings: " + ", ".join(f"{k} = {x!r} vs {y!r}" for k, x, y in diffs)
-    elif column == "val_fingerprint":
-        text += "; their final losses were measured on different validation tokens"
-    elif column == "init_fingerprint":
-        text += "; they did not start from the same initial weights"
-    elif column == "data_fingerprint":
-        text += "; they were not trained on the same batches"
-    elif column == "eval_fingerprint":
-        text += "; they were evaluated under other settings (task version, limit, data or lm-eval version)"
-    return text + ". A paired difference needs runs that differ only in the arm"
-
-
 def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
     """An experiment folder itself, or `results/<experiment name>` for a name or an experiments/*.py file."""
     from ablate.experiment import default_results, load_experiment
@@ -254,6 +200,7 @@ def _runs_from_store(folder: Path) -> Runs:
         summary = read_json_file(run / SUMMARY, "rerun that run (`ablate run ... --force` keeps the damaged folder "
                                                 "aside) or move the folder out of the experiment")
         tier, arm, seed_dir = run.relative_to(folder).parts
+        _check_folder_names(run, tier, arm)
         where = {"experiment": folder.name, "tier": tier, "arm": arm, "seed": int(seed_dir.removeprefix("seed"))}
         for key, expected in where.items():
             if key in summary and summary[key] != expected:
@@ -274,13 +221,33 @@ def _runs_from_store(folder: Path) -> Runs:
             "path": str(run),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
-        row["verified"] = all(row[key] is not None for key in FINGERPRINTS)
+        row[SETTINGS] = _settings_fingerprint(run)
+        row["verified"] = all(row[key] is not None for key in (*FINGERPRINTS, SETTINGS))
         row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
         rows.append(row)
     if not rows:
         raise AblateError(f"no runs (no */*/seed<k>/{SUMMARY}) under {str(folder)!r}")
     frame = pl.DataFrame(rows, schema=RUN_SCHEMA)
     return Runs(name=folder.name, frame=frame, root=folder)
+
+
+def _check_folder_names(run: Path, tier: str, arm: str) -> None:
+    """Names read from the store are data: a folder the CLI could not have made (`a|b`) is refused, named."""
+    for kind, name in (("tier", tier), ("arm", arm)):
+        try:
+            check_name(kind, name)
+        except AblateError as err:
+            raise AblateError(f"{run}: {err}; move that folder out of the experiment folder") from None
+
+
+def _settings_fingerprint(run: Path) -> str | None:
+    """The fingerprint of the run's settings but arm and seed; None when it has no config.json."""
+    try:
+        config = read_json_file(run / CONFIG, "rerun that run (`ablate run ... --force` keeps the damaged folder "
+                                              "aside) or move the folder out of the experiment")
+    except FileNotFoundError:
+        return None
+    return shared_fingerprint(config)
 
 
 def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
@@ -296,18 +263,10 @@ def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
 
 
 def _runs_from_table(path: Path) -> Runs:
-    try:
-        table = pl.read_parquet(path) if path.suffix.lower() == ".parquet" else pl.read_csv(path, infer_schema_length=None)
-    except Exception as err:  # polars raises several types for unreadable files; name the file either way
-        raise AblateError(f"cannot read {str(path)!r} as {path.suffix[1:]}: {err}") from err
-    absent = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if absent:
-        raise AblateError(
-            f"{str(path)!r} lacks column(s) {', '.join(absent)}; needs {', '.join(REQUIRED_COLUMNS)}; "
-            f"found: {', '.join(table.columns) or '(none)'}"
-        )
+    from ablate.analysis.tablefile import read_table
+
+    table = read_table(path)
     optional = [c for c in ("status", *FINGERPRINTS) if c in table.columns]
-    _check_column_types(path, table)
     frame = table.select(
         pl.col("tier").cast(pl.String),
         pl.col("arm").cast(pl.String),
@@ -333,25 +292,11 @@ def _runs_from_table(path: Path) -> Runs:
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
+        **{SETTINGS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")
     return Runs(name=path.stem, frame=frame.cast(RUN_SCHEMA), root=None, notes=(note,))
-
-
-def _check_column_types(path: Path, table: pl.DataFrame) -> None:
-    """seed must hold integers and val_loss numbers: 1.7 is no seed, and true or "low" is no loss."""
-    seed, loss = table["seed"], table["val_loss"]
-    if seed.dtype.is_float():
-        bad = seed.filter(seed.is_not_null() & (seed != seed.floor()))
-        if bad.len():
-            raise AblateError(f"{str(path)!r}: seed {bad[0]!r} is not an integer; seeds are integers >= 0")
-    elif not seed.dtype.is_integer():
-        raise AblateError(f"{str(path)!r}: column seed holds {seed.dtype} values (e.g. {seed.drop_nulls().head(1).to_list()}); "
-                          "seeds are integers >= 0")
-    if not (loss.dtype.is_float() or loss.dtype.is_integer()) and not loss.is_null().all():
-        raise AblateError(f"{str(path)!r}: column val_loss holds {loss.dtype} values (e.g. "
-                          f"{loss.drop_nulls().head(1).to_list()}); val_loss must be a number")
 
 
 CURVE_SCHEMA = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens": pl.Int64,

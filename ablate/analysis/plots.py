@@ -126,13 +126,15 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
     for crossover in crossovers:
         colour = QUANTITY_COLOURS[crossover.form]
         form = crossover.form.split("_")[1]
-        if crossover.params is not None:
-            ax.axvline(crossover.params, ls="--", color=colour, alpha=0.8,
-                       label=f"crossover, {form} form ≈ {format_params(crossover.params)}")
-        if crossover.low is not None:
-            ax.axvspan(crossover.low, crossover.high, color=colour, alpha=0.12,
-                       label=f"{form}: 95% seed bootstrap {format_params(crossover.low)}–{format_params(crossover.high)}")
-        elif crossover.share is not None:
+        for crossing in crossover.crossings:  # every sign change of the means, each with its interval
+            ax.axvline(crossing.params, ls="--", color=colour, alpha=0.8,
+                       label=f"crossover, {form} form ≈ {format_params(crossing.params)}")
+            if crossing.low is not None:
+                ax.axvspan(crossing.low, crossing.high, color=colour, alpha=0.12,
+                           label=f"{form}: 95% seed bootstrap {format_params(crossing.low)}–{format_params(crossing.high)}")
+            elif crossing.share is not None:
+                ax.plot([], [], " ", label=f"{form}: crossover not identified ({crossing.share:.0%} of resamples cross)")
+        if not crossover.crossings and crossover.share is not None:
             ax.plot([], [], " ", label=f"{form}: crossover not identified ({crossover.share:.0%} of resamples cross)")
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")

@@ -4,6 +4,8 @@ Markdown and LaTeX show mean ± sd, se, the 95% interval and the p-values, and s
 there is no spread; CSV and JSON carry the exact machine columns (empty / null spread and p at
 n = 1). Markdown and JSON also carry the excluded runs, missing seeds, skipped quantities and the
 meaning of every row mark; CSV cannot, so the CLI prints those to stderr.
+
+Every cell is escaped for its format (`ablate.analysis.escape`): a name is data, never markup.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 
 from ablate.errors import choice_error
+from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.tables import DESCRIPTIONS, MARK_NOTES, Table
 
 FORMATS = ("md", "csv", "latex", "json")
@@ -87,7 +90,7 @@ def to_markdown(table: Table) -> str:
         cells = [row["tier"], label, str(row["n"]), effect, _num(row["se"], signed=False), interval, _num(row["min"]),
                  _num(row["max"]), f"{row['agree']}/{row['n']}", format_p(row["p"]),
                  *([format_p(row["p_holm"])] if holm else []), _marks(row)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_markdown_row(cells))
     if table.frame.is_empty():
         lines.append("| " + " | ".join(["–"] * len(head)) + " |")
     lines += ["", FOOTER + (" " + HOLM_FOOTER.format(reference=table.reference) if holm else "")
@@ -100,19 +103,23 @@ def _losses_markdown(table: Table) -> str:
     lines = _markdown_head(table, head)
     for row in table.frame.iter_rows(named=True):
         spread = f" ± {_num(row['sd'], signed=False)}" if row["sd"] is not None else " (1 seed)"
-        lines.append("| " + " | ".join([row["tier"], row["arm"], str(row["n"]), _num(row["mean"], signed=False) + spread,
-                                        _num(row["se"], signed=False), _num(row["min"], signed=False),
-                                        _num(row["max"], signed=False), _marks(row)]) + " |")
+        lines.append(_markdown_row([row["tier"], row["arm"], str(row["n"]), _num(row["mean"], signed=False) + spread,
+                                    _num(row["se"], signed=False), _num(row["min"], signed=False),
+                                    _num(row["max"], signed=False), _marks(row)]))
     return "\n".join(lines + ["", LOSS_FOOTER] + _markdown_tail(table)) + "\n"
+
+
+def _markdown_row(cells: list) -> str:
+    return "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
 
 
 def _markdown_head(table: Table, head: list[str]) -> list[str]:
     return [
-        f"## {title(table)} — {table.name}",
+        markdown_text(f"## {title(table)} — {table.name}"),
         "",
-        "Validation loss in nats. " + EXPLAIN[table.kind].format(reference=table.reference) + ".",
+        markdown_text("Validation loss in nats. " + EXPLAIN[table.kind].format(reference=table.reference) + "."),
         "",
-        "| " + " | ".join(head) + " |",
+        _markdown_row(head),
         "|" + "|".join("---" for _ in head) + "|",
     ]
 
@@ -135,7 +142,7 @@ def _missing_lines(table: Table) -> list[str]:
 
 
 def _listing(heading: str, items: list[str]) -> list[str]:
-    return ["", f"{heading}:", ""] + [f"- {item}" for item in items] if items else []
+    return ["", f"{heading}:", ""] + [f"- {markdown_text(item)}" for item in items] if items else []
 
 
 def to_csv(table: Table) -> str:
@@ -166,14 +173,15 @@ def to_latex(table: Table) -> str:
                 + (" & $p_\\mathrm{Holm}$" if holm else "") + " & Marks \\\\")
         spec = "llrlllllr" + "l" * (2 if holm else 1)
     lines = [
-        f"% {title(table)} — {table.name}; nats; " + EXPLAIN[table.kind].format(reference=table.reference),
+        "% " + latex_text(f"{title(table)} — {table.name}; nats; " + EXPLAIN[table.kind].format(reference=table.reference)),
         f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
     ]
     for row in table.frame.iter_rows(named=True):
-        label, marks, se = _latex_escape(row[key]), _latex_escape(_marks(row)), f"${_num(row['se'], signed=False)}$"
+        tier, label, marks = latex_text(row["tier"]), latex_text(row[key]), latex_text(_marks(row))
+        se = f"${_num(row['se'], signed=False)}$"
         if table.kind == "losses":
             effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$" if row["sd"] is not None else "$ (1 seed)")
-            lines.append(f"{row['tier']} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
+            lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
             continue
         if row["n"] < 2 or row["sd"] is None:
             effect, interval = f"${_num(row['mean'])}$ (1 seed)", "--"
@@ -182,12 +190,9 @@ def to_latex(table: Table) -> str:
             interval = f"$[{_num(row['ci_low'])}, {_num(row['ci_high'])}]$"
         span = f"$[{_num(row['min'])}, {_num(row['max'])}]$"
         ps = [format_p(row["p"])] + ([format_p(row["p_holm"])] if "p_holm" in row else [])
-        lines.append(f"{row['tier']} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "
-                     f"{row['agree']}/{row['n']} & " + " & ".join(_latex_escape(p) for p in ps) + f" & {marks} \\\\")
+        lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "
+                     f"{row['agree']}/{row['n']} & " + " & ".join(latex_text(p) for p in ps) + f" & {marks} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    lines += [f"% warning: {_latex_escape(w)}" for w in table.warnings]
+    lines += [f"% warning: {latex_text(w)}" for w in table.warnings]
     return "\n".join(lines) + "\n"
 
-
-def _latex_escape(text: str) -> str:
-    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("<", r"$<$")

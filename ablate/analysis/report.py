@@ -110,9 +110,10 @@ def crossover_section(ctx: ReportContext) -> str:
                                   *[f"- {note}" for note in increments.notes]])
     lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
     lines += [f"- {note}" for note in increments.notes]
-    lines += ["", "Crossover: the scale where the filtering increment overtakes the zero-option increment, "
-              "interpolated on a log scale between the means of adjacent tiers; its interval is a paired seed "
-              "bootstrap (seeds resampled within each tier), reported only when ≥ 95% of resamples cross."]
+    lines += ["", "Crossover: a scale where the filtering increment overtakes the zero-option increment (every sign "
+              "change from ≤ 0 to > 0 is listed), interpolated on a log scale between the means of adjacent tiers "
+              "that can carry evidence; its interval is a paired seed bootstrap (seeds resampled "
+              "within each tier), reported only when ≥ 95% of resamples cross near it."]
     if plot_increments(increments, ctx.crossovers, ctx.out_dir / "increments.png"):
         ctx.record("increments.png")
         lines += ["", "![increments](increments.png)"]

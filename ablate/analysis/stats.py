@@ -18,18 +18,23 @@ from scipy.special import stdtr, stdtrit
 
 STAT_COLUMNS = ("n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p")
 CONFIDENCE = 0.95
+# A spread of the differences at or below this fraction of the losses' magnitude is rounding, not noise:
+# 3.9 − 3.8 and 4.3 − 4.2 differ in binary by ~1e-16, and a t-test on that would call any gain certain.
+RESOLUTION = 1e-9
 
 
 def paired_differences(completed: pl.DataFrame, arms: Sequence[str], reference: str) -> pl.DataFrame:
     """Per (tier, seed) where both ran: `diff` = L_reference − L_arm (positive: the arm is better).
 
-    Returns columns tier, seed, arm, diff. That the two runs of a pair differ only in the arm (init,
+    Returns columns tier, seed, arm, diff, scale (the larger |loss| of the two: what float resolution is
+    relative to, see `summarise`). That the two runs of a pair differ only in the arm (init,
     data, config and validation fingerprints) is checked once for every source by
     `ablate.analysis.load.load_runs`, before any table is built.
     """
     ref = completed.filter(pl.col("arm") == reference).select("tier", "seed", pl.col("val_loss").alias("ref_loss"))
     pairs = completed.filter(pl.col("arm").is_in(list(arms))).join(ref, on=["tier", "seed"], how="inner")
-    return pairs.select("tier", "seed", "arm", (pl.col("ref_loss") - pl.col("val_loss")).alias("diff"))
+    return pairs.select("tier", "seed", "arm", (pl.col("ref_loss") - pl.col("val_loss")).alias("diff"),
+                        pl.max_horizontal(pl.col("ref_loss").abs(), pl.col("val_loss").abs()).alias("scale"))
 
 
 def summarise(differences: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
@@ -47,6 +52,9 @@ def summarise(differences: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     p = 0 for equal non-zero differences, which would call an effect certain on no evidence of noise,
     and NaN for equal zeros); sd, se and the interval are then 0 as computed. Group order is left to
     the caller (tables sort by tier size).
+
+    A spread at float resolution is no spread: when sd ≤ RESOLUTION × the largest |loss| behind the group
+    (column `scale`, else the largest |diff|), sd is taken as 0 and p is null, as for equal differences.
     """
     # A fixed summation order, so that the same runs give bit-identical figures from any source.
     ordered = differences.sort([*by, "seed"] if "seed" in differences.columns else list(by))
@@ -57,9 +65,11 @@ def summarise(differences: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
         min=pl.col("diff").min(),
         max=pl.col("diff").max(),
         agree=((pl.col("diff").sign() == pl.col("diff").mean().sign()) & (pl.col("diff") != 0)).sum().cast(pl.Int64),
+        _scale=(pl.col("scale") if "scale" in differences.columns else pl.col("diff")).abs().max(),
     )
     spread = pl.col("n") >= 2
-    grouped = grouped.with_columns(sd=pl.when(spread).then(pl.col("sd"))).with_columns(se=pl.col("sd") / pl.col("n").sqrt())
+    rounding = pl.col("sd") <= RESOLUTION * pl.col("_scale")
+    grouped = grouped.with_columns(sd=pl.when(spread & rounding).then(0.0).when(spread).then(pl.col("sd"))).with_columns(se=pl.col("sd") / pl.col("n").sqrt())
     ns = grouped["n"].to_numpy()
     t_quantile = np.full(len(ns), np.nan)
     t_quantile[ns >= 2] = stdtrit(ns[ns >= 2] - 1, 0.5 + CONFIDENCE / 2)

@@ -199,19 +199,20 @@ def overlap_table(runs: Runs) -> Table:
             continue
         used.update(needed)
         gains = paired_differences(runs.completed, [OVERLAP_SINK, alone, both], OVERLAP_BASE)
-        wide = gains.pivot(on="arm", index=["tier", "seed"], values="diff")
+        scale = gains.group_by("tier", "seed").agg(pl.col("scale").max())  # the largest |loss| of the four runs
+        wide = gains.pivot(on="arm", index=["tier", "seed"], values="diff").join(scale, on=["tier", "seed"])
         for arm in (OVERLAP_SINK, alone, both):
             if arm not in wide.columns:  # an arm with no pair at all in any tier
                 wide = wide.with_columns(pl.lit(None, dtype=pl.Float64).alias(arm))
         per_seed = wide.drop_nulls([OVERLAP_SINK, alone, both]).select(
-            "tier", "seed", (pl.col(OVERLAP_SINK) + pl.col(alone) - pl.col(both)).alias("diff")
+            "tier", "seed", (pl.col(OVERLAP_SINK) + pl.col(alone) - pl.col(both)).alias("diff"), "scale"
         )
         parts.append(per_seed.with_columns(gate=pl.lit(gate)))
     return _keyed_table("overlap", "gate", list(OVERLAP_GATES), parts, runs, used, notes)
 
 
 def _keyed_table(kind, key, order, parts, runs: Runs, used, notes) -> Table:
-    schema = {"tier": pl.String, key: pl.String, "seed": pl.Int64, "diff": pl.Float64}
+    schema = {"tier": pl.String, key: pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64}
     diffs = pl.concat([p.select(list(schema)) for p in parts]) if parts else pl.DataFrame(schema=schema)
     frame = sort_runs(summarise(diffs, ["tier", key]), order, arm_column=key)
     arms = [a for a in runs.arm_order if a in used]

@@ -12,6 +12,7 @@ import math
 import statistics
 from collections import defaultdict
 
+from ablate.analysis.escape import markdown_cell
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import iter_run_dirs, read_json
 from ablate.tiers import tier_rank
@@ -62,6 +63,11 @@ def _runs_with(experiment_dir, filename: str):
         yield tier, arm, seed, data
 
 
+def _row(cells) -> str:
+    """One markdown table row, every cell escaped: `max |residual|` or an arm read from a file stays one cell."""
+    return "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
+
+
 def _order(tier: str, arm: str):
     arm_rank = BUILTIN_ARMS.index(arm) if arm in BUILTIN_ARMS else len(BUILTIN_ARMS)
     return (tier_rank(tier), tier, arm_rank, arm)
@@ -91,7 +97,7 @@ def summarise_probes(experiment_dir) -> str:
         return ""
     used = [c for c in PROBE_COLUMNS if any(s.get(c[0]) is not None for runs in groups.values() for s in runs)]
     lines = [
-        "| tier | arm | seeds | " + " | ".join(header for _, header, _ in used) + " |",
+        _row(["tier", "arm", "seeds", *(header for _, header, _ in used)]),
         "|---|---|---:|" + "---:|" * len(used),
     ]
     for tier, arm in sorted(groups, key=lambda key: _order(*key)):
@@ -100,7 +106,7 @@ def summarise_probes(experiment_dir) -> str:
         for key, _, percent in used:
             values = [float(s[key]) for s in runs if s.get(key) is not None and math.isfinite(float(s[key]))]
             cells.append(_cell(values, percent))
-        lines.append(f"| {tier} | {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+        lines.append(_row([tier, arm, len(runs), *cells]))
     lines.append("")
     lines.append("Means over layers and heads (queries i ≥ 1), then over seeds (± sd). Exposure: mass on reads "
                  "below the head's 25th-percentile norm. Max |residual|: the largest activation over layers; mean over layers of max |residual|: "
@@ -132,7 +138,7 @@ def summarise_injections(experiment_dir) -> str:
         lines = [
             f"Junk injection, cutoff {cutoff}: loss increase over clean (nats), mean over seeds (± sd).",
             "",
-            "| tier | arm | junk | seeds | " + " | ".join(f"ε={e:g}" for e in eps) + " |",
+            _row(["tier", "arm", "junk", "seeds", *(f"ε={e:g}" for e in eps)]),
             "|---|---|---|---:|" + "---:|" * len(eps),
         ]
         for tier, arm, junk in rows:
@@ -141,7 +147,7 @@ def summarise_injections(experiment_dir) -> str:
                 key = (cutoff, tier, arm, junk, e)
                 values.append("n/a" if key in not_applicable and not cells.get(key) else _increase(cells.get(key, [])))
             n = len(seeds.get((cutoff, tier, arm), ()))
-            lines.append(f"| {tier} | {arm} | {junk} | {n} | " + " | ".join(values) + " |")
+            lines.append(_row([tier, arm, junk, n, *values]))
         sections.append("\n".join(lines))
     return "\n\n".join(sections)
 
