@@ -123,7 +123,8 @@ def test_the_probes_table_has_as_many_cells_as_its_delimiter_row(tmp_path):
     assert "max \\|residual\\|" in rows[0]
     assert len({_cells(line) for line in rows}) == 1, rows
     inject = tmp_path / "10M" / "x" / "seed0" / "inject.json"
-    inject.write_text(json.dumps({"run": {"tier": "10M", "arm": "x|y", "seed": 0}, "by_cutoff": {"p25": {"rows": [
+    # the run is named by its folder (a file naming another run is left out); a junk name is data too
+    inject.write_text(json.dumps({"run": {"tier": "10M", "arm": "x", "seed": 0}, "by_cutoff": {"p25": {"rows": [
         {"junk": "a|b", "eps": 0.1, "increase": 0.2}]}}}))
     rows = _table_lines(summarise_injections(tmp_path))
-    assert len({_cells(line) for line in rows}) == 1, rows
+    assert len(rows) >= 3 and len({_cells(line) for line in rows}) == 1, rows
