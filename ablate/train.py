@@ -269,7 +269,7 @@ class Trainer:
                                val_loss=None, finished=now(), error=str(err))
             return read_json(self.summary_path)
         except AblateError as err:  # bad input: one line (the command shows it), no traceback
-            self.write_summary(status="failed", finished=now(), error=str(err))
+            self.write_summary(status="failed", finished=now(), error=f"ablate: error: {err}")
             raise
         except Exception as err:
             log.exception("%s: the run failed: %s", self.folder, err)
