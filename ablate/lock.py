@@ -9,12 +9,17 @@ refreshes the file's mtime every `refresh_s` seconds from a background thread, s
   time recorded in the lock differs), or
 * its holder ran on another host and the lock has not been refreshed for `stale_after_s` seconds.
 
-A stale lock is taken over under a short-lived guard file, so two processes that find the same stale
-lock cannot both take it. This module has no torch dependency.
+A stale lock is taken over under a short-lived guard file, and the breaker judges it again under the
+guard (the very same file, by inode and mtime, and still dead): a lock that another breaker already
+replaced, even one whose holder is still writing it, is never removed, so two processes that find the
+same stale lock cannot both take it. A lock path that is not a plain file (a directory, a symbolic
+link) or a file naming an impossible holder was not written by this module: it is refused with one
+line naming the file, never judged or removed. This module has no torch dependency.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +34,9 @@ from ablate.errors import AblateError
 log = logging.getLogger(__name__)
 REFRESH_S = 30.0
 STALE_AFTER_S = 300.0  # another host's lock unrefreshed this long is dead (10 refreshes missed)
+TORN_AFTER_S = 60.0  # a lock without a holder (torn, or being written) this old was left by a writer that died
+TOKEN_ENV = "ABLATE_LOCK_TOKEN"  # a holder's token, handed down to the child processes it starts
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no process anywhere has a larger id
 
 
 class LockHeld(AblateError):
@@ -67,26 +75,73 @@ def holder_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_
             return False
         except PermissionError:
             pass  # alive, another user's
-        except (TypeError, ValueError, OSError):
+        except (TypeError, ValueError, OverflowError, OSError):
             return False
         recorded = holder.get("start_time")
         return recorded is None or process_start_time(int(pid)) in (None, recorded)
     return time.time() - mtime < stale_after_s
 
 
-def read_lock(path: str | os.PathLike) -> tuple[dict, float] | None:
-    """(holder, mtime) of a lock file, or None when there is none. A torn file reads as an empty holder."""
+def damaged_lock(path: Path, what: str) -> AblateError:
+    return AblateError(f"lock file {path} {what}, not a lock ablate wrote; if no ablate process is using it, "
+                       f"delete it (rm -r {str(path)!r}) and run the command again")
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
+
+
+def read_lock_file(path: str | os.PathLike) -> tuple[dict, float, tuple] | None:
+    """(holder, mtime, the file's identity) of a lock file, or None when there is none.
+
+    A torn file (cut short while it was written) reads as an empty holder; a path that is a directory
+    or a symbolic link (dangling or not), or a file naming an impossible holder, is an AblateError.
+    """
     path = Path(path)
     try:
-        mtime = path.stat().st_mtime
-        text = path.read_text(encoding="utf-8")
+        stat = path.lstat()
     except FileNotFoundError:
         return None
+    if path.is_symlink():
+        raise damaged_lock(path, f"is a symbolic link (to {os.readlink(path)!r})")
+    if path.is_dir():
+        raise damaged_lock(path, "is a directory")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1 << 16)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise damaged_lock(path, f"cannot be read ({err.strerror or err})") from None
     try:
         holder = json.loads(text)
     except ValueError:
         holder = {}
-    return (holder if isinstance(holder, dict) else {}), mtime
+    holder = holder if isinstance(holder, dict) else {}
+    if holder:
+        _check_holder(path, holder)
+    return holder, stat.st_mtime, _identity(stat)
+
+
+def _check_holder(path: Path, holder: dict) -> None:
+    pid = holder.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX:
+        raise damaged_lock(path, f"names pid {pid!r}, which no process can have")
+    if not isinstance(holder.get("host"), str) or not holder["host"]:
+        raise damaged_lock(path, f"names no host ({holder.get('host')!r})")
+
+
+def read_lock(path: str | os.PathLike) -> tuple[dict, float] | None:
+    """(holder, mtime) of a lock file, or None when there is none (see `read_lock_file`)."""
+    found = read_lock_file(path)
+    return None if found is None else found[:2]
+
+
+def lock_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_S) -> bool:
+    """Whether a lock read as (holder, mtime) still belongs to someone: a live holder, or a writer still writing."""
+    if not holder:
+        return time.time() - mtime < TORN_AFTER_S
+    return holder_alive(holder, mtime, stale_after_s)
 
 
 def live_holder(path: str | os.PathLike, stale_after_s: float = STALE_AFTER_S) -> dict | None:
@@ -95,9 +150,15 @@ def live_holder(path: str | os.PathLike, stale_after_s: float = STALE_AFTER_S) -
     if found is None:
         return None
     holder, mtime = found
-    if not holder:  # being written right now, or torn: young means being written
-        return {} if time.time() - mtime < 60 else None
-    return holder if holder_alive(holder, mtime, stale_after_s) else None
+    return holder if lock_alive(holder, mtime, stale_after_s) else None  # a young torn lock is being written
+
+
+def held_by_parent(path: str | os.PathLike) -> bool:
+    """Whether the lock at `path` is held by this process's parent, which handed its token down (TOKEN_ENV)."""
+    token, found = os.environ.get(TOKEN_ENV), read_lock(path)
+    holder = found[0] if found else {}
+    return bool(token) and holder.get("token") == token and holder.get("host") == socket.gethostname() \
+        and holder.get("pid") == os.getppid()
 
 
 class FileLock:
@@ -125,47 +186,55 @@ class FileLock:
             if self._create():
                 self._start_refresh()
                 return self
-            found = read_lock(self.path)
+            found = read_lock_file(self.path)
             if found is None:
                 continue  # released between our attempt and the read
-            holder, mtime = found
-            if not holder and time.time() - mtime < 60:
-                raise LockHeld(self.path, {"host": "?", "pid": "? (lock being written)"}, self.what)
-            if holder and holder_alive(holder, mtime, self.stale_after_s):
-                raise LockHeld(self.path, holder, self.what)
-            self._break_stale(holder)
+            holder, mtime, _ = found
+            if lock_alive(holder, mtime, self.stale_after_s):
+                raise LockHeld(self.path, holder or {"host": "?", "pid": "? (lock being written)"}, self.what)
+            self._break_stale(found)
         raise LockHeld(self.path, (read_lock(self.path) or ({}, 0))[0], self.what)
 
     def _create(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
             return False
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(self.holder()))
-            handle.flush()
-            os.fsync(handle.fileno())
+            self._write_holder(handle)
         return True
 
-    def _break_stale(self, stale: dict) -> None:
-        """Remove a dead holder's lock; a guard file makes sure only one process judges and removes it."""
+    def _write_holder(self, handle) -> None:
+        """Write and sync the holder (on a network filesystem this can take a while: others see it torn)."""
+        handle.write(json.dumps(self.holder()))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+    def _break_stale(self, judged: tuple[dict, float, tuple]) -> None:
+        """Remove the dead lock `judged` (holder, mtime, identity), under a guard file: one breaker at a time.
+
+        Under the guard the lock is read and judged again, and removed only if it is the very file that was
+        judged (same inode and mtime) and is still dead: another breaker may have replaced it meanwhile with
+        its own lock, which reads as torn while it is being written (on a slow filesystem, for a while).
+        """
         guard = self.path.with_name(self.path.name + ".breaking")
         try:
             fd = os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             try:
-                if time.time() - guard.stat().st_mtime > 60:  # a breaker that died mid-way
+                if time.time() - guard.stat().st_mtime > TORN_AFTER_S:  # a breaker that died mid-way
                     guard.unlink()
             except FileNotFoundError:
                 pass
             return
         os.close(fd)
         try:
-            found = read_lock(self.path)
-            if found is not None and found[0].get("token") == stale.get("token"):  # still the same dead lock
-                log.warning("taking over the lock of %s from a holder that is gone (%s)", self.what,
-                            describe_holder(stale))
-                self.path.unlink()
+            found = read_lock_file(self.path)
+            if found is None or found[2] != judged[2] or lock_alive(found[0], found[1], self.stale_after_s):
+                return  # gone, replaced, or alive after all: the caller looks again
+            log.warning("taking over the lock of %s from a holder that is gone (%s)", self.what,
+                        describe_holder(found[0]) if found[0] else "a torn lock file")
+            self.path.unlink()
         finally:
             guard.unlink(missing_ok=True)
 
@@ -190,6 +259,19 @@ class FileLock:
             self._thread.join(timeout=5)
         if self.held():
             self.path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def handed_down(self):
+        """While inside: the child processes started get this lock's token (`held_by_parent` checks it)."""
+        before = os.environ.get(TOKEN_ENV)
+        os.environ[TOKEN_ENV] = self.token
+        try:
+            yield self
+        finally:
+            if before is None:
+                os.environ.pop(TOKEN_ENV, None)
+            else:
+                os.environ[TOKEN_ENV] = before
 
     def __enter__(self) -> "FileLock":
         return self.acquire()

@@ -29,7 +29,7 @@ from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, RunSpec, default_results
 from ablate.config import lr_at, resolve_config, semantic  # noqa: F401 (resolve_config: re-exported)
 from ablate.identity import config_fingerprint
-from ablate.lock import FileLock
+from ablate.lock import FileLock, held_by_parent
 from ablate.store import (CHECKPOINTS, CONFIG, METRICS, RUN_LOG, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
                           finished, read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
 from ablate.tiers import get_tier
@@ -119,29 +119,71 @@ class Diverged(Exception):
 
 # ---------------------------------------------------------------------------------------------- the run
 def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
-    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside (the store ignores it)."""
+    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside (the store ignores it).
+
+    A folder holding results (a summary, metrics, checkpoints) but no config.json is damaged: refused,
+    never retrained in place. A run of other settings is refused, unless it never took a step (nothing
+    of it would be lost): then it starts again with the new settings.
+    """
     summary_path, config_path = folder / SUMMARY, folder / CONFIG
     if force and folder.exists():
         aside = folder.with_name(f"{folder.name}.old-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
         folder.rename(aside)
         log.warning("kept the previous run aside in %s", aside)
-    if config_path.exists():
-        way_out = "use --force to keep the old run aside and start again"
-        previous, current = semantic(read_json_file(config_path, way_out)), semantic(config)
-        if previous != current:
-            diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
-            raise AblateError(
-                f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
-                "use another --results folder or --force to keep the old run aside and start again")
-        if summary_path.exists() and finished(read_json_file(summary_path, way_out)):
-            return "done"
-        return "resume"
-    return "fresh"
+    way_out = "use --force to keep the old run aside and start again"
+    if not config_path.exists():
+        held = [name for name in (SUMMARY, METRICS, CHECKPOINTS) if (folder / name).exists()]
+        if held:
+            raise AblateError(f"{folder} is damaged: it holds {', '.join(held)} but no {CONFIG}; {way_out}")
+        return "fresh"
+    previous, current = semantic(read_json_file(config_path, way_out)), semantic(config)
+    summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
+    if previous != current:
+        diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        if not took_a_step(folder, summary):
+            log.warning("%s never took a step: starting it again with the new settings (they differ in: %s)",
+                        folder, ", ".join(diff))
+            summary_path.unlink(missing_ok=True)  # the record of an attempt that produced nothing
+            return "fresh"
+        raise AblateError(
+            f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
+            "use another --results folder or --force to keep the old run aside and start again")
+    return "done" if finished(summary) else "resume"
 
 
-def launched_child() -> bool:
-    """True in the extra processes a data-parallel launcher started (they join the run their parent holds)."""
-    return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0
+def took_a_step(folder: Path, summary: dict) -> bool:
+    """Whether a run folder holds anything of a training step: a checkpoint, weights, a step's metrics."""
+    checkpoints = folder / CHECKPOINTS
+    if finished(summary) or summary.get("steps") or (checkpoints.is_dir() and any(checkpoints.iterdir())):
+        return True
+    return any(row.get("step") for row in read_metrics(folder / METRICS) if isinstance(row, dict))
+
+
+RANK_VARIABLES = ("LOCAL_RANK", "RANK")
+
+
+def claimed_rank() -> int:
+    """The non-zero process rank the environment claims (LOCAL_RANK, else RANK), or 0."""
+    for name in RANK_VARIABLES:
+        try:
+            rank = int(os.environ.get(name) or 0)
+        except ValueError:
+            continue
+        if rank:
+            return rank
+    return 0
+
+
+def launched_child(folder: Path) -> bool:
+    """True only in a data-parallel child of the process that holds the run (it handed down the run lock's
+    token, `FileLock.handed_down`). Anything else that claims a rank is an ordinary run, with every guard."""
+    if not claimed_rank():
+        return False
+    if held_by_parent(run_lock_path(folder)):
+        return True
+    log.warning("the environment claims rank %d, but this process's parent does not hold %s: running it as an "
+                "ordinary run", claimed_rank(), folder)
+    return False
 
 
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
@@ -151,22 +193,39 @@ def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | Non
     The run folder is locked for the whole run (`ablate.lock`): a second process on the same run is
     refused at once, naming the holder, before it touches anything.
     """
+    return _run_spec(spec, results, data_dir, force, options)[0]
+
+
+def _run_spec(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
+    """(summary, whether this process was a data-parallel child of the run's holder)."""
     config = resolve_config(spec, data_dir, **options)
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
-    if launched_child():
-        return Trainer(folder, config).fit()
-    with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})"):
+    if launched_child(folder):
+        return Trainer(folder, config).fit(), True
+    with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
         state = prepare_run_dir(folder, config, force)
         if state == "done":
             summary = read_json(folder / SUMMARY)
             log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
-            return summary
+            return summary, False
+        check_data_folder(config["data_dir"])
         folder.mkdir(parents=True, exist_ok=True)
         for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config)
-        return Trainer(folder, config).fit()
+        with lock.handed_down():  # the proof the data-parallel children this process starts show
+            return Trainer(folder, config).fit(), False
+
+
+def check_data_folder(data_dir: str) -> None:
+    """A data folder that is not a prepared one is refused before the run folder is touched."""
+    from ablate.data.shards import read_manifest
+
+    try:
+        read_manifest(data_dir)
+    except AblateError as err:
+        raise AblateError(f"{err}; pass --data a folder made by `ablate data prepare`") from None
 
 
 class Trainer:
@@ -209,6 +268,9 @@ class Trainer:
             self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
                                val_loss=None, finished=now(), error=str(err))
             return read_json(self.summary_path)
+        except AblateError as err:  # bad input: one line (the command shows it), no traceback
+            self.write_summary(status="failed", finished=now(), error=f"ablate: error: {err}")
+            raise
         except Exception as err:
             log.exception("%s: the run failed: %s", self.folder, err)
             self.write_summary(status="failed", finished=now(), error=traceback.format_exc()[-4000:])
@@ -524,11 +586,10 @@ def add_commands(subparsers) -> None:
 
 def _run(args) -> int:
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
-    summary = run(spec, args.results, data_dir=args.data, force=args.force, max_steps=args.max_steps,
-                  checkpoint_interval=args.checkpoint_interval,
-                  devices=args.devices, compile=args.compile, logger=args.logger, threads=args.threads,
-                  progress=args.progress)
-    if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0:
+    options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
+                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
+    summary, child = _run_spec(spec, args.results, args.data, args.force, options)
+    if not child:
         print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
                                                      "init_fingerprint", "data_fingerprint", "config_fingerprint",
                                                      "val_fingerprint", "val_tokens_evaluated")}, indent=2))

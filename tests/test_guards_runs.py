@@ -1,0 +1,134 @@
+"""Runs that cannot be overwritten: a claimed rank is not a licence, a folder without its config is damaged,
+and a mistyped --data leaves nothing that refuses the corrected command."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ablate.experiment import RunSpec
+from ablate.lock import TOKEN_ENV
+from ablate.store import read_json, run_dir, run_lock_path
+from ablate.train import run
+from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+
+torch.set_num_threads(1)
+
+
+def _args(results, data, steps=3):
+    return ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", str(steps), "--data", data,
+            "--no-progress", "--threads", "1", "--results", results]
+
+
+def _completed(results, data, steps=3):
+    spec = RunSpec("adhoc", "smoke", "baseline", 0, {"max_steps": steps})
+    summary = run(spec, results, data_dir=str(data), progress=False, threads=1)
+    assert summary["status"] == "completed"
+    return run_dir(results, "adhoc", "smoke", "baseline", 0)
+
+
+def _snapshot(root):
+    """Every file under root (and the lock beside it): name, bytes and mtime."""
+    files = [p for p in sorted(root.parent.rglob("*")) if p.is_file()]
+    return [(str(p.relative_to(root.parent)), hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in files]
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory, sample_data):
+    results = tmp_path_factory.mktemp("done")
+    return results, _completed(results, sample_data)
+
+
+def _without_token():
+    return {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+
+
+@pytest.mark.parametrize("variable", ["LOCAL_RANK", "RANK"])
+def test_a_claimed_rank_on_a_completed_run_is_a_no_op_like_rank_0(completed, sample_data, variable):
+    results, folder = completed
+    before = _snapshot(folder)
+    rank0 = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, _args(results, sample_data))], cwd=REPO,
+                           env={**_without_token(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    claimed = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, _args(results, sample_data))], cwd=REPO,
+                             env={**_without_token(), "OMP_NUM_THREADS": "1", variable: "1"}, capture_output=True,
+                             text=True, timeout=300)
+    assert rank0.returncode == claimed.returncode == 0, claimed.stderr
+    assert claimed.stdout == rank0.stdout and json.loads(claimed.stdout)["status"] == "completed"
+    assert "nothing to do" in claimed.stderr and "Traceback" not in claimed.stderr
+    assert _snapshot(folder) == before  # bitwise untouched, not one mtime changed
+
+
+def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_holds_the_run(completed, sample_data):
+    results, folder = completed
+    lock = run_lock_path(folder)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from ablate.lock import FileLock\n"
+         "with FileLock(sys.argv[1], 'run'):\n    print('held', flush=True); time.sleep(120)", str(lock)],
+        cwd=REPO, env=_without_token(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot(folder)
+        token = json.loads(lock.read_text())["token"]  # the lock is world-readable: its token is no proof alone
+        out = ablate_cli(*_args(results, sample_data), env={"LOCAL_RANK": "1", TOKEN_ENV: token}, check=False,
+                         timeout=300)
+        assert out.returncode == 2, out.stderr
+        assert f"pid {holder.pid}" in out.stderr and "Traceback" not in out.stderr
+        assert out.stderr.strip().splitlines()[-1].startswith("ablate: error:")
+        assert _snapshot(folder) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(tmp_path, sample_data):
+    folder = _completed(tmp_path, sample_data)
+    (folder / "config.json").unlink()
+    before = _snapshot(folder)
+    out = ablate_cli(*_args(tmp_path, sample_data), check=False, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+    assert str(folder) in out.stderr and "no config.json" in out.stderr and "--force" in out.stderr
+    assert _snapshot(folder) == before  # not retrained in place
+    forced = ablate_cli(*_args(tmp_path, sample_data), "--force", timeout=300)
+    assert json.loads(forced.stdout)["status"] == "completed"
+    aside = [p for p in folder.parent.iterdir() if p.name.startswith("seed0.old-")]
+    assert len(aside) == 1 and (aside[0] / "summary.json").exists()  # the damaged run kept, not lost
+
+
+def test_a_mistyped_data_folder_is_one_line_and_the_corrected_command_runs(tmp_path, sample_data):
+    wrong = tmp_path / "smaple"
+    out = ablate_cli(*_args(tmp_path / "r", wrong), check=False, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert str(wrong) in out.stderr and "--data" in out.stderr
+    assert not run_dir(tmp_path / "r", "adhoc", "smoke", "baseline", 0).exists()  # nothing left behind
+    fixed = ablate_cli(*_args(tmp_path / "r", sample_data), timeout=300)
+    assert json.loads(fixed.stdout)["status"] == "completed"
+
+
+def test_a_run_that_never_took_a_step_starts_again_with_other_settings(tmp_path, sample_data):
+    broken = tmp_path / "broken"
+    shutil.copytree(sample_data, broken)
+    manifest = read_json(broken / "manifest.json")
+    (broken / manifest["splits"]["train"]["shards"][0]["file"]).unlink()  # a valid folder, a shard gone
+    out = ablate_cli(*_args(tmp_path / "r", broken), check=False, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    folder = run_dir(tmp_path / "r", "adhoc", "smoke", "baseline", 0)
+    assert read_json(folder / "summary.json")["status"] == "failed"  # the attempt is recorded, one line
+    assert "is missing" in read_json(folder / "summary.json")["error"]
+    fixed = ablate_cli(*_args(tmp_path / "r", sample_data), timeout=300)  # other data, no --force
+    assert json.loads(fixed.stdout)["status"] == "completed"
+    assert read_json(folder / "config.json")["data_dir"] == str(sample_data.resolve())
+    assert read_json(folder / "summary.json")["error"] is None
+    # a run that took steps is still never replaced by other settings
+    before = _snapshot(folder)
+    again = ablate_cli(*_args(tmp_path / "r", broken), check=False, timeout=300)
+    assert again.returncode == 2 and "different config (differs in: data_dir)" in again.stderr
+    assert _snapshot(folder) == before
