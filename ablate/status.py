@@ -54,6 +54,14 @@ class SlurmView:
     accounting: dict[str, str] | None = dataclasses.field(default_factory=dict)  # id: state
     errors: dict[str, str] = dataclasses.field(default_factory=dict)  # "squeue" / "sacct": one line
 
+    def holds(self, job_id: str) -> bool:
+        """squeue still shows the job unfinished (completing included: its processes may still live), or
+        cannot say: `submit` must not queue its run again."""
+        if self.queue is None:
+            return True
+        held = self.queue.get(job_id)
+        return held is not None and held[0] not in ENDED
+
 
 def _ask(command: list[str]) -> tuple[str | None, str | None]:
     """(stdout, None), or (None, the one-line reason) when the command failed."""
@@ -124,6 +132,8 @@ def _expand_array(job_id: str) -> list[str]:
 QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING")
 RUNNING = ("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT")
 PAUSED = ("SUSPENDED", "PREEMPTED", "STOPPED")
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+         "REVOKED", "SPECIAL_EXIT")
 
 
 def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
@@ -134,15 +144,18 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
     """
     job_id = entry["job_id"]
     held = (slurm.queue or {}).get(job_id)
-    state = held[0] if held else (slurm.accounting or {}).get(job_id, "")
+    told = (slurm.accounting or {}).get(job_id, "")
+    state = held[0] if held else told
+    if state == "COMPLETING" and told in ENDED:  # it has ended (its processes are being cleaned up): say how
+        state = told
     if state in QUEUED:
         return "queued", None
     if state in RUNNING:
         return "running", None
     if state in PAUSED:
         return "requeued", None
-    if held:  # squeue still shows it a moment after it ended: accounting says how
-        state = (slurm.accounting or {}).get(job_id, "")
+    if held and state not in ENDED:  # a state squeue shows that is none of the above: accounting says how
+        state = told
     if state == "COMPLETED":
         return "finished", None
     if state == "CANCELLED":
@@ -270,10 +283,11 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
         job, reason = slurm_job_state(entry, slurm)
         if job in ACTIVE:  # SLURM holds it; running needs the run's own live lock too (else it is starting)
             return ("requeued" if summary or job == "requeued" else "queued"), None, True
+        held = slurm.holds(entry["job_id"])
         if job in ("cancelled", "unknown"):
-            return job, reason, job == "unknown" and slurm.queue is None
+            return job, reason, held
         # finished or failed in SLURM's eyes, without a result in the run folder
-        return "failed", error_line(summary.get("error")) or reason or "the run stopped without finishing", False
+        return "failed", error_line(summary.get("error")) or reason or "the run stopped without finishing", held
     if entry and entry.get("executor") == "local":
         if entry.get("interrupted"):
             return "cancelled", entry.get("error") or "interrupted; `ablate submit` resumes it", False
