@@ -21,8 +21,8 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import live_holder
-from ablate.store import (LEDGER, METRICS, STATUSES, SUBMIT_LOCK, SUMMARY, finished, read_json_file, read_metrics, run_dir,
-                          run_lock_path)
+from ablate.store import (LEDGER, METRICS, STATUSES, SUBMIT_LOCK, SUMMARY, finished, read_json_file, read_metrics,
+                          run_dir, run_lock_path)
 
 ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still holds the run
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
@@ -292,7 +292,8 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
         if entry.get("interrupted"):
             return "cancelled", entry.get("error") or "interrupted; `ablate submit` resumes it", False
         if entry.get("exit_code") not in (None, 0) or status == "failed":
-            return "failed", error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}", False
+            why = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
+            return "failed", why, False
         if entry.get("exit_code") is None and submit_holder and submit_holder.get("token") == entry.get("submission"):
             return "queued", None, True
     if status in ("failed", "running", "completed"):  # completed without its final loss: it resumes

@@ -31,7 +31,7 @@ def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes
             assert process.poll() is None and time.time() < deadline, "the first run took no step"
             time.sleep(0.1)
         os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=180)
+        _, err = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

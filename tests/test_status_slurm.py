@@ -70,7 +70,8 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         "EXPERIMENT = Experiment(name='held', tiers=['smoke'], arms=['baseline', 'sink-logit', 'combo'], seeds=1,\n"
         f"    overrides={{'max_steps': 3, 'data_dir': {str(sample_data)!r}}})\n")
     experiment, results = load_experiment(file), tmp_path / "results"
-    report = submit(experiment, str(file), results=results, executor="slurm", profile=str(held_profile(tmp_path, slurm_cluster)))
+    held = str(held_profile(tmp_path, slurm_cluster))
+    report = submit(experiment, str(file), results=results, executor="slurm", profile=held)
     array = next(iter(report["jobs"].values())).split("_")[0]
     try:
         backdate(results, "held")
@@ -106,7 +107,8 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
         "EXPERIMENT = Experiment(name='cancel', tiers=['smoke'], arms=['baseline', 'sink-logit'], seeds=1,\n"
         f"    overrides={{'max_steps': 60, 'data_dir': {str(sample_data)!r}}})\n")
     experiment, results = load_experiment(file), tmp_path / "results"
-    report = submit(experiment, str(file), results=results, executor="slurm", profile=str(held_profile(tmp_path, slurm_cluster)))
+    held = str(held_profile(tmp_path, slurm_cluster))
+    report = submit(experiment, str(file), results=results, executor="slurm", profile=held)
     task = report["jobs"]["smoke/sink-logit/seed0"]
     array = task.split("_")[0]
     metrics = run_dir(results, "cancel", "smoke", "sink-logit", 0) / "metrics.jsonl"

@@ -3,7 +3,6 @@
 import datetime as dt
 import json
 import math
-import os
 import subprocess
 import sys
 import time
