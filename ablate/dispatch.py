@@ -20,6 +20,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -30,8 +31,7 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
 from ablate.lock import FileLock
-from ablate.status import (ACTIVE, STATES, error_line, experiment_dir, read_ledger,  # noqa: F401 (re-exported)
-                           read_text, slurm_job_state, slurm_states, status, status_cli)
+from ablate.status import error_line, experiment_dir, read_ledger, status, status_cli
 from ablate.store import (LEDGER, RUN_LOG, SUBMIT_LOCK, atomic_write_json, run_dir)
 
 PROFILE_KEYS = {
@@ -242,12 +242,15 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
 
 
 
+LEFT_ALONE = ("completed", "diverged", "damaged")  # never queued again (damaged: `ablate run --force` decides)
+
+
 def _plan_submission(experiment, specs, results, resources) -> dict:
     rows = status(experiment, results, specs)
-    todo = [spec for spec, row in zip(specs, rows) if row["state"] not in ("completed", "diverged") and not row["queued"]]
+    todo = [spec for spec, row in zip(specs, rows) if row["state"] not in LEFT_ALONE and not row["queued"]]
     skipped: dict[str, int] = {}
     for row in rows:
-        if row["state"] in ("completed", "diverged") or row["queued"]:
+        if row["state"] in LEFT_ALONE or row["queued"]:
             skipped[row["state"]] = skipped.get(row["state"], 0) + 1
     return {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
             "skipped": skipped, "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {}}
@@ -325,6 +328,14 @@ def cpu_training_env() -> dict:
     return {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824", **os.environ}
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a local grid: `keys` are the runs stopped at a step boundary (with a checkpoint)."""
+
+    def __init__(self, keys: list[str]):
+        super().__init__(", ".join(keys))
+        self.keys = keys
+
+
 def _run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
     """The runs on this machine: `parallel` worker processes, each training its share of the runs one after
     another (a process per run would pay the ~6 s of imports every time); a bar over the grid.
@@ -333,6 +344,11 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
     shows it queued until a worker takes its run lock, and failed with its one-line error after. A run
     that fails never stops the others: an exception is caught by the worker, and a worker that dies
     (killed, out of memory) marks its current run failed and is started again for the rest.
+
+    Ctrl-C (SIGINT to this process, or to its process group from a terminal) stops the grid: each worker
+    (in a process group of its own, so it is told exactly once) checkpoints its run at the next step
+    boundary and stops; those runs are recorded as interrupted (`cancelled` in status, resumed by the
+    next submit), no further run starts, and `Interrupted` is raised once every worker has stopped.
     """
     from tqdm.auto import tqdm
 
@@ -343,12 +359,23 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
             {"executor": "local", "runs": [s.key for s in specs]})
     for spec in specs:
         run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
-    codes, bar_lock = {}, threading.Lock()
+    codes, interrupted, bar_lock = {}, [], threading.Lock()
+    stop, workers = threading.Event(), set()
 
-    def finished_run(bar, key: str, code: int, error: str | None) -> None:
-        _record(folder, {key: {"exit_code": code, "error": error}}, merge=True)
+    def stop_workers(signum=None, frame=None) -> None:
+        if not stop.is_set():
+            stop.set()
+            with bar_lock:
+                live = list(workers)
+            for process in live:
+                _interrupt(process)
+
+    def finished_run(bar, key: str, code: int, error: str | None, **extra) -> None:
+        _record(folder, {key: {"exit_code": code, "error": error, **extra}}, merge=True)
         with bar_lock:
             codes[key] = code
+            if extra.get("interrupted"):
+                interrupted.append(key)
             bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
             bar.update(1)
 
@@ -356,12 +383,18 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
         remaining = {s.key: s for s in share}
         worker_log = folder / "local" / f"worker{slot}.log"
         worker_log.parent.mkdir(parents=True, exist_ok=True)
-        while remaining:
+        while remaining and not stop.is_set():
             payload = {"experiment_file": experiment_file, "options": {**options, "threads": options.get("threads") or 1},
                        "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
-            command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--worker", json.dumps(payload)]
+            command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--worker", json.dumps(payload),
+                       "--stop-on-eof"]
             with open(worker_log, "a", encoding="utf-8") as log:
-                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=cpu_training_env(), text=True)
+                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                           env=cpu_training_env(), text=True, start_new_session=True)
+                with bar_lock:
+                    workers.add(process)
+                if stop.is_set():  # Ctrl-C came while it was starting
+                    _interrupt(process)
                 current = None
                 for line in process.stdout:
                     try:
@@ -371,22 +404,51 @@ def _run_local(experiment, experiment_file, specs, results, parallel, options, s
                     if event.get("event") == "start":
                         current = event["key"]
                         _record(folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}}, merge=True)
-                    elif event.get("event") == "done":
+                    elif event.get("event") in ("done", "interrupted"):
                         remaining.pop(event["key"], None)
-                        finished_run(bar, event["key"], event["code"], event.get("error"))
+                        if event["event"] == "done":
+                            finished_run(bar, event["key"], event["code"], event.get("error"))
+                        else:
+                            finished_run(bar, event["key"], 130, STOPPED, interrupted=True)
                         current = None
                 code = process.wait()
+                process.stdin.close()
+                with bar_lock:
+                    workers.discard(process)
+            if stop.is_set():  # stopped by Ctrl-C: a run it was in is resumable, not failed
+                if current is not None:
+                    finished_run(bar, current, 130, STOPPED, interrupted=True)
+                return
             if remaining:  # the worker died during `current` (or before its first run): that run failed
                 key = current or next(iter(remaining))
                 remaining.pop(key)
                 finished_run(bar, key, code or 1, f"the worker process died (exit code {code}) during this run; "
                                                   f"see {worker_log}")
 
-    with tqdm(total=len(specs), desc=experiment.name, unit="run") as bar, ThreadPoolExecutor(parallel) as pool:
-        futures = [pool.submit(work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
-        for future in as_completed(futures):
-            future.result()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, stop_workers) if main_thread else None
+    try:
+        with tqdm(total=len(specs), desc=experiment.name, unit="run") as bar, ThreadPoolExecutor(parallel) as pool:
+            futures = [pool.submit(work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
+            for future in as_completed(futures):
+                future.result()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    if stop.is_set():
+        raise Interrupted(sorted(interrupted))
     return {s.key: codes[s.key] for s in specs}
+
+
+STOPPED = "interrupted (Ctrl-C) at a step boundary, with a checkpoint; `ablate submit` resumes it"
+
+
+def _interrupt(process: subprocess.Popen) -> None:
+    """SIGINT to a local worker: its run checkpoints at the next step boundary and the worker stops."""
+    try:
+        process.send_signal(signal.SIGINT)
+    except ProcessLookupError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -431,6 +493,19 @@ def _hint(args) -> str:
 
 
 def _submit_cli(args) -> int:
+    try:
+        return _submit_and_tell(args)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
+        stopped = getattr(err, "keys", [])
+        again = (f"ablate submit {args.experiment} --executor {args.executor}"
+                 + (f" --results {args.results}" if args.results else ""))
+        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
+                f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
+        print(f"ablate: interrupted: {what}", file=sys.stderr)
+        return 130
+
+
+def _submit_and_tell(args) -> int:
     experiment, file, results = _resolve(args)
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
                     tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
@@ -469,32 +544,48 @@ def _submit_cli(args) -> int:
 def _local_main(argv=None) -> int:
     """A local worker (`python -m ablate.dispatch --worker JSON`): its runs one after another.
 
-    Tells the parent on stdout, one JSON line per event (start, done with the exit code and the error
-    line); each run's own log goes to its run.log, and an error before training starts is added there.
+    Tells the parent on stdout, one JSON line per event (start; done with the exit code and the error
+    line; interrupted); each run's own log goes to its run.log, and an error before training starts is
+    added there. SIGINT stops the worker: the run checkpoints at its next step boundary (the training
+    loop's signal handling), no further run starts, exit code 130. With `--stop-on-eof` the end of stdin
+    (the parent is gone) is taken as that SIGINT.
     """
     import traceback
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--stop-on-eof", action="store_true")
     args = parser.parse_args(argv)
+    if args.stop_on_eof:
+        threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
+                         daemon=True).start()
     payload = json.loads(args.worker)
     job = RunJob(payload["experiment_file"], args.results, payload["options"])
-    for fields in payload["specs"]:
-        spec = RunSpec(**fields)
-        print(json.dumps({"event": "start", "key": spec.key}), flush=True)
-        try:
-            job(spec)
-            code, error = 0, None
-        except AblateError as err:
-            code, error, text = 2, str(err), f"ablate: error: {err}\n"
-        except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
-            code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
-        if code:
-            with open(run_dir(args.results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
-                      encoding="utf-8") as log:
-                log.write(text)
-        print(json.dumps({"event": "done", "key": spec.key, "code": code, "error": error}), flush=True)
+    current = None
+    try:
+        for fields in payload["specs"]:
+            spec = RunSpec(**fields)
+            current = spec.key
+            print(json.dumps({"event": "start", "key": spec.key}), flush=True)
+            try:
+                job(spec)
+                code, error = 0, None
+            except AblateError as err:
+                code, error, text = 2, str(err), f"ablate: error: {err}\n"
+            except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
+                code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
+            if code:
+                with open(run_dir(args.results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
+                          encoding="utf-8") as log:
+                    log.write(text)
+            print(json.dumps({"event": "done", "key": spec.key, "code": code, "error": error}), flush=True)
+            current = None
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if current is not None:
+            print(json.dumps({"event": "interrupted", "key": current}), flush=True)
+        return 130
     return 0
 
 

@@ -1,27 +1,33 @@
-"""The state of an experiment's runs: the ledger, SLURM's accounting, run locks and run folders.
+"""The state of an experiment's runs: the ledger, SLURM's queue and accounting, run locks and run folders.
 
-Each run of the grid is in one of STATES. Completed and diverged are read from the run's summary; a
-run whose lock is live is running (a lock, unlike a process id, cannot be reused by another process);
-otherwise the ledger says whether it was submitted, and SLURM (one `sacct` call for the whole grid) or
-the local submit's own lock says whether it is still queued. A failure is shown as one line (the
-traceback stays in the run's run.log or SLURM's log).
+Each run of the grid is in one of STATES. Completed and diverged are read from the run's summary (a
+folder whose records contradict themselves is `damaged`); a run whose lock is live is running (a lock,
+unlike a process id, cannot be reused by another process); otherwise the ledger says whether it was
+submitted, and SLURM (one `squeue` and one `sacct` call for the whole grid, by array job id) or the
+local submit's own lock says whether it is still queued. Silence of accounting is `unknown`, never a
+failure. A failure is shown as one line (the traceback stays in the run's run.log or SLURM's log).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import math
 import subprocess
+import time
 from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import live_holder
-from ablate.store import (LEDGER, METRICS, SUBMIT_LOCK, SUMMARY, finished, read_json_file, read_metrics, run_dir,
-                          run_lock_path)
+from ablate.store import (LEDGER, METRICS, STATUSES, SUBMIT_LOCK, SUMMARY, finished, read_json_file, read_metrics,
+                          run_dir, run_lock_path)
 
-ACTIVE = ("queued", "running", "requeued")
-STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "failed")
+ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still holds the run
+STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
+          "damaged", "unknown")
+JUST_SUBMITTED = dt.timedelta(minutes=2)  # accounting may not have seen a job this young yet
 
 
 def experiment_dir(results: Path, experiment: Experiment) -> Path:
@@ -39,25 +45,80 @@ def read_ledger(folder: Path) -> dict:
     return ledger
 
 
-def slurm_states(job_ids: list[str]) -> dict[str, str]:
-    """One `sacct` call for many jobs: {job id: state}. (submitit's watcher caches states per process.)"""
-    if not job_ids:
-        return {}
+@dataclasses.dataclass
+class SlurmView:
+    """What SLURM says about some jobs: the queue (squeue) and accounting (sacct), each None when it did
+    not answer, with the reason in `errors`. Ids are those the user knows: `54_3` for an array task."""
+
+    queue: dict[str, tuple[str, str]] | None = dataclasses.field(default_factory=dict)  # id: (state, reason)
+    accounting: dict[str, str] | None = dataclasses.field(default_factory=dict)  # id: state
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)  # "squeue" / "sacct": one line
+
+    def holds(self, job_id: str) -> bool:
+        """squeue still shows the job unfinished (completing included: its processes may still live), or
+        cannot say: `submit` must not queue its run again."""
+        if self.queue is None:
+            return True
+        held = self.queue.get(job_id)
+        return held is not None and held[0] not in ENDED
+
+
+def _ask(command: list[str]) -> tuple[str | None, str | None]:
+    """(stdout, None), or (None, the one-line reason) when the command failed."""
     try:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(sorted(set(job_ids)))],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"{command[0]}: {err.__class__.__name__}: {err}"
+    if done.returncode != 0:
+        return None, f"{command[0]}: {error_line(done.stderr) or f'exit code {done.returncode}'}"
+    return done.stdout, None
+
+
+def slurm_states(job_ids: list[str]) -> SlurmView:
+    """One `squeue` and one `sacct` call for many jobs, asked by their array job ids.
+
+    sacct knows a pending array only by its array id (`sacct -j 54` shows `54_[0-3%4] PENDING`; `sacct -j
+    54_0` shows nothing), and accounting can be down or lag behind the controller: squeue says what is
+    queued or running. (submitit's own watcher also asks sacct by the array id and expands the ranges.)
+    """
+    view = SlurmView()
+    arrays = sorted({str(j).split("_")[0] for j in job_ids if j})
+    if not arrays:
+        return view
+    out, error = _ask(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(arrays)])
+    if out is None and "Invalid job id" in (error or ""):  # none of them is known to the controller any more
+        out, error = "", None
+    view.queue = None if out is None else parse_squeue(out)
+    out, sacct_error = _ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(arrays)])
+    view.accounting = None if out is None else parse_sacct(out)
+    view.errors = {k: v for k, v in (("squeue", error), ("sacct", sacct_error)) if v}
+    return view
+
+
+def parse_squeue(text: str) -> dict[str, tuple[str, str]]:
+    """`squeue -h -r -o '%i|%T|%r'` lines → {task id: (STATE, reason)}."""
+    queue = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            for one in _expand_array(parts[0]):
+                queue[one] = (parts[1].upper(), parts[2] if len(parts) > 2 else "")
+    return queue
+
+
+def parse_sacct(text: str) -> dict[str, str]:
+    """`sacct -X -n -P -o JobID,State` lines → {task id: STATE} (`CANCELLED by 0` → CANCELLED)."""
     states = {}
-    for line in out.splitlines():
-        job_id, _, state = line.partition("|")
-        for one in _expand_array(job_id.strip()):
-            states[one] = state.split()[0] if state.strip() else "UNKNOWN"
+    for line in text.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id:
+            for one in _expand_array(job_id):
+                states[one] = state.split()[0].upper() if state.strip() else "UNKNOWN"
     return states
 
 
 def _expand_array(job_id: str) -> list[str]:
-    """sacct shows an array's still-pending tasks as one row: '41_[2-5,7%8]' → ['41_2', ..., '41_7']."""
+    """An array's still-pending tasks as one row: '41_[2-5,7%8]' → ['41_2', ..., '41_7']."""
     head, bracket, rest = job_id.partition("_[")
     if not bracket:
         return [job_id]
@@ -68,26 +129,49 @@ def _expand_array(job_id: str) -> list[str]:
     return ids
 
 
-def slurm_job_state(entry: dict, slurm: dict[str, str]) -> tuple[str, str | None]:
-    """(queued | running | requeued | finished | failed, error line) of a SLURM ledger entry."""
-    state = slurm.get(entry["job_id"], "UNKNOWN").upper()
-    if state.startswith(("PENDING", "CONFIGURING")):
-        return "queued", None
-    if state.startswith(("RUNNING", "COMPLETING")):
-        return "running", None
-    if state.startswith(("REQUEUE", "RESIZING", "SUSPENDED", "PREEMPTED")):
-        return "requeued", None
-    if state.startswith("COMPLETED"):
-        return "finished", None
-    if state.startswith("UNKNOWN"):  # accounting has not seen a just-submitted job yet
-        submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
-        if dt.datetime.now() - submitted < dt.timedelta(minutes=2):
-            return "queued", None
-        return "failed", "SLURM accounting does not know this job (sacct has no record of it)"
-    import submitit
+QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING")
+RUNNING = ("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT")
+PAUSED = ("SUSPENDED", "PREEMPTED", "STOPPED")
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+         "REVOKED", "SPECIAL_EXIT")
 
-    stderr = submitit.SlurmJob(folder=entry["folder"], job_id=entry["job_id"]).paths.stderr
-    return "failed", error_line(read_text(stderr)) or f"SLURM state {state}"
+
+def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
+    """(queued | running | requeued | finished | cancelled | failed | unknown, reason) of a SLURM ledger entry.
+
+    The queue decides first: a job squeue holds is queued or running, whatever accounting says. Then
+    accounting. Silence of both is never a failure: `unknown`, with the reason.
+    """
+    job_id = entry["job_id"]
+    held = (slurm.queue or {}).get(job_id)
+    told = (slurm.accounting or {}).get(job_id, "")
+    state = held[0] if held else told
+    if state == "COMPLETING" and told in ENDED:  # it has ended (its processes are being cleaned up): say how
+        state = told
+    if state in QUEUED:
+        return "queued", None
+    if state in RUNNING:
+        return "running", None
+    if state in PAUSED:
+        return "requeued", None
+    if held and state not in ENDED:  # a state squeue shows that is none of the above: accounting says how
+        state = told
+    if state == "COMPLETED":
+        return "finished", None
+    if state == "CANCELLED":
+        return "cancelled", f"SLURM job {job_id} was cancelled (scancel); `ablate submit` resumes the run"
+    if state and state != "UNKNOWN":
+        import submitit
+
+        stderr = submitit.SlurmJob(folder=entry["folder"], job_id=job_id).paths.stderr
+        return "failed", error_line(read_text(stderr)) or f"SLURM job {job_id}: {state}"
+    if slurm.queue is None:
+        return "unknown", f"SLURM does not answer about job {job_id} ({'; '.join(slurm.errors.values())})"
+    submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
+    if dt.datetime.now() - submitted < JUST_SUBMITTED:
+        return "queued", None
+    why = slurm.errors.get("sacct") or "sacct has no record of it"
+    return "unknown", f"SLURM no longer holds job {job_id} and its accounting is silent ({why})"
 
 
 def read_text(path) -> str | None:
@@ -112,63 +196,110 @@ def error_line(text: str | None) -> str | None:
     return lines[-1][:300] if lines else None
 
 
-def progress_of(metrics: list[dict], summary: dict) -> dict:
-    """steps, total, elapsed seconds (this attempt's wall clock so far) and an ETA from the recent step rate."""
-    steps = max([r.get("step", 0) for r in metrics] or [summary.get("steps") or 0])
+def progress_of(metrics: list[dict], summary: dict, running_since: float | None, written_at: float | None) -> dict:
+    """steps, total, elapsed (training time so far, over every attempt, counted once) and, for a running
+    run, an ETA from the step rate of this attempt (rows of earlier attempts are minutes or days apart).
+
+    The summary's `wall_seconds` is the training time up to when it was written (the attempt's start or
+    its last checkpoint); a running run adds the time since then, a stopped one adds nothing.
+    """
+    steps = max([r.get("step", 0) for r in metrics if isinstance(r.get("step"), int)] or [summary.get("steps") or 0])
     total = summary.get("total_steps")
-    timed = [r for r in metrics if "time" in r and "train_loss" in r][-50:]
-    eta = None
-    if total and len(timed) >= 2 and timed[-1]["time"] > timed[0]["time"]:
-        rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["time"] - timed[0]["time"])
-        eta = (total - steps) / rate if rate > 0 else None
-    elapsed = summary.get("wall_seconds")
-    if summary.get("status") == "running" and timed:
-        elapsed = (summary.get("wall_seconds") or 0) + max(0.0, dt.datetime.now().timestamp() - timed[0]["time"])
+    elapsed, eta = summary.get("wall_seconds"), None
+    if running_since is not None:
+        now = time.time()
+        if isinstance(elapsed, (int, float)):
+            elapsed = elapsed + max(0.0, now - max(written_at or running_since, running_since))
+        timed = [r for r in metrics if isinstance(r.get("time"), (int, float)) and "train_loss" in r
+                 and r["time"] >= running_since - 1][-50:]
+        if total and len(timed) >= 2 and timed[-1]["time"] > timed[0]["time"]:
+            rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["time"] - timed[0]["time"])
+            eta = max(0.0, total - steps) / rate if rate > 0 else None
     return {"steps": steps, "total_steps": total, "elapsed_s": elapsed, "eta_s": eta}
 
 
-def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: dict[str, str],
+def holder_since(holder: dict | None) -> float | None:
+    """When the live holder of a run lock took it (the start of the run's current attempt), or None."""
+    if holder is None:
+        return None
+    try:
+        return dt.datetime.strptime(str(holder.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return time.time()
+
+
+def damage(summary: dict, steps: int, has_metrics: bool) -> str | None:
+    """Why a run folder contradicts itself (its records cannot be trusted, nor resumed over), or None."""
+    status, total, loss = summary.get("status"), summary.get("total_steps"), summary.get("val_loss")
+    if not summary:
+        return "metrics.jsonl without a summary.json" if has_metrics else None
+    if status not in STATUSES:
+        return f"summary.json has status {status!r} (valid: {', '.join(STATUSES)})"
+    if isinstance(total, int) and steps > total:
+        return f"step {steps} is past the run's total of {total} steps"
+    if status == "completed" and isinstance(loss, float) and not math.isfinite(loss):
+        return f"summary.json says completed with val_loss {loss}"
+    return None
+
+
+def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
                submit_holder: dict | None = None) -> dict:
-    """One row of `ablate status`: the run's state (STATES), progress, and the failure's one-line error."""
+    """One row of `ablate status`: the run's state (STATES), progress, and the reason in one line.
+
+    `queued` in the row means: something still holds the run (SLURM, the local submit, or a run lock
+    that is not provably dead), so `submit` must not queue it again.
+    """
     folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
-    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
+    summary_path = folder / SUMMARY
+    summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
     entry = ledger["runs"].get(spec.key)
     metrics = read_metrics(folder / METRICS)
+    holder = live_holder(run_lock_path(folder))
+    since = holder_since(holder)
+    progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if summary else None)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
-           "job_id": entry["job_id"] if entry else None, **progress_of(metrics, summary),
+           "job_id": entry.get("job_id") if entry else None, **progress,
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
-    status = summary.get("status")
-    if finished(summary):
-        row["state"] = status
-        row["error"] = error_line(summary.get("error")) if status == "diverged" else None
-        return row
-    if live_holder(run_lock_path(folder)) is not None:
-        row["state"], row["queued"] = "running", True
-        return row
-    if entry and entry.get("executor") == "slurm":
-        job, error = slurm_job_state(entry, slurm)
-        if job in ACTIVE:
-            row["state"], row["queued"] = ("requeued" if job == "queued" and summary else job), True
-            return row
-        # finished or failed in SLURM's eyes, without a result in the run folder
-        row["state"] = "failed"
-        row["error"] = error_line(summary.get("error")) or error or "the run stopped without finishing"
-        return row
-    if entry and entry.get("executor") == "local":
-        if entry.get("exit_code") not in (None, 0) or status == "failed":
-            row["state"] = "failed"
-            row["error"] = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
-            return row
-        if entry.get("exit_code") is None and submit_holder and submit_holder.get("token") == entry.get("submission"):
-            row["state"], row["queued"] = "queued", True
-            return row
-    if status in ("failed", "running") or (status == "completed" and summary.get("val_loss") is None):
-        row["state"] = "failed"
-        row["error"] = error_line(summary.get("error")) or "the run stopped without finishing (killed?); submit again to resume it"
+    row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
+                                                       damage(summary, progress["steps"], bool(metrics)), way_out)
+    if row["state"] != "running":
+        row["eta_s"] = None
     return row
+
+
+def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tuple[str, str | None, bool]:
+    """(state, reason, still held) from the run folder, its lock, the ledger entry and SLURM."""
+    status = summary.get("status")
+    if damaged:
+        return "damaged", f"{damaged}; submit leaves it alone: {way_out}", False
+    if finished(summary):
+        return status, error_line(summary.get("error")) if status == "diverged" else None, False
+    if holder is not None:
+        return "running", None, True
+    if entry and entry.get("executor") == "slurm":
+        job, reason = slurm_job_state(entry, slurm)
+        if job in ACTIVE:  # SLURM holds it; running needs the run's own live lock too (else it is starting)
+            return ("requeued" if summary or job == "requeued" else "queued"), None, True
+        held = slurm.holds(entry["job_id"])
+        if job in ("cancelled", "unknown"):
+            return job, reason, held
+        # finished or failed in SLURM's eyes, without a result in the run folder
+        return "failed", error_line(summary.get("error")) or reason or "the run stopped without finishing", held
+    if entry and entry.get("executor") == "local":
+        if entry.get("interrupted"):
+            return "cancelled", entry.get("error") or "interrupted; `ablate submit` resumes it", False
+        if entry.get("exit_code") not in (None, 0) or status == "failed":
+            why = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
+            return "failed", why, False
+        if entry.get("exit_code") is None and submit_holder and submit_holder.get("token") == entry.get("submission"):
+            return "queued", None, True
+    if status in ("failed", "running", "completed"):  # completed without its final loss: it resumes
+        return "failed", error_line(summary.get("error")) or ("the run stopped without finishing (killed?); "
+                                                              "submit again to resume it"), False
+    return "not-submitted", None, False
 
 
 def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
@@ -176,8 +307,8 @@ def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = 
     ledger = read_ledger(folder)
     specs = specs or experiment.runs()
     keys = [s.key for s in specs] + [f"eval:{s.key}" for s in specs]
-    job_ids = [ledger["runs"][k]["job_id"] for k in keys
-               if k in ledger["runs"] and ledger["runs"][k]["executor"] == "slurm"]
+    job_ids = [ledger["runs"][k].get("job_id") for k in keys
+               if k in ledger["runs"] and ledger["runs"][k].get("executor") == "slurm"]
     slurm = slurm_states(job_ids)
     holder = live_holder(folder / SUBMIT_LOCK)
     rows = [run_status(results, spec, ledger, slurm, holder) for spec in specs]
@@ -186,8 +317,9 @@ def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = 
     return rows
 
 
-def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: dict[str, str]) -> str | None:
-    """None (never evaluated nor asked), or evaluated / stale: … / queued / running / failed: … .
+def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmView) -> str | None:
+    """None (never evaluated nor asked), or evaluated / stale: … / queued / running / cancelled: … /
+    unknown: … / failed: … .
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
@@ -207,6 +339,8 @@ def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: dict[str
     outcome = entry.get("outcome") if entry.get("executor") == "local" else None
     if outcome is not None and outcome != "evaluated":
         return outcome
+    if job in ("cancelled", "unknown"):
+        return f"{job}: {error}"
     return f"failed: {error or 'no eval.json of the final weights written'}"
 
 
@@ -242,12 +376,16 @@ def status_cli(args) -> int:
         print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "
               f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>9}")
         if r["error"]:
-            print(f"        error: {r['error']}")
+            print(f"        {'error' if r['state'] in ('failed', 'diverged') else 'why'}: {r['error']}")
         if r.get("eval"):
             print(f"        eval: {r['eval']}")
     print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
+    again = f"`ablate submit {args.experiment}{f' --results {args.results}' if args.results else ''}`"
     if counts["failed"]:
         print(f"failed runs keep their traceback in RESULTS/{experiment.name}/<tier>/<arm>/seed<k>/run.log; "
-              f"`ablate submit {args.experiment}{f' --results {args.results}' if args.results else ''}` "
-              "resubmits them")
+              f"{again} resubmits them")
+    if counts["cancelled"]:
+        print(f"cancelled runs resume from their last checkpoint with {again}")
+    if counts["unknown"]:
+        print("unknown: SLURM could not say (see each run's reason); check `squeue` and `sacct` before submitting")
     return 0

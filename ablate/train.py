@@ -69,9 +69,10 @@ def now() -> str:
 class StopRequests:
     """Signals set flags; the loop acts on them at the next step boundary (a consistent state).
 
-    SIGUSR1: checkpoint now and go on. SIGUSR2 (SLURM's warning before a time limit or preemption) and
-    SIGTERM: checkpoint, then hand the signal to the handler that was there before (submitit's, which
-    requeues the job) or stop.
+    SIGUSR1: checkpoint now and go on. SIGUSR2 (SLURM's warning before a time limit or preemption),
+    SIGTERM and SIGINT (Ctrl-C, unless the process was started ignoring it): checkpoint, then hand the
+    signal to the handler that was there before (submitit's, which requeues the job; Python's, which
+    raises KeyboardInterrupt) or stop.
     """
 
     def __init__(self):
@@ -80,8 +81,9 @@ class StopRequests:
         self.previous: dict[int, object] = {}
 
     def install(self):
-        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-            self.previous[signum] = signal.signal(signum, self._handle)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            if signum != signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN:
+                self.previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame):

@@ -1,0 +1,58 @@
+"""Ctrl-C on a local submit stops the grid at a step boundary, and the next submit resumes it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ablate.store import read_json, read_metrics, run_dir
+from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+
+
+def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes_it(tmp_path, sample_data):
+    file = tmp_path / "stopme.py"
+    file.write_text(
+        "from ablate.experiment import Experiment\n"
+        "EXPERIMENT = Experiment(name='stopme', tiers=['smoke'], arms=['baseline', 'sink-logit'], seeds=1,\n"
+        f"    overrides={{'max_steps': 40, 'data_dir': {str(sample_data)!r}}})\n")
+    results = tmp_path / "results"
+    first, second = (run_dir(results, "stopme", "smoke", arm, 0) for arm in ("baseline", "sink-logit"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    submit = [sys.executable, "-m", "ablate.cli", "submit", str(file), "--executor", "local", "--parallel", "1",
+              "--results", str(results)]
+    # its own process group, as a shell's foreground job: Ctrl-C sends SIGINT to the whole group
+    process = subprocess.Popen(submit, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not [r for r in read_metrics(first / "metrics.jsonl") if "train_loss" in r]:
+            assert process.poll() is None and time.time() < deadline, "the first run took no step"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    told = [line for line in err.splitlines() if line.startswith("ablate:")]
+    assert len(told) == 1 and told[0].startswith("ablate: interrupted: 1 run(s) stopped at a step boundary"), err
+    assert "smoke/baseline/seed0" in told[0] and "resumes" in told[0]
+    # the interrupted run stopped at a step boundary with a checkpoint; the other run never started
+    summary = read_json(first / "summary.json")
+    assert (first / "checkpoints" / "state.pt").exists() and 1 <= summary["steps"] < 40
+    assert "checkpointed at step" in (first / "run.log").read_text()
+    assert not (second / "config.json").exists() and not (second / "metrics.jsonl").exists()
+    rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
+    assert rows["baseline"]["state"] == "cancelled" and "ablate submit" in rows["baseline"]["error"]
+    assert rows["baseline"]["eta_s"] is None and rows["sink-logit"]["state"] == "not-submitted"
+    shown = ablate_cli("status", file, "--results", results).stdout
+    assert "cancelled: 1" in shown and "resume from their last checkpoint" in shown
+    # the next submit resumes the interrupted run from its checkpoint and runs the rest
+    again = ablate_cli("submit", file, "--executor", "local", "--parallel", "1", "--results", results)
+    assert "ran 2 runs here, 0 failed" in again.stdout
+    assert f"resuming at step {summary['steps']} of 40" in (first / "run.log").read_text()
+    rows = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]
+    assert [r["state"] for r in rows] == ["completed", "completed"] and all(r["steps"] == 40 for r in rows)
