@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except AblateError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: a run checkpoints at its step boundary first (ablate.train.StopRequests)
+        print("ablate: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `ablate status --json | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
