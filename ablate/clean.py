@@ -258,7 +258,8 @@ def add_commands(subparsers) -> None:
 
 
 def _clean_cli(args) -> int:
-    from ablate.experiment import default_results, load_experiment
+    from ablate.experiment import load_experiment
+    from ablate.paths import default_results
 
     experiment = load_experiment(args.experiment)
     if args.tiers or args.arms or args.seeds is not None:

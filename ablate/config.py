@@ -23,7 +23,7 @@ POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "glo
 def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dict:
     """The full, explicit configuration of a run (written to config.json and compared on reruns)."""
     from ablate.arms import get_arm
-    from ablate.tiers import model_config
+    from ablate.sizing import model_config
 
     tier = get_tier(spec.tier)
     get_arm(spec.arm)

@@ -24,45 +24,16 @@ import signal
 import subprocess
 import sys
 import threading
-import tomllib
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
+from ablate.experiment import Experiment, RunSpec, experiment_file, load_experiment
+from ablate.paths import default_results
 from ablate.lock import FileLock
+from ablate.profiles import load_profile
 from ablate.status import error_line, experiment_dir, read_ledger, status, status_cli
 from ablate.store import (LEDGER, RUN_LOG, SUBMIT_LOCK, atomic_write_json, run_dir)
-
-PROFILE_KEYS = {
-    "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
-    "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
-    "gpu": str,  # the GPU model (a key of ablate.tiers.GPUS), read by `ablate plan --profile`
-}
-
-
-# ---------------------------------------------------------------------------------------------- profiles
-def available_profiles() -> list[str]:
-    return sorted({p.stem for folder in (Path("slurm"), REPO_ROOT / "slurm") for p in folder.glob("*.toml")})
-
-
-def load_profile(name: str) -> dict:
-    path = next((p for p in (Path(name), Path("slurm") / f"{name}.toml", REPO_ROOT / "slurm" / f"{name}.toml")
-                 if p.suffix == ".toml" and p.is_file()), None)
-    if path is None:
-        raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
-                          " (files slurm/NAME.toml)")
-    with open(path, "rb") as handle:
-        profile = tomllib.load(handle)
-    for key, value in profile.items():
-        if key not in PROFILE_KEYS:
-            raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
-        if not isinstance(value, PROFILE_KEYS[key]):
-            raise AblateError(f"profile {path}: {key} = {value!r} has the wrong type")
-    return {"partition": "", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 4,
-            "time_min": 60, "constraint": "", "signal_delay_s": 120, "array_parallelism": 64, "extra_sbatch": [],
-            **profile, "name": path.stem}
-
 
 def executor_parameters(profile: dict, name: str) -> dict:
     """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
@@ -257,7 +228,7 @@ def _plan_submission(experiment, specs, results, resources) -> dict:
 
 
 def _gpu_hours(specs: list[RunSpec]) -> float:
-    from ablate.tiers import plan_rows
+    from ablate.plan import plan_rows
 
     total = 0.0
     for tier in sorted({s.tier for s in specs}):
@@ -311,7 +282,8 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
 def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
     """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
     the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
-    from ablate.tiers import get_gpu, micro_batch_for
+    from ablate.sizing import micro_batch_for
+    from ablate.tiers import get_gpu
     from ablate.train import LOSS_CHUNK
 
     fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)

@@ -14,15 +14,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.paths import find_file, names_in
 from ablate.store import check_name
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_results() -> Path:
-    """Where run folders go unless `--results` says otherwise: $ABLATE_RESULTS or ./results."""
-    return Path(os.environ.get("ABLATE_RESULTS", "results"))
-
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -128,17 +121,13 @@ class Experiment:
 
 
 def available_experiments() -> list[str]:
-    names = set()
-    for folder in (Path("experiments"), REPO_ROOT / "experiments"):
-        names.update(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
-    return sorted(names)
+    return names_in("experiments", ".py")
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
     """`demo` or `experiments/demo.py` → the absolute path of the experiment file."""
     text = str(spec)
-    candidates = [Path(text)] if text.endswith(".py") else [Path("experiments") / f"{text}.py", REPO_ROOT / "experiments" / f"{text}.py"]
-    path = next((p for p in candidates if p.is_file()), None)
+    path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
     if path is None:
         raise AblateError(
             f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"

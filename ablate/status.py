@@ -359,7 +359,8 @@ def _duration(seconds) -> str:
 
 
 def status_cli(args) -> int:
-    from ablate.experiment import default_results, experiment_file, load_experiment
+    from ablate.experiment import experiment_file, load_experiment
+    from ablate.paths import default_results
 
     experiment = load_experiment(experiment_file(args.experiment))
     results = Path(args.results) if args.results else default_results()

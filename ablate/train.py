@@ -26,7 +26,8 @@ import traceback
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.experiment import REPO_ROOT, RunSpec, default_results
+from ablate.experiment import RunSpec
+from ablate.paths import REPO_ROOT, default_results
 from ablate.config import lr_at, resolve_config, semantic  # noqa: F401 (resolve_config: re-exported)
 from ablate.identity import config_fingerprint
 from ablate.lock import FileLock, held_by_parent

@@ -27,7 +27,8 @@ from ablate.experiment import RunSpec
 from ablate.model import GPT
 from ablate.modelio import save_model
 from ablate.store import atomic_write_json
-from ablate.tiers import get_tier, model_config
+from ablate.sizing import model_config
+from ablate.tiers import get_tier
 
 torch.set_num_threads(1)
 ALL = ["lambada_openai", "hellaswag", "wikitext"]

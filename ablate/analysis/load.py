@@ -173,7 +173,8 @@ def _with_metric(runs: Runs, name: str) -> Runs:
 
 def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
     """An experiment folder itself, or `results/<experiment name>` for a name or an experiments/*.py file."""
-    from ablate.experiment import default_results, load_experiment
+    from ablate.experiment import load_experiment
+    from ablate.paths import default_results
 
     results_dir = Path(results) if results is not None else default_results()
     text = str(source)

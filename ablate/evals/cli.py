@@ -58,7 +58,8 @@ def _label(folder: Path) -> str:
 def _targets(args) -> list[Path]:
     """The run folders to evaluate: the one given, or the experiment's completed runs (others listed)."""
     from ablate.evals.run import runs_to_evaluate
-    from ablate.experiment import default_results, load_experiment
+    from ablate.experiment import load_experiment
+    from ablate.paths import default_results
 
     target = Path(args.target)
     if target.is_dir():

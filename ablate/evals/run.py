@@ -122,7 +122,7 @@ def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, devi
 
     from ablate.evals.lm import AblateLM
     from ablate.evals.tasks import build_tasks, task_manager
-    from ablate.probes.runio import default_device, load_run
+    from ablate.modelio import default_device, load_run
 
     built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
     model, _, _ = load_run(folder, device or default_device())

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.probes.runio import load_run, split_batch, validation_batches_for_run
+from ablate.modelio import load_run, split_batch, validation_batches_for_run
 from ablate.store import atomic_write_json
 
 log = logging.getLogger(__name__)

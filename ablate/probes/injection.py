@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ablate.errors import AblateError, choice_error
-from ablate.probes.runio import load_run, split_batch, validation_batches_for_run
+from ablate.modelio import load_run, split_batch, validation_batches_for_run
 from ablate.store import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""The `ablate` command. Each area adds its own subcommands; heavy imports happen inside handlers."""
+"""The `ablate` command: one module per area under `ablate.cli`, each adding its subcommands.
+
+This package is the only place with argparse and `print`. Building the parser imports no torch: each
+handler imports the library it drives when it runs.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,14 @@ from ablate.errors import AblateError
 
 # Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
 COMMAND_MODULES = (
-    "ablate.arms.cli",
+    "ablate.cli.arms",
     "ablate.data.cli",
-    "ablate.tiers",
+    "ablate.cli.plan",
     "ablate.train",
     "ablate.dispatch",
     "ablate.clean",
     "ablate.analysis.cli",
-    "ablate.probes.cli",
+    "ablate.cli.probes",
     "ablate.evals.cli",
 )
 
@@ -33,13 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # an area not built yet
-                continue
-            raise
-        module.add_commands(subparsers)
+        importlib.import_module(name).add_commands(subparsers)
     return parser
 
 
