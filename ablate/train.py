@@ -196,11 +196,12 @@ def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | Non
     The run folder is locked for the whole run (`ablate.lock`): a second process on the same run is
     refused at once, naming the holder, before it touches anything.
     """
-    return _run_spec(spec, results, data_dir, force, options)[0]
+    return run_as(spec, results, data_dir, force, options)[0]
 
 
-def _run_spec(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
-    """(summary, whether this process was a data-parallel child of the run's holder)."""
+def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
+    """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
+    reports nothing: its parent does)."""
     config = resolve_config(spec, data_dir, **options)
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
     if launched_child(folder):
@@ -565,35 +566,3 @@ class Trainer:
         if path.exists():
             rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
             atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
-    parser.add_argument("--tier", required=True)
-    parser.add_argument("--arm", required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
-    parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
-    parser.add_argument("--data", help="prepared data folder (default: the tier's)")
-    parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")
-    parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
-    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
-    parser.add_argument("--threads", type=int, help="CPU threads for torch")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    parser.add_argument("--force", action="store_true", help="keep an existing run folder aside and start again")
-    parser.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
-    options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
-                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
-    summary, child = _run_spec(spec, args.results, args.data, args.force, options)
-    if not child:
-        print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
-                                                     "init_fingerprint", "data_fingerprint", "config_fingerprint",
-                                                     "val_fingerprint", "val_tokens_evaluated")}, indent=2))
-    return 0 if summary.get("status") in ("completed", "diverged") else 1

@@ -20,7 +20,7 @@ COMMAND_MODULES = (
     "ablate.cli.arms",
     "ablate.data.cli",
     "ablate.cli.plan",
-    "ablate.train",
+    "ablate.cli.run",
     "ablate.dispatch",
     "ablate.clean",
     "ablate.analysis.cli",
