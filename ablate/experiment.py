@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
-from ablate.paths import find_file, names_in
+from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name
+from ablate.tiers import get_tier
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -67,7 +69,7 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import list_arms
+        from ablate.arms import list_arms  # the arm registry loads torch; status and tables read experiments without it
 
         return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
 
@@ -87,9 +89,7 @@ class Experiment:
         seeds: Sequence[int] | None = None,
     ) -> list[RunSpec]:
         """The grid, filtered; unknown tiers, arms or seeds are refused with the valid ones named."""
-        from ablate.arms import get_arm
-        from ablate.tiers import get_tier
-
+        from ablate.arms import get_arm  # the arm registry loads torch; status and tables read experiments without it
         all_arms = self.arm_names()
         for arm in all_arms:
             get_arm(arm)  # an experiment naming an unregistered arm fails before anything runs
@@ -146,3 +146,27 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
     return experiment
+
+
+def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
+    """What a table or report reads: a .csv/.parquet file or an experiment folder itself, else
+    `results/<experiment name>` for an experiment's name or experiments/*.py file."""
+    results_dir = results_folder(results)
+    text = str(source)
+    path = Path(text)
+    if path.suffix.lower() in (".csv", ".parquet"):
+        return path
+    if not text.endswith(".py"):
+        if (results_dir / text).is_dir():
+            return results_dir / text
+        if path.is_dir():
+            return path
+    name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
+    folder = results_dir / name
+    if not folder.is_dir():
+        with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
+        raise AblateError(
+            f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
+            f"experiments with results there: {', '.join(with_runs) or '(none)'}"
+        )
+    return folder

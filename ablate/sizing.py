@@ -17,6 +17,9 @@ from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 from ablate.tiers import Tier, get_tier
 
+LOSS_CHUNK = 8192  # tokens per chunk of the loss on a GPU (float32 logits of 8192 × 50,304: 1.6 GB)
+
+
 # ---------------------------------------------------------------------------------------------- model configs
 MATCH_TOLERANCE = 0.005  # parameter matching: non-embedding counts equal to 0.5%
 

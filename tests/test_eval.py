@@ -19,7 +19,7 @@ import torch
 from ablate.cli import main
 from ablate.data.tokenizer import EOT_TOKEN, encode
 from ablate.errors import AblateError
-from ablate.evals import EVAL_FILE
+from ablate.store import EVAL_FILE
 from ablate.evals.results import check_metric, read_metric, settings_fingerprint
 from ablate.evals.run import EvalJob, evaluate_run
 from ablate.evals.tasks import TASKS

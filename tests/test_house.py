@@ -55,7 +55,10 @@ def function_local_imports(path: Path):
 
 
 def test_every_function_local_import_says_why():
+    """Commands import the library inside their handlers by design (ablate/cli/__init__.py says why);
+    anywhere else a late import carries its reason on its line."""
     silent = [f"{path.relative_to(REPO)}:{line}: {text.strip()}" for path in sources()
+              if PACKAGE / "cli" not in path.parents
               for line, text in function_local_imports(path) if "#" not in text]
     assert silent == [], "function-local imports without a reason beside them:\n" + "\n".join(silent)
 

@@ -11,7 +11,7 @@ import torch
 from ablate.cli import main
 from ablate.model import GPT, GPTConfig
 from ablate.modelio import save_model
-from ablate.probes import summarise_injections, summarise_probes
+from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
 from ablate.probes.injection import INJECT_FILE, inject_run
 from ablate.data.synthetic import SYNTHETIC_KEY
@@ -122,7 +122,7 @@ def test_summaries_skip_unreadable_files(tmp_path, name):
 def test_report_summarises_probes_by_tier_and_arm(tmp_path):
     from analysis_fixtures import reference_losses, write_store
 
-    from ablate.analysis import write_report
+    from ablate.analysis.report import write_report
 
     losses = {k: v for k, v in reference_losses().items() if k[0] == "10M"}
     store = write_store(tmp_path / "results", losses=losses, curve_points=2)

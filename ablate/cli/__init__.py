@@ -18,14 +18,15 @@ from ablate.errors import AblateError
 # Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
 COMMAND_MODULES = (
     "ablate.cli.arms",
-    "ablate.data.cli",
+    "ablate.cli.data",
     "ablate.cli.plan",
     "ablate.cli.run",
-    "ablate.dispatch",
-    "ablate.clean",
-    "ablate.analysis.cli",
+    "ablate.cli.submit",
+    "ablate.cli.status",
+    "ablate.cli.clean",
+    "ablate.cli.analysis",
     "ablate.cli.probes",
-    "ablate.evals.cli",
+    "ablate.cli.evals",
 )
 
 

@@ -17,21 +17,39 @@ import time
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.evals import EVAL_FILE
 from ablate.evals.results import is_current, read_eval, task_entry
+from ablate.evals.tasks import (
+    DEFAULT_BOOTSTRAP_ITERS,
+    build_tasks,
+    check_tasks,
+    data_source,
+    lm_eval_version,
+    task_config,
+    task_manager,
+    task_version,
+)
 from ablate.experiment import RunSpec, load_experiment
 from ablate.lock import FileLock
-from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, SUMMARY, atomic_write_json, file_sha256, read_json_file, run_dir,
-                          run_lock_path)
+from ablate.modelio import default_device, load_run
+from ablate.store import (
+    CHECKPOINTS,
+    EVAL_FILE,
+    FINAL_WEIGHTS,
+    SUMMARY,
+    atomic_write_json,
+    file_sha256,
+    read_json_file,
+    run_dir,
+    run_lock_path,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BOOTSTRAP_ITERS = 100_000  # lm-eval's own default (stderr of the perplexity metrics)
 
 
 def require_lm_eval() -> None:
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval  # noqa: F401  # the optional `eval` extra
     except ModuleNotFoundError as err:
         raise AblateError("lm-eval is not installed: pip install -e '.[eval]' (the `eval` extra)") from err
 
@@ -56,8 +74,6 @@ def weights_path(folder: str | os.PathLike) -> Path:
 
 def wanted_settings(tasks, limit: int | None, task_data) -> dict[str, dict]:
     """{task: settings} a run evaluated now would carry (no data is loaded: versions come from the YAML)."""
-    from ablate.evals.tasks import data_source, lm_eval_version, task_config, task_manager, task_version
-
     manager = task_manager()
     version = lm_eval_version()
     settings = {}
@@ -73,8 +89,6 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
                  task_data: str | os.PathLike | None = None, bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
                  device: str | None = None) -> dict:
     """Evaluate the final weights of a run folder on `tasks`; returns (and writes) its eval.json."""
-    from ablate.evals.tasks import check_tasks
-
     require_lm_eval()
     folder = Path(folder)
     tasks = check_tasks(tasks)
@@ -118,11 +132,9 @@ def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstra
 
 
 def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, device) -> tuple[dict, float]:
-    import lm_eval
+    import lm_eval  # the optional `eval` extra
 
-    from ablate.evals.lm import AblateLM
-    from ablate.evals.tasks import build_tasks, task_manager
-    from ablate.modelio import default_device, load_run
+    from ablate.evals.lm import AblateLM  # a subclass of lm-eval's TemplateLM: the `eval` extra
 
     built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
     model, _, _ = load_run(folder, device or default_device())

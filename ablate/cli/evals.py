@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.evals.tasks import DEFAULT_BOOTSTRAP_ITERS, TASKS, file_layout
 
 
 def add_commands(subparsers) -> None:
-    from ablate.evals.run import DEFAULT_BOOTSTRAP_ITERS
-    from ablate.evals.tasks import TASKS, file_layout
-
     parser = subparsers.add_parser(
         "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json")
     parser.add_argument("target", metavar="RUN_DIR|EXPERIMENT",
