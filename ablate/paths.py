@@ -22,8 +22,7 @@ def results_folder(results: str | os.PathLike | None) -> Path:
 def search_folders(folder: str) -> list[Path]:
     """`./<folder>` first, then the checkout's `<folder>` (one entry when they are the same place)."""
     here, checkout = Path(folder), REPO_ROOT / folder
-    same = here.resolve() == checkout.resolve()
-    return [here] if same else [here, checkout]
+    return [here] if here.resolve() == checkout.resolve() else [here, checkout]
 
 
 def find_file(folder: str, name: str) -> Path | None:

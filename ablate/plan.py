@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
-from ablate.paths import REPO_ROOT
+from ablate.paths import search_folders
 from ablate.sizing import _meta_counts, micro_batch_for, model_config
 from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier
 
@@ -48,7 +48,7 @@ class Throughput:
 
 
 def gpu_check_paths(explicit: str | Path | None = None) -> list[Path]:
-    return [Path(explicit)] if explicit else [Path(GPU_CHECK_FILE), REPO_ROOT / GPU_CHECK_FILE]
+    return [Path(explicit)] if explicit else [folder / GPU_CHECK_FILE for folder in search_folders(".")]
 
 
 def throughput(gpu: str | None = None, gpu_check: str | Path | None = None) -> Throughput:

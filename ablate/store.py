@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -141,12 +142,17 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def finished(summary: dict) -> bool:
-    """A run is done when it diverged, or completed *with* its final loss (else it resumes and evaluates)."""
+def completed(summary: dict) -> bool:
+    """Completed *with* its final loss: the one kind of run a table counts and `ablate eval` scores."""
     loss = summary.get("val_loss")
-    return summary.get("status") == "diverged" or (
-        summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool)
-        and loss == loss and abs(loss) != float("inf"))
+    return summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool) \
+        and math.isfinite(loss)
+
+
+def finished(summary: dict) -> bool:
+    """A run is done when it diverged, or completed with its final loss (a run completed without one
+    resumes and evaluates)."""
+    return summary.get("status") == "diverged" or completed(summary)
 
 
 def is_run_dir(folder: str | os.PathLike) -> bool:

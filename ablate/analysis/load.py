@@ -21,7 +21,7 @@ from ablate.analysis.runs import Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.store import CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
+from ablate.store import completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -157,15 +157,16 @@ def _settings_fingerprint(run: Path) -> str | None:
 
 
 def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
+    """None for a run that counts (`ablate.store.completed`), else why it does not."""
+    if completed(summary):
+        return None
     if status != "completed":
         if status == "diverged" and summary.get("diverged_step") is not None:
             return f"diverged at step {summary['diverged_step']}"
         if status == "failed" and summary.get("error"):
             return f"failed: {str(summary['error']).splitlines()[0][:120]}"
         return str(status or "no status")
-    if isinstance(val_loss, bool) or not isinstance(val_loss, (int, float)) or not math.isfinite(float(val_loss)):
-        return f"completed but val_loss is {val_loss!r}"
-    return None
+    return f"completed but val_loss is {val_loss!r}"
 
 
 def _runs_from_table(path: Path) -> Runs:

@@ -31,7 +31,7 @@ from ablate.evals.tasks import (
 from ablate.experiment import RunSpec, load_experiment
 from ablate.lock import FileLock
 from ablate.modelio import default_device, load_run
-from ablate.store import (
+from ablate.store import (completed, 
     CHECKPOINTS,
     EVAL_FILE,
     FINAL_WEIGHTS,
@@ -60,12 +60,6 @@ def run_summary(folder: str | os.PathLike) -> dict | None:
     if not path.is_file():
         return None
     return read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)")
-
-
-def run_state(folder: str | os.PathLike) -> str | None:
-    """The run's summary.json status, None when the folder has none (weights saved by hand)."""
-    summary = run_summary(folder)
-    return None if summary is None else summary.get("status")
 
 
 def weights_path(folder: str | os.PathLike) -> Path:
@@ -104,9 +98,9 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
 
 def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstrap_iters, device) -> dict:
     summary = run_summary(folder)
-    state = None if summary is None else summary.get("status")
-    if state not in (None, "completed"):
-        raise AblateError(f"run {folder} is {state}, not completed: only final weights are evaluated")
+    if summary is not None and not completed(summary):
+        raise AblateError(f"run {folder} is {summary.get('status')}, not completed with its final loss: only final "
+                          "weights are evaluated")
     if not weights_path(folder).is_file():
         raise AblateError(f"{folder} has no trained weights ({weights_path(folder)} is missing): has the run completed?")
 
@@ -151,11 +145,11 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
         folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-        state = run_state(folder)
-        if state == "completed" and weights_path(folder).is_file():
+        summary = run_summary(folder)
+        if summary is not None and completed(summary) and weights_path(folder).is_file():
             folders.append(folder)
         else:
-            skipped.append(f"{spec.key}: {state or 'not started'}")
+            skipped.append(f"{spec.key}: {(summary or {}).get('status') or 'not started'}")
     return folders, skipped
 
 
