@@ -181,7 +181,7 @@ def test_file_names_match_the_writers():
     from ablate import clean as clean_module
     from ablate.analysis.report import REPORT_DIR
     from ablate.modelio import FINAL_WEIGHTS
-    from ablate.train import STATE_FILE
+    from ablate.store import STATE as STATE_FILE
 
     assert (clean_module.STATE_FILE, clean_module.FINAL_WEIGHTS, clean_module.REPORT_DIR) == (
         STATE_FILE, FINAL_WEIGHTS, REPORT_DIR)
