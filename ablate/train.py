@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from lightning.fabric import Fabric
 
+from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic
 from ablate.data import BatchStream, TokenShards, validation_windows
 from ablate.data.shards import read_manifest
@@ -35,7 +36,6 @@ from ablate.lock import FileLock, held_by_parent
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, load_state, log_to_file,
                          make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
-from ablate.modelio import save_model
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
@@ -379,7 +379,7 @@ class Trainer:
         weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
         weights = self.folder / CHECKPOINTS / FINAL_WEIGHTS
         if fabric.global_rank == 0:
-            save_model(run.model, weights)
+            modelio.save_model(run.model, weights)
             weights_sha256 = file_sha256(weights)
         self.write_summary(status="completed", val_loss=val_loss, steps=run.step,
                            tokens=run.step * config["global_batch"] * config["seq_len"],
