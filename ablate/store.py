@@ -34,6 +34,7 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
+STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 LEDGER = "ledger.json"
 RUN_LOG = "run.log"
 STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run is finished)

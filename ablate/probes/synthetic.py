@@ -5,13 +5,20 @@ mass it cannot spend: the demo's picture of abstention.
 from __future__ import annotations
 
 import json
-
 import logging
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask, synthetic_batch, synthetic_validation
+from ablate.errors import AblateError
+from ablate.loop import Step, make_optimizer
+from ablate.model import GPT, GPTConfig
+from ablate.modelio import save_model
+from ablate.probes.diagnostics import PROBE_FILE, probe_model
+from ablate.probes.synthetic_report import results_path
+from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, SUMMARY, atomic_write_json, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +57,6 @@ class SyntheticRun:
 
 
 def default_model_config(task: SyntheticTask, arm: str, **overrides):
-    from ablate.model import GPTConfig
-
     fields = dict(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=64, max_seq_len=task.seq_len, arm=arm)
     fields.update(overrides)
     return GPTConfig(**fields)
@@ -80,30 +85,24 @@ def train_synthetic(
     logit cost something that the undecayed phantom logit does not, and without it some seeds of
     sink-logit park their spare mass on BOS just like the baseline (measured; see the test).
     """
-    from ablate.model import GPT
-
     task = task or SyntheticTask()
     config = default_model_config(task, arm, **model_overrides)
     torch.manual_seed(seed)
     model = GPT(config)
     model.init_weights(seed)
-    optimizer = torch.optim.AdamW(model.param_groups(weight_decay), lr=lr, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
+    optimizer = make_optimizer(model, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8, cuda=False)
+    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     run = SyntheticRun(model=model, task=task, config=asdict(config))
     steps_iter = range(steps)
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # reason: start-up time, only a run with a progress bar needs it
 
         steps_iter = tqdm(steps_iter, desc=f"synthetic {arm} seed {seed}", unit="step")
     model.train()
-    for step in steps_iter:
-        inputs, targets = synthetic_batch(task, batch_size, training_seed(seed, step))
-        loss = model(inputs, targets).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+    for k in steps_iter:
+        inputs, targets = synthetic_batch(task, batch_size, training_seed(seed, k))
+        loss, _ = step(k + 1, lr * min(1.0, (k + 1) / max(1, warmup_steps)), [(inputs, targets)])
         run.losses.append(loss.item())
     model.eval()
     run.val_loss, run.val_accuracy, run.absent_accuracy = evaluate_synthetic(model, task)
@@ -138,12 +137,6 @@ def train_and_save_synthetic(arm: str, seed: int, *, steps: int | None = None, o
     one): reloading the weights and importing pyplot cost more than the demo's training. Returns
     (SyntheticRun, probe dict).
     """
-    from pathlib import Path
-
-    from ablate.modelio import FINAL_WEIGHTS, save_model
-    from ablate.probes.diagnostics import PROBE_FILE, probe_model
-    from ablate.store import CHECKPOINTS, CONFIG, SUMMARY, atomic_write_json
-
     run = train_synthetic(arm, seed, steps or DEFAULT_STEPS, task=task, progress=progress)
     probe = probe_model(run.model, synthetic_validation(run.task, PROBE_BATCH_SIZE, PROBE_BATCHES))
     if out is None:
@@ -211,11 +204,6 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
     (Run folders sit one level deeper than a study's OUT/<tier>/<arm>/seed<k>, so that the study's
     tables, status and report never count them as a tier.) Returns the results dict.
     """
-    from pathlib import Path
-
-    from ablate.probes.synthetic_report import results_path
-    from ablate.store import atomic_write_json
-
     task = task or SyntheticTask(answer_noise=DEMO_ANSWER_NOISE)
     steps = steps or DEFAULT_STEPS
     loss_floor, accuracy_ceiling = task.floor()
@@ -223,9 +211,6 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
                "layer": "last", "runs": []}
     runs_root = None if out is None else Path(out) / "synthetic" / "runs"
     if out is not None and results_path(out).exists():  # a finished run is reused, never overwritten
-        from ablate.errors import AblateError
-        from ablate.store import read_json_file
-
         previous = read_json_file(results_path(out), f"delete {Path(out) / 'synthetic'} to run the task again")
         same = (previous.get("task") == json.loads(json.dumps(results["task"])) and previous.get("steps") == steps
                 and {(r["arm"], r["seed"]) for r in previous.get("runs", [])} == {(a, int(k)) for a in arms for k in seeds})
