@@ -16,7 +16,8 @@ from ablate.experiment import RunSpec
 from ablate.store import read_json, read_metrics, run_dir
 from ablate.plan import plan_rows
 from ablate.tiers import TIERS, get_tier
-from ablate.train import lr_at, run
+from ablate.config import lr_at
+from ablate.train import run
 from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)

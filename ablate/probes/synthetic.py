@@ -11,14 +11,27 @@ from pathlib import Path
 
 import torch
 
-from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask, synthetic_batch, synthetic_validation
+from ablate.data.synthetic import (
+    IGNORE,
+    SYNTHETIC_KEY,
+    SyntheticTask,
+    synthetic_batch,
+    synthetic_validation,
+)
 from ablate.errors import AblateError
 from ablate.loop import Step, make_optimizer
 from ablate.model import GPT, GPTConfig
 from ablate.modelio import save_model
 from ablate.probes.diagnostics import PROBE_FILE, probe_model
-from ablate.probes.synthetic_report import results_path
-from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, SUMMARY, atomic_write_json, read_json_file
+from ablate.store import (
+    CHECKPOINTS,
+    CONFIG,
+    FINAL_WEIGHTS,
+    SUMMARY,
+    atomic_write_json,
+    read_json_file,
+)
+from ablate.store import synthetic_results_path as results_path
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +109,9 @@ def train_synthetic(
     run = SyntheticRun(model=model, task=task, config=asdict(config))
     steps_iter = range(steps)
     if progress:
-        from tqdm.auto import tqdm  # reason: start-up time, only a run with a progress bar needs it
+        from tqdm.auto import (
+            tqdm,  # reason: start-up time, only a run with a progress bar needs it
+        )
 
         steps_iter = tqdm(steps_iter, desc=f"synthetic {arm} seed {seed}", unit="step")
     model.train()
