@@ -16,7 +16,7 @@ BASE := $(VENV)/.installed-base
 
 install: $(STAMP)
 
-# The demo needs the package alone; the tests add pytest, TensorBoard and lm-evaluation-harness.
+# The demo needs the package alone; the tests add pytest, import-linter, TensorBoard and lm-evaluation-harness.
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -35,6 +35,7 @@ cluster-stop:
 
 # Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores.
 test: install cluster
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2 --durations=10
 
 test-fast: install

@@ -39,12 +39,9 @@ from typing import Sequence
 
 from ablate.errors import AblateError
 from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
-from ablate.store import CHECKPOINTS, SEED_DIR, SUMMARY, finished, iter_run_dirs, read_json_file, run_lock_path
+from ablate.store import CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_run_dirs, read_json_file, run_lock_path
 
 log = logging.getLogger(__name__)
-STATE_FILE = "state.pt"  # = ablate.train.STATE_FILE (not imported: ablate.train pulls in the training stack)
-FINAL_WEIGHTS = "model.pt"  # = ablate.modelio.FINAL_WEIGHTS (not imported: it needs torch); a test checks both
-REPORT_DIR = "report"  # = ablate.analysis.report.REPORT_DIR
 ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
 
 
@@ -128,7 +125,7 @@ def run_items(folder: Path) -> tuple[list[Item], list[tuple[Path, str]]]:
             links.append((path, link_reason(path)))
         elif path.is_file():
             items.append(Item(path, size_of(path), "stray temporary of an interrupted write"))
-    state = checkpoints / STATE_FILE
+    state = checkpoints / STATE
     if len(where) == 2 and state.is_symlink():
         links.append((state, link_reason(state)))
     elif len(where) == 2 and state.is_file():
@@ -233,51 +230,3 @@ def human(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "clean", help="free disk: remove what can be rebuilt (resume states of finished runs, temporaries, report)",
-        description="Remove what can be rebuilt from an experiment's results: checkpoints/state.pt of finished "
-                    "(completed or diverged) runs, stray .*.tmp files of interrupted writes, and the report/ folder "
-                    "(only when no --tier/--arms/--seeds is given). Never removed: summary.json, metrics.jsonl, "
-                    "config.json, run.log, eval.json, the final weights (checkpoints/model.pt), TensorBoard and "
-                    "SLURM logs. Runs that are running (live lock) are skipped, and so are symbolic links: clean never "
-                    "follows a link out of the results folder (each one is listed with where it leads).")
-    parser.add_argument("experiment", help="an experiments/*.py file or its name")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
-    parser.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")
-    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
-    parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
-    parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
-    parser.add_argument("--aside", action="store_true",
-                        help="also remove folders kept aside by `ablate run --force` (seed<k>.old-*): they hold "
-                             "OLDER RESULTS that cannot be rebuilt")
-    parser.set_defaults(func=_clean_cli)
-
-
-def _clean_cli(args) -> int:
-    from ablate.experiment import default_results, load_experiment
-
-    experiment = load_experiment(args.experiment)
-    if args.tiers or args.arms or args.seeds is not None:
-        experiment.runs(args.tiers, args.arms, args.seeds)  # unknown names: an error naming the valid ones
-    results = Path(args.results) if args.results else default_results()
-    result = clean(results / experiment.name, tiers=args.tiers, arms=args.arms, seeds=args.seeds, aside=args.aside,
-                   dry_run=args.dry_run)
-    verb = "would remove" if args.dry_run else "removed"
-    for item in result.removed:
-        print(f"{verb} {human(item.size):>10}  {item.path}  ({item.why})")
-    for folder, why in result.skipped:
-        print(f"skipped {folder}: {why}")
-    if result.kept_aside:
-        print(f"kept {len(result.kept_aside)} folder(s) set aside by --force "
-              f"({human(sum(i.size for i in result.kept_aside))}, older results; --aside removes them):")
-        for item in result.kept_aside:
-            print(f"  {human(item.size):>10}  {item.path}")
-    if args.dry_run:
-        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed (dry run: nothing removed)")
-    else:
-        print(f"total: freed {human(result.total)} in {len(result.removed)} item(s)")
-    return 0

@@ -10,9 +10,11 @@ import dataclasses
 import math
 from pathlib import Path
 
+from ablate.arms import get_arm
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import WATCH_KEYS
+from ablate.sizing import model_config
 from ablate.tiers import get_tier
 
 POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "global_batch", "seq_len", "micro_batch",
@@ -22,9 +24,6 @@ POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "glo
 # ---------------------------------------------------------------------------------------------- config
 def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dict:
     """The full, explicit configuration of a run (written to config.json and compared on reruns)."""
-    from ablate.arms import get_arm
-    from ablate.tiers import model_config
-
     tier = get_tier(spec.tier)
     get_arm(spec.arm)
     chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}  # options win

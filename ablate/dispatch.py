@@ -4,8 +4,8 @@
   the arrays are queued. Each task runs `RunJob`, a submitit Checkpointable: on SLURM's warning signal
   the training loop checkpoints at the next step boundary and hands the signal to submitit, which
   requeues the task; the requeued task resumes from the checkpoint (same result as uninterrupted).
-* local: the grid runs here, at most `--parallel` runs at a time, each in its own `ablate run` process
-  (its output kept in the run folder's `run.log`), with one progress bar over the grid.
+* local: the grid runs here (`ablate.workers`), at most `--parallel` runs at a time, each run's output
+  kept in its folder's `run.log`, with one progress bar over the grid.
 
 The ledger (`RESULTS/<experiment>/ledger.json`) records every job submitted, so a second `submit`
 skips runs that are completed, queued or running, and `status` can ask the scheduler about them. A
@@ -16,52 +16,25 @@ its run lock (`ablate.lock`), which a reused process id cannot fake.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
-import os
-import signal
 import subprocess
-import sys
-import threading
-import tomllib
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import submitit
+
+from ablate.config import resolve_config
+from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
-from ablate.experiment import REPO_ROOT, Experiment, RunSpec, default_results, experiment_file, load_experiment
+from ablate.evals.run import EvalJob
+from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
-from ablate.status import error_line, experiment_dir, read_ledger, status, status_cli
-from ablate.store import (LEDGER, RUN_LOG, SUBMIT_LOCK, atomic_write_json, run_dir)
-
-PROFILE_KEYS = {
-    "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
-    "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
-    "gpu": str,  # the GPU model (a key of ablate.tiers.GPUS), read by `ablate plan --profile`
-}
-
-
-# ---------------------------------------------------------------------------------------------- profiles
-def available_profiles() -> list[str]:
-    return sorted({p.stem for folder in (Path("slurm"), REPO_ROOT / "slurm") for p in folder.glob("*.toml")})
-
-
-def load_profile(name: str) -> dict:
-    path = next((p for p in (Path(name), Path("slurm") / f"{name}.toml", REPO_ROOT / "slurm" / f"{name}.toml")
-                 if p.suffix == ".toml" and p.is_file()), None)
-    if path is None:
-        raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
-                          " (files slurm/NAME.toml)")
-    with open(path, "rb") as handle:
-        profile = tomllib.load(handle)
-    for key, value in profile.items():
-        if key not in PROFILE_KEYS:
-            raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
-        if not isinstance(value, PROFILE_KEYS[key]):
-            raise AblateError(f"profile {path}: {key} = {value!r} has the wrong type")
-    return {"partition": "", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 4,
-            "time_min": 60, "constraint": "", "signal_delay_s": 120, "array_parallelism": 64, "extra_sbatch": [],
-            **profile, "name": path.stem}
+from ablate.plan import plan_rows
+from ablate.profiles import load_profile
+from ablate.sizing import LOSS_CHUNK, micro_batch_for
+from ablate.status import error_line, experiment_dir, status
+from ablate.store import SUBMIT_LOCK, record_ledger
+from ablate.tiers import get_gpu, get_tier
+from ablate.workers import RunJob, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
@@ -84,46 +57,9 @@ def executor_parameters(profile: dict, name: str) -> dict:
     return params
 
 
-# ---------------------------------------------------------------------------------------------- the job
-try:
-    from submitit.helpers import Checkpointable as _Checkpointable
-except ImportError:  # pragma: no cover - submitit is a dependency; keep `ablate --help` alive without it
-    _Checkpointable = object
-
-
-class RunJob(_Checkpointable):
-    """What one array task executes. Re-imports the experiment file first, so arms it registers exist.
-
-    submitit's default `checkpoint()` resubmits this same call; `train.run` resumes from the run's
-    checkpoint, which the training loop wrote when the warning signal arrived.
-    """
-
-    def __init__(self, experiment_file: str | None, results: str, options: dict):
-        self.experiment_file, self.results, self.options = experiment_file, results, options
-
-    def __call__(self, spec: RunSpec) -> dict:
-        import logging
-
-        from ablate.train import run
-
-        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-        if self.experiment_file:
-            load_experiment(self.experiment_file)
-        summary = run(spec, self.results, **self.options)
-        if summary.get("status") == "failed":
-            raise RuntimeError(summary.get("error"))
-        return summary
-
-
 # ---------------------------------------------------------------------------------------------- submit
 def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> None:
     """Everything that would make a queued run die on the cluster, checked before anything is queued."""
-    from ablate.data.shards import read_manifest
-    from ablate.tiers import get_tier
-    from ablate.config import resolve_config
-
     checked = set()
     for spec in specs:
         config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
@@ -193,7 +129,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
-            report["jobs"] = _run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
                                             list(eval_tasks), eval_options or {}, report["jobs"])
@@ -203,8 +139,6 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
 def _submit_evals(experiment, experiment_file, specs, results, executor, profile, tasks, eval_options,
                   training_jobs) -> dict:
     """Evaluation of every run of `specs` that is completed or was just queued; {key: job id or outcome}."""
-    from ablate.evals.run import EvalJob
-
     folder = experiment_dir(results, experiment)
     job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                   tasks, eval_options)
@@ -217,9 +151,8 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
                 outcomes[spec.key] = "evaluated"
             except Exception as err:  # one run's failure must not stop the others
                 outcomes[spec.key] = f"failed: {error_line(str(err)) or err.__class__.__name__}"
-        _record(folder, {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
+        record_ledger(folder, {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
         return outcomes
-    import submitit
 
     chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
     for tier in dict.fromkeys(s.tier for s in chosen):
@@ -235,7 +168,7 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
         entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                                      "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
-        _record(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
+        record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
                                   "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
         outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
     return outcomes
@@ -257,7 +190,6 @@ def _plan_submission(experiment, specs, results, resources) -> dict:
 
 
 def _gpu_hours(specs: list[RunSpec]) -> float:
-    from ablate.tiers import plan_rows
 
     total = 0.0
     for tier in sorted({s.tier for s in specs}):
@@ -266,24 +198,7 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
     return total
 
 
-_LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
-
-
-def _record(folder: Path, entries: dict, submission: dict | None = None, merge: bool = False) -> None:
-    """Update the ledger (the caller holds the experiment's submit lock; threads take turns here).
-
-    Each entry replaces the run's entry, or with `merge` adds its fields to it."""
-    with _LEDGER_LOCK:
-        ledger = read_ledger(folder)
-        for key, entry in entries.items():
-            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if merge else entry
-        if submission is not None:
-            ledger["submissions"].append(submission)
-        atomic_write_json(folder / LEDGER, ledger)
-
-
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
-    import submitit
 
     folder = experiment_dir(results, experiment)
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
@@ -302,7 +217,7 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
-        _record(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
+        record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
                                   "array": submitted[0].job_id.split("_")[0], "runs": list(entries)})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
@@ -311,283 +226,6 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
 def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
     """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
     the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
-    from ablate.tiers import get_gpu, micro_batch_for
-    from ablate.train import LOSS_CHUNK
 
     fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)
     return int(chosen) if chosen else fit
-
-
-def cpu_training_env() -> dict:
-    """The environment of a CPU training process: glibc keeps freed memory instead of unmapping it.
-
-    By default every large CPU tensor (above 128 KiB, e.g. the logits) is mmap'd and returned to the
-    OS when freed, so each step page-faults it in again: a third of a smoke run's time went to the
-    kernel (18.2 s → 12.3 s for 40 steps when this is set). The user's own settings win.
-    """
-    return {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824", **os.environ}
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a local grid: `keys` are the runs stopped at a step boundary (with a checkpoint)."""
-
-    def __init__(self, keys: list[str]):
-        super().__init__(", ".join(keys))
-        self.keys = keys
-
-
-def _run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
-    """The runs on this machine: `parallel` worker processes, each training its share of the runs one after
-    another (a process per run would pay the ~6 s of imports every time); a bar over the grid.
-
-    Every run is recorded as queued by this submission first (the submit lock's token), so `status`
-    shows it queued until a worker takes its run lock, and failed with its one-line error after. A run
-    that fails never stops the others: an exception is caught by the worker, and a worker that dies
-    (killed, out of memory) marks its current run failed and is started again for the rest.
-
-    Ctrl-C (SIGINT to this process, or to its process group from a terminal) stops the grid: each worker
-    (in a process group of its own, so it is told exactly once) checkpoints its run at the next step
-    boundary and stops; those runs are recorded as interrupted (`cancelled` in status, resumed by the
-    next submit), no further run starts, and `Interrupted` is raised once every worker has stopped.
-    """
-    from tqdm.auto import tqdm
-
-    parallel = max(1, min(parallel or (os.cpu_count() or 1), len(specs)))
-    folder = experiment_dir(results, experiment)
-    _record(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
-                             "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
-            {"executor": "local", "runs": [s.key for s in specs]})
-    for spec in specs:
-        run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
-    codes, interrupted, bar_lock = {}, [], threading.Lock()
-    stop, workers = threading.Event(), set()
-
-    def stop_workers(signum=None, frame=None) -> None:
-        if not stop.is_set():
-            stop.set()
-            with bar_lock:
-                live = list(workers)
-            for process in live:
-                _interrupt(process)
-
-    def finished_run(bar, key: str, code: int, error: str | None, **extra) -> None:
-        _record(folder, {key: {"exit_code": code, "error": error, **extra}}, merge=True)
-        with bar_lock:
-            codes[key] = code
-            if extra.get("interrupted"):
-                interrupted.append(key)
-            bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
-            bar.update(1)
-
-    def work(slot: int, share: list[RunSpec], bar) -> None:
-        remaining = {s.key: s for s in share}
-        worker_log = folder / "local" / f"worker{slot}.log"
-        worker_log.parent.mkdir(parents=True, exist_ok=True)
-        while remaining and not stop.is_set():
-            payload = {"experiment_file": experiment_file, "options": {**options, "threads": options.get("threads") or 1},
-                       "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
-            command = [sys.executable, "-m", "ablate.dispatch", "--results", str(results), "--worker", json.dumps(payload),
-                       "--stop-on-eof"]
-            with open(worker_log, "a", encoding="utf-8") as log:
-                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                           env=cpu_training_env(), text=True, start_new_session=True)
-                with bar_lock:
-                    workers.add(process)
-                if stop.is_set():  # Ctrl-C came while it was starting
-                    _interrupt(process)
-                current = None
-                for line in process.stdout:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if event.get("event") == "start":
-                        current = event["key"]
-                        _record(folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}}, merge=True)
-                    elif event.get("event") in ("done", "interrupted"):
-                        remaining.pop(event["key"], None)
-                        if event["event"] == "done":
-                            finished_run(bar, event["key"], event["code"], event.get("error"))
-                        else:
-                            finished_run(bar, event["key"], 130, STOPPED, interrupted=True)
-                        current = None
-                code = process.wait()
-                process.stdin.close()
-                with bar_lock:
-                    workers.discard(process)
-            if stop.is_set():  # stopped by Ctrl-C: a run it was in is resumable, not failed
-                if current is not None:
-                    finished_run(bar, current, 130, STOPPED, interrupted=True)
-                return
-            if remaining:  # the worker died during `current` (or before its first run): that run failed
-                key = current or next(iter(remaining))
-                remaining.pop(key)
-                finished_run(bar, key, code or 1, f"the worker process died (exit code {code}) during this run; "
-                                                  f"see {worker_log}")
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, stop_workers) if main_thread else None
-    try:
-        with tqdm(total=len(specs), desc=experiment.name, unit="run") as bar, ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
-            for future in as_completed(futures):
-                future.result()
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, previous)
-    if stop.is_set():
-        raise Interrupted(sorted(interrupted))
-    return {s.key: codes[s.key] for s in specs}
-
-
-STOPPED = "interrupted (Ctrl-C) at a step boundary, with a checkpoint; `ablate submit` resumes it"
-
-
-def _interrupt(process: subprocess.Popen) -> None:
-    """SIGINT to a local worker: its run checkpoints at the next step boundary and the worker stops."""
-    try:
-        process.send_signal(signal.SIGINT)
-    except ProcessLookupError:
-        pass
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser("submit", help="submit an experiment's grid (SLURM job arrays, or this machine)")
-    parser.add_argument("experiment", help="an experiments/*.py file or its name")
-    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
-    parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
-    parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
-    parser.add_argument("--executor", default="slurm", help="slurm (default): job arrays; local: run here")
-    parser.add_argument("--profile", default="local", help="cluster profile slurm/NAME.toml (default: local)")
-    parser.add_argument("--parallel", type=int, help="local executor: runs at a time (default: CPU count)")
-    parser.add_argument("--data", help="prepared data folder for every run (default: each tier's data_dir)")
-    parser.add_argument("--match-params", dest="match_params", action="store_true", default=None,
-                        help="narrow the MLP of arms that add parameters to the baseline's count")
-    parser.add_argument("--no-match-params", dest="match_params", action="store_false",
-                        help="run arms that add parameters unmatched (overrides the experiment)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
-    parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
-    parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
-                        help="also evaluate the runs with lm-evaluation-harness (lambada_openai hellaswag wikitext): "
-                             "after training, or now for completed runs")
-    parser.add_argument("--eval-limit", type=int, help="--eval: documents per task (default: all)")
-    parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
-    parser.set_defaults(func=_submit_cli)
-
-    parser = subparsers.add_parser("status", help="one row per run of an experiment, and the counts per state")
-    parser.add_argument("experiment", help="an experiments/*.py file or its name")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(func=status_cli)
-
-
-def _resolve(args) -> tuple[Experiment, str, Path]:
-    file = experiment_file(args.experiment)
-    return load_experiment(file), str(file), Path(args.results) if args.results else default_results()
-
-
-def _hint(args) -> str:
-    """The status command for what the user just did, with the options they gave."""
-    return "ablate status " + args.experiment + (f" --results {args.results}" if args.results else "")
-
-
-def _submit_cli(args) -> int:
-    try:
-        return _submit_and_tell(args)
-    except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
-        stopped = getattr(err, "keys", [])
-        again = (f"ablate submit {args.experiment} --executor {args.executor}"
-                 + (f" --results {args.results}" if args.results else ""))
-        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
-                f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
-        print(f"ablate: interrupted: {what}", file=sys.stderr)
-        return 130
-
-
-def _submit_and_tell(args) -> int:
-    experiment, file, results = _resolve(args)
-    report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
-                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-                    options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                             **({"match_params": args.match_params} if args.match_params is not None else {})},
-                    eval_tasks=args.eval_tasks,
-                    eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
-                                  if v is not None})
-    skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
-    if args.dry_run:
-        print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
-              f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
-        if report["resources"]:
-            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
-        for key in report["to_submit"]:
-            print(f"  {key}")
-        return 0
-    evals = report.get("evals") or {}
-    if evals:
-        failed_evals = [k for k, v in evals.items() if str(v).startswith("failed")]
-        print(f"{experiment.name}: evaluation {'queued' if args.executor == 'slurm' else 'done'} for {len(evals)} runs"
-              + (f", {len(failed_evals)} failed ({', '.join(failed_evals)})" if failed_evals else ""))
-    if not report["to_submit"]:
-        print(f"{experiment.name}: nothing to submit ({skipped}); see `{_hint(args)}`")
-        return 1 if any(str(v).startswith("failed") for v in evals.values()) else 0
-    if args.executor == "slurm":
-        print(f"{experiment.name}: queued {len(report['jobs'])} runs (skipped: {skipped}); "
-              f"follow with `{_hint(args)}`")
-        return 0
-    failed = [k for k, code in report["jobs"].items() if code != 0]
-    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed"
-          + (f" ({', '.join(failed)}; see `{_hint(args)}`)" if failed else ""))
-    return 1 if failed else 0
-
-
-def _local_main(argv=None) -> int:
-    """A local worker (`python -m ablate.dispatch --worker JSON`): its runs one after another.
-
-    Tells the parent on stdout, one JSON line per event (start; done with the exit code and the error
-    line; interrupted); each run's own log goes to its run.log, and an error before training starts is
-    added there. SIGINT stops the worker: the run checkpoints at its next step boundary (the training
-    loop's signal handling), no further run starts, exit code 130. With `--stop-on-eof` the end of stdin
-    (the parent is gone) is taken as that SIGINT.
-    """
-    import traceback
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--results", required=True)
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--stop-on-eof", action="store_true")
-    args = parser.parse_args(argv)
-    if args.stop_on_eof:
-        threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
-                         daemon=True).start()
-    payload = json.loads(args.worker)
-    job = RunJob(payload["experiment_file"], args.results, payload["options"])
-    current = None
-    try:
-        for fields in payload["specs"]:
-            spec = RunSpec(**fields)
-            current = spec.key
-            print(json.dumps({"event": "start", "key": spec.key}), flush=True)
-            try:
-                job(spec)
-                code, error = 0, None
-            except AblateError as err:
-                code, error, text = 2, str(err), f"ablate: error: {err}\n"
-            except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
-                code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
-            if code:
-                with open(run_dir(args.results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
-                          encoding="utf-8") as log:
-                    log.write(text)
-            print(json.dumps({"event": "done", "key": spec.key, "code": code, "error": error}), flush=True)
-            current = None
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if current is not None:
-            print(json.dumps({"event": "interrupted", "key": current}), flush=True)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_local_main())

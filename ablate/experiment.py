@@ -14,14 +14,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_results() -> Path:
-    """Where run folders go unless `--results` says otherwise: $ABLATE_RESULTS or ./results."""
-    return Path(os.environ.get("ABLATE_RESULTS", "results"))
+from ablate.tiers import get_tier
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import list_arms
+        from ablate.arms import list_arms  # the arm registry loads torch; status and tables read experiments without it
 
         return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
 
@@ -94,9 +89,7 @@ class Experiment:
         seeds: Sequence[int] | None = None,
     ) -> list[RunSpec]:
         """The grid, filtered; unknown tiers, arms or seeds are refused with the valid ones named."""
-        from ablate.arms import get_arm
-        from ablate.tiers import get_tier
-
+        from ablate.arms import get_arm  # the arm registry loads torch; status and tables read experiments without it
         all_arms = self.arm_names()
         for arm in all_arms:
             get_arm(arm)  # an experiment naming an unregistered arm fails before anything runs
@@ -128,17 +121,13 @@ class Experiment:
 
 
 def available_experiments() -> list[str]:
-    names = set()
-    for folder in (Path("experiments"), REPO_ROOT / "experiments"):
-        names.update(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
-    return sorted(names)
+    return names_in("experiments", ".py")
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
     """`demo` or `experiments/demo.py` → the absolute path of the experiment file."""
     text = str(spec)
-    candidates = [Path(text)] if text.endswith(".py") else [Path("experiments") / f"{text}.py", REPO_ROOT / "experiments" / f"{text}.py"]
-    path = next((p for p in candidates if p.is_file()), None)
+    path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
     if path is None:
         raise AblateError(
             f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
@@ -157,3 +146,27 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
     return experiment
+
+
+def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
+    """What a table or report reads: a .csv/.parquet file or an experiment folder itself, else
+    `results/<experiment name>` for an experiment's name or experiments/*.py file."""
+    results_dir = results_folder(results)
+    text = str(source)
+    path = Path(text)
+    if path.suffix.lower() in (".csv", ".parquet"):
+        return path
+    if not text.endswith(".py"):
+        if (results_dir / text).is_dir():
+            return results_dir / text
+        if path.is_dir():
+            return path
+    name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
+    folder = results_dir / name
+    if not folder.is_dir():
+        with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
+        raise AblateError(
+            f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
+            f"experiments with results there: {', '.join(with_runs) or '(none)'}"
+        )
+    return folder

@@ -1,4 +1,12 @@
-"""Saving and loading a model's weights with its config (what probes read from a run folder)."""
+"""A trained run as probes and evals read it: its weights (saved with their config), its config and
+identity, and its fixed validation batches.
+
+Probes take token batches directly (so tests and notebooks can pass any tokens); this module only
+supplies the default ones. A batch is either a LongTensor (b, T+1) — inputs [:, :-1], targets
+[:, 1:], the form `ablate.data.validation_batches` returns — or an (inputs, targets) pair, the form
+of tasks whose targets are not the shifted inputs (the synthetic task marks positions that predict
+nothing with -100, cross-entropy's ignore index).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,11 @@ from pathlib import Path
 
 import torch
 
+from ablate.data import validation_batches
+from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask, synthetic_validation
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
-from ablate.store import CHECKPOINTS, FINAL_WEIGHTS, atomic_write_bytes
+from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json
 
 
 def save_model(model: GPT, path: str | Path) -> None:
@@ -32,3 +42,55 @@ def load_trained_model(run_dir: str | Path) -> GPT:
     if not path.is_file():
         raise AblateError(f"{run_dir} has no trained weights ({path} is missing): has the run completed?")
     return load_model(path)
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / CONFIG
+    if not Path(run_dir).is_dir():
+        raise AblateError(f"run folder {str(run_dir)!r} does not exist")
+    return read_json(path) if path.is_file() else {}
+
+
+def run_identity(run_dir: str | Path, config: dict, arm: str) -> dict:
+    """{"tier", "arm", "seed"} from config.json, else from the folder names <tier>/<arm>/seed<k>."""
+    parts = Path(run_dir).resolve().parts
+    seed = config.get("seed")
+    if seed is None and parts and parts[-1].startswith("seed") and parts[-1][4:].isdigit():
+        seed = int(parts[-1][4:])
+    tier = config.get("tier", parts[-3] if len(parts) >= 3 else None)
+    return {"tier": tier, "arm": config.get("arm", arm), "seed": seed}
+
+
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch in either form (module docstring) → (inputs (b, T), targets (b, T))."""
+    if isinstance(batch, (tuple, list)):
+        inputs, targets = batch
+        return inputs, targets
+    if batch.dim() != 2 or batch.shape[1] < 2:
+        raise AblateError(f"a token batch must be (b, T+1) with T ≥ 1, got shape {tuple(batch.shape)}")
+    return batch[:, :-1], batch[:, 1:]
+
+
+def validation_batches_for_run(config: dict, n_batches: int, batch_size: int) -> list:
+    """The run's fixed validation batches: the synthetic task's, or the corpus shards' (ablate.data)."""
+    if n_batches < 1 or batch_size < 1:
+        raise AblateError(f"--batches and --batch-size must be ≥ 1, got {n_batches} and {batch_size}")
+    if SYNTHETIC_KEY in config:
+        return synthetic_validation(SyntheticTask(**config[SYNTHETIC_KEY]), batch_size, n_batches)
+    missing = [key for key in ("data_dir", "seq_len") if key not in config]
+    if missing:
+        raise AblateError(f"config.json of the run lacks {', '.join(missing)}: cannot find its validation tokens")
+    batches = validation_batches(config["data_dir"], int(config["seq_len"]), batch_size, n_batches)
+    full = [batch for batch in batches if batch.shape[0] == batch_size]
+    return full or batches  # a short last batch would weigh unevenly (and structural junk needs two sequences)
+
+
+def load_run(run_dir: str | Path, device: str = "cpu"):
+    """(model in eval mode on `device`, config dict, identity dict) of a trained run."""
+    config = read_run_config(run_dir)
+    model = load_trained_model(run_dir).to(device)
+    return model, config, run_identity(run_dir, config, model.config.arm)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""`ablate plan`: parameters, tokens, steps, FLOPs and GPU-hours of a grid, before anything runs.
+"""The cost of a grid: parameters, tokens, steps, FLOPs and GPU-hours of a grid, before anything runs.
 
 A grid is an experiment's (tiers × arms × seeds, run-config overrides applied) or one given by
 `--tier/--arms/--seed-count`. GPU-hours = training FLOPs / (peak bf16 throughput × MFU). The peak is
@@ -9,14 +9,15 @@ else ./gpu_check.json, else gpu_check.json at the repository root), otherwise an
 
 from __future__ import annotations
 
-import argparse
-
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.tiers import DEFAULT_GPU, GPUS, TIERS, Tier, _meta_counts, get_gpu, get_tier, micro_batch_for, model_config
+from ablate.arms import get_arm, list_arms
+from ablate.paths import search_folders
+from ablate.sizing import _meta_counts, micro_batch_for, model_config
+from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
 GPU_CHECK_FILE = "gpu_check.json"
@@ -47,9 +48,7 @@ class Throughput:
 
 
 def gpu_check_paths(explicit: str | Path | None = None) -> list[Path]:
-    from ablate.experiment import REPO_ROOT
-
-    return [Path(explicit)] if explicit else [Path(GPU_CHECK_FILE), REPO_ROOT / GPU_CHECK_FILE]
+    return [Path(explicit)] if explicit else [folder / GPU_CHECK_FILE for folder in search_folders(".")]
 
 
 def throughput(gpu: str | None = None, gpu_check: str | Path | None = None) -> Throughput:
@@ -91,8 +90,6 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
     seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
     this tier ("model" fields, tier fields such as global_batch, max_steps, match_params).
     """
-    from ablate.arms import get_arm, list_arms
-
     speed = speed or Throughput()
     tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
     match = match if match_params is None else match_params  # an explicit choice beats the overrides
@@ -156,70 +153,3 @@ def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count:
         "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
         "total_train_flops": sum(p["total_train_flops"] for p in plans),
     }
-
-
-# ---------------------------------------------------------------------------------------------- command
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "plan", help="parameters, tokens, steps, FLOPs and GPU-hours of an experiment's grid or of given tiers")
-    parser.add_argument("experiment", nargs="?",
-                        help="an experiments/*.py file or its name: price its grid (its tiers, arms, seeds)")
-    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER",
-                        help=f"tiers to price (with an experiment: a subset of its tiers); one of {', '.join(TIERS)}")
-    parser.add_argument("--arms", nargs="+", metavar="ARM",
-                        help="arms to price (default: the experiment's, or every registered arm)")
-    parser.add_argument("--seeds", nargs="+", type=int, metavar="INDEX",
-                        help="seed indices of the experiment to price, as in `submit` (needs an experiment)")
-    parser.add_argument("--seed-count", type=int, metavar="N",
-                        help="runs per arm (default: the experiment's seeds, or each tier's)")
-    parser.add_argument("--match-params", action=argparse.BooleanOptionalAction, default=None,
-                        help="narrow the MLPs of arms that add parameters to the baseline's count (within 0.5%%); "
-                             "--no-match-params prices the unmatched variant (default: the experiment's choice)")
-    parser.add_argument("--gpu", choices=sorted(GPUS),
-                        help=f"GPU whose peak bf16 throughput prices an hour (default: the profile's, else {DEFAULT_GPU})")
-    parser.add_argument("--profile", metavar="NAME",
-                        help="cluster profile slurm/NAME.toml whose `gpu` key names the GPU")
-    parser.add_argument("--gpu-check", metavar="PATH",
-                        help="gpu_check.json with a measured MFU (default: ./gpu_check.json, else the repository's)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(func=_plan)
-
-
-def _plan(args) -> int:
-    from ablate.experiment import load_experiment
-
-    gpu = args.gpu
-    if args.profile and not gpu:
-        from ablate.dispatch import load_profile
-
-        gpu = load_profile(args.profile).get("gpu") or None
-    experiment = load_experiment(args.experiment) if args.experiment else None
-    plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
-                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check))
-    if args.json:
-        print(json.dumps(plan, indent=2))
-        return 0
-    if plan["experiment"]:
-        print(f"experiment {plan['experiment']}")
-    for tier in plan["tiers"]:
-        _print_tier(tier)
-    print(f"grid: {plan['total_runs']} runs, {plan['total_train_flops']:.3g} FLOPs, "
-          f"{plan['total_gpu_hours']:.1f} GPU-hours (assuming {plan['assumption']})")
-    return 0
-
-
-def _print_tier(plan: dict) -> None:
-    h = plan["hyperparameters"]
-    print(f"tier {plan['tier']}: {h['n_layer']} layers, d_model {h['d_model']}, {h['n_head']} heads, seq {h['seq_len']}, "
-          f"batch {h['global_batch']} × {h['seq_len']} tokens, lr {h['lr']:g}, warm-up {h['warmup_steps']}, "
-          f"cosine to {h['min_lr_ratio']:g}×, wd {h['weight_decay']:g}, clip {h['grad_clip']:g}; "
-          f"micro-batch for the GPU {plan['micro_batch_for_gpu']}"
-          + (" ; parameter-matched" if plan["match_params"] else ""))
-    print(f"{'arm':<15} {'total':>12} {'non-emb':>12} {'vs base':>8} {'arm extra':>10} {'MLP':>6} {'tokens':>14} "
-          f"{'steps':>7} {'FLOPs':>10} {'GPU-h/run':>10} {'seeds':>5}")
-    for r in plan["runs"]:
-        print(f"{r['arm']:<15} {r['params_total']:>12,} {r['params_non_embedding']:>12,} "
-              f"{r['params_vs_baseline']:>+8.2%} {r['params_arm_extra']:>10,} {r['mlp_hidden']:>6} {r['tokens']:>14,} "
-              f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
-    print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
-

@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
 import subprocess
 import time
 from pathlib import Path
 
-from ablate.errors import AblateError
+import submitit
+
+from ablate.evals.results import valid_evals
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import live_holder
-from ablate.store import (LEDGER, METRICS, STATUSES, SUBMIT_LOCK, SUMMARY, finished, read_json_file, read_metrics,
-                          run_dir, run_lock_path)
+from ablate.store import (
+    METRICS,
+    STATUSES,
+    SUBMIT_LOCK,
+    SUMMARY,
+    finished,
+    read_json_file,
+    read_ledger,
+    read_metrics,
+    run_dir,
+    run_lock_path,
+)
 
 ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still holds the run
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
@@ -32,17 +43,6 @@ JUST_SUBMITTED = dt.timedelta(minutes=2)  # accounting may not have seen a job t
 
 def experiment_dir(results: Path, experiment: Experiment) -> Path:
     return Path(results) / experiment.name
-
-
-def read_ledger(folder: Path) -> dict:
-    path = folder / LEDGER
-    if not path.exists():
-        return {"runs": {}, "submissions": []}
-    ledger = read_json_file(path, "move it aside (the runs' own folders keep their results; SLURM jobs it lists "
-                                  "keep running) and submit again")
-    if not isinstance(ledger.get("runs"), dict) or not isinstance(ledger.get("submissions"), list):
-        raise AblateError(f"{path} is damaged (no 'runs' or 'submissions'); move it aside and submit again")
-    return ledger
 
 
 @dataclasses.dataclass
@@ -161,7 +161,6 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
     if state == "CANCELLED":
         return "cancelled", f"SLURM job {job_id} was cancelled (scancel); `ablate submit` resumes the run"
     if state and state != "UNKNOWN":
-        import submitit
 
         stderr = submitit.SlurmJob(folder=entry["folder"], job_id=job_id).paths.stderr
         return "failed", error_line(read_text(stderr)) or f"SLURM job {job_id}: {state}"
@@ -323,7 +322,6 @@ def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmVie
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
-    from ablate.evals.results import valid_evals
 
     valid, stale = valid_evals(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed))
     wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
@@ -349,43 +347,3 @@ def _stale(stale: dict[str, str]) -> str:
     task, why = next(iter(sorted(stale.items())))
     more = f" (and {len(stale) - 1} more tasks)" if len(stale) > 1 else ""
     return f"stale, not counted: {task}{more}: {why}"
-
-
-def _duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def status_cli(args) -> int:
-    from ablate.experiment import default_results, experiment_file, load_experiment
-
-    experiment = load_experiment(experiment_file(args.experiment))
-    results = Path(args.results) if args.results else default_results()
-    rows = status(experiment, results)
-    counts = {state: sum(r["state"] == state for r in rows) for state in STATES}
-    if args.json:
-        print(json.dumps({"experiment": experiment.name, "runs": rows, "counts": counts}, indent=2))
-        return 0
-    print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<13} {'job':<14} {'steps':>13} {'elapsed':>9} {'eta':>9} "
-          f"{'val_loss':>9}")
-    for r in rows:
-        loss = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else "-"
-        steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
-        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "
-              f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>9}")
-        if r["error"]:
-            print(f"        {'error' if r['state'] in ('failed', 'diverged') else 'why'}: {r['error']}")
-        if r.get("eval"):
-            print(f"        eval: {r['eval']}")
-    print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
-    again = f"`ablate submit {args.experiment}{f' --results {args.results}' if args.results else ''}`"
-    if counts["failed"]:
-        print(f"failed runs keep their traceback in RESULTS/{experiment.name}/<tier>/<arm>/seed<k>/run.log; "
-              f"{again} resubmits them")
-    if counts["cancelled"]:
-        print(f"cancelled runs resume from their last checkpoint with {again}")
-    if counts["unknown"]:
-        print("unknown: SLURM could not say (see each run's reason); check `squeue` and `sacct` before submitting")
-    return 0

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,8 +34,17 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
+STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 LEDGER = "ledger.json"
 RUN_LOG = "run.log"
+STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run is finished)
+PROBE_FILE = "probe.json"  # `ablate probe`: sink diagnostics of the final weights
+HEATMAP_FILE = "probe_first_key_mass.png"
+INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
+EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
+REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
+SYNTHETIC_DIR = "synthetic"  # RESULTS/<experiment>/synthetic/: `ablate synthetic --out`
+SYNTHETIC_FILE = "synthetic.json"
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
 STATUSES = ("completed", "diverged", "failed", "running")
 _UMASK = os.umask(0)
@@ -132,12 +143,17 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def finished(summary: dict) -> bool:
-    """A run is done when it diverged, or completed *with* its final loss (else it resumes and evaluates)."""
+def completed(summary: dict) -> bool:
+    """Completed *with* its final loss: the one kind of run a table counts and `ablate eval` scores."""
     loss = summary.get("val_loss")
-    return summary.get("status") == "diverged" or (
-        summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool)
-        and loss == loss and abs(loss) != float("inf"))
+    return summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool) \
+        and math.isfinite(loss)
+
+
+def finished(summary: dict) -> bool:
+    """A run is done when it diverged, or completed with its final loss (a run completed without one
+    resumes and evaluates)."""
+    return summary.get("status") == "diverged" or completed(summary)
 
 
 def is_run_dir(folder: str | os.PathLike) -> bool:
@@ -197,3 +213,37 @@ def final_weights_sha256(folder: str | os.PathLike) -> str | None:
     if key not in _HASHED:
         _HASHED[key] = file_sha256(weights)
     return _HASHED[key]
+
+
+# ---------------------------------------------------------------------------------------------- the ledger
+def read_ledger(folder: Path) -> dict:
+    """RESULTS/<experiment>/ledger.json: what was submitted (job ids, times); empty when nothing was."""
+    path = folder / LEDGER
+    if not path.exists():
+        return {"runs": {}, "submissions": []}
+    ledger = read_json_file(path, "move it aside (the runs' own folders keep their results; SLURM jobs it lists "
+                                  "keep running) and submit again")
+    if not isinstance(ledger.get("runs"), dict) or not isinstance(ledger.get("submissions"), list):
+        raise AblateError(f"{path} is damaged (no 'runs' or 'submissions'); move it aside and submit again")
+    return ledger
+
+
+_LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
+
+
+def record_ledger(folder: Path, entries: dict, submission: dict | None = None, merge: bool = False) -> None:
+    """Update the ledger (the caller holds the experiment's submit lock; threads take turns here).
+
+    Each entry replaces the run's entry, or with `merge` adds its fields to it."""
+    with _LEDGER_LOCK:
+        ledger = read_ledger(folder)
+        for key, entry in entries.items():
+            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if merge else entry
+        if submission is not None:
+            ledger["submissions"].append(submission)
+        atomic_write_json(folder / LEDGER, ledger)
+
+
+def synthetic_results_path(experiment_dir: str | os.PathLike) -> Path:
+    """Where `ablate synthetic --out EXPERIMENT_DIR` keeps its results (the report reads them)."""
+    return Path(experiment_dir) / SYNTHETIC_DIR / SYNTHETIC_FILE

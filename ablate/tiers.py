@@ -1,8 +1,6 @@
 """The tier ladder: model shapes, token budgets and optimisation hyperparameters; the GPUs a plan may
-assume; parameter-matched model configs; the micro-batch that fits a GPU.
-
-Torch-free at import on purpose: the analysis reads it without loading training code (`model_config`
-imports the model when called). The `plan` command lives in `ablate.plan`.
+assume. Torch-free: the analysis orders tiers by it. Model configs, parameter matching, memory and the
+micro-batch that fits a GPU are `ablate.sizing`; the cost of a grid is `ablate.plan`.
 
 Where the values come from
 --------------------------
@@ -41,9 +39,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
-from ablate.errors import AblateError, choice_error
+from ablate.errors import choice_error
 
 
 @dataclass(frozen=True)
@@ -160,148 +157,3 @@ def gpu_key_for(device_name: str, memory_gb: float | None = None) -> str | None:
     if "A100" in text:
         return "a100-80" if ("80G" in text or (memory_gb or 0) > 41) else "a100"
     return None
-
-
-# ---------------------------------------------------------------------------------------------- model configs
-MATCH_TOLERANCE = 0.005  # parameter matching: non-embedding counts equal to 0.5%
-
-
-def model_config(tier: Tier | str, arm: str, *, match_params: bool = False, **overrides):
-    """The GPTConfig of `arm` at `tier` (overrides: GPTConfig fields, e.g. from an experiment).
-
-    match_params: for an arm whose extra parameters put its non-embedding count more than 0.5% above
-    the baseline's (g1-elementwise and g2-value: n_layer·d² more), narrow the MLP hidden width of every
-    layer so the counts agree (`matched_mlp_hidden`). Arms within 0.5% already keep the baseline's width,
-    so their config, and so their init fingerprint, is the unmatched one.
-    """
-    from ablate.model import GPTConfig
-
-    tier = get_tier(tier) if isinstance(tier, str) else tier
-    fields = dict(vocab_size=tier.vocab_size, n_layer=tier.n_layer, n_head=tier.n_head, n_kv_head=tier.n_kv_head,
-                  d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm)
-    fields.update(overrides)
-    config = GPTConfig(**fields)
-    if not match_params:
-        return config
-    if overrides.get("mlp_hidden") is not None:
-        raise AblateError(f"mlp_hidden={overrides['mlp_hidden']} and match_params both set the MLP width; "
-                          "give one of them")
-    width = matched_mlp_hidden(config)
-    return config if width is None else replace(config, mlp_hidden=width)
-
-
-def matched_mlp_hidden(config, tolerance: float = MATCH_TOLERANCE) -> int | None:
-    """The MLP hidden width (same in every layer) that brings `config`'s non-embedding parameters to its
-    baseline's (same config, arm 'baseline') within `tolerance`; None when they already are.
-
-    Counts come from the real model on the meta device. The count is affine in the width, so the exact
-    minimiser is solved from two counts; the width taken is the multiple of 64 nearest to it if that is
-    within the tolerance (kernel-friendly tiles), else the nearest multiple of 8 if that is, else the
-    minimiser itself. For the built-in arms (extra n_layer·d²) the minimiser is 3.5·d, a multiple of 64
-    at 50M and above and of 8 at the 10M and smoke tiers, so the counts agree to a few parameters.
-    """
-    base = _meta_counts(replace(config, arm="baseline"))["non_embedding"]
-    mine = _meta_counts(config)["non_embedding"]
-    if abs(mine / base - 1) <= tolerance:
-        return None
-    width = config.mlp_width
-    slope = mine - _meta_counts(replace(config, mlp_hidden=width - 1))["non_embedding"]  # parameters per unit
-    exact = width - round((mine - base) / slope)
-    if exact < 1:
-        raise AblateError(f"arm {config.arm!r} adds {mine - base:,} non-embedding parameters, more than the MLPs "
-                          f"hold ({slope * width:,}): it cannot be parameter-matched by narrowing them")
-
-    def gap(w: int) -> float:
-        return abs(mine + (w - width) * slope - base) / base
-
-    for multiple in (64, 8):
-        rounded = max(multiple, multiple * round(exact / multiple))
-        if gap(rounded) <= tolerance:
-            return rounded
-    return exact
-
-
-def _meta_counts(config) -> dict[str, int]:
-    """Parameter counts without allocating memory (meta tensors), so a 350M count is instant; cached,
-    because matching and planning count the same configs many times."""
-    from dataclasses import asdict
-
-    from ablate.arms import get_arm
-
-    return dict(_cached_counts(tuple(sorted(asdict(config).items())), get_arm(config.arm)))
-
-
-@lru_cache(maxsize=1024)
-def _cached_counts(fields: tuple, arm_class: type) -> tuple:
-    """`arm_class` is part of the key: an arm registered again under its name (replace=True) is recounted."""
-    import torch
-
-    from ablate.model import GPT, GPTConfig
-
-    with torch.device("meta"):
-        return tuple(GPT(GPTConfig(**dict(fields))).param_counts().items())
-
-
-# ---------------------------------------------------------------------------------------------- memory
-OPTIMIZER_BYTES = 16  # per parameter: float32 weight, float32 gradient, AdamW's two float32 moments
-DDP_BYTES = 4  # per parameter with more than one process: DDP's float32 gradient buckets
-ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
-RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
-USABLE_FRACTION = 0.9
-
-
-def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
-                       mlp_hidden: int | None = None) -> float:
-    """Estimated peak GPU memory (GB) of one training process of `tier` in bf16 autocast.
-
-    * States: 16 bytes per parameter (float32 weights and gradients, AdamW's two moments), 4 more with
-      DDP (gradient buckets); parameters counted for the baseline shape.
-    * Activations kept for the backward pass, per token and layer, in bytes: RMSNorm inputs 2 × 4·d
-      (float32 residual stream), the bf16 inputs of the four matmuls 4 × 2·d, q, k, v before and after
-      RoPE 2 × 6·d, the attention output 2·d, and the MLP's two hidden tensors 2 × 2·m (m the MLP
-      width): (28·d + 4·m), times 1.25 for arm gates, autocast copies and fragmentation. Flash
-      attention keeps no T×T tensor.
-    * Output layer, per token: bf16 logits (2·V), their float32 copy (4·V), the saved log-softmax
-      (4·V), its float32 gradient (4·V) and the bf16 gradient (2·V) = 16·V bytes for every token of the
-      micro-batch, or for `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`).
-    This is an estimate for choosing a micro-batch, not a measurement.
-    """
-    tier = get_tier(tier) if isinstance(tier, str) else tier
-    d, layers = tier.d_model, tier.n_layer
-    m = mlp_hidden or 4 * d
-    vocab = math.ceil(tier.vocab_size / 64) * 64
-    head_dim = d // tier.n_head
-    per_layer = (tier.n_head + 2 * tier.n_kv_head) * head_dim * d + d * d + 2 * d * m + 2 * d
-    params = vocab * d + layers * per_layer + d
-    states = params * (OPTIMIZER_BYTES + (DDP_BYTES if world_size > 1 else 0))
-    tokens = micro_batch * tier.seq_len
-    activations = tokens * layers * (28 * d + 4 * m) * ACTIVATION_SAFETY
-    output = 16 * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
-    return (states + activations + output) / 1e9 + RESERVED_GB
-
-
-def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
-                    mlp_hidden: int | None = None) -> int:
-    """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and whose
-    `memory_estimate_gb` fits 90% of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps
-    the global batch, and so the optimisation, unchanged; only float summation order differs."""
-    tier = get_tier(tier) if isinstance(tier, str) else tier
-    if world_size < 1 or tier.global_batch % world_size:
-        raise AblateError(f"world size {world_size} must divide tier {tier.name}'s global batch {tier.global_batch}")
-    local = tier.global_batch // world_size
-    budget = USABLE_FRACTION * gpu_mem_gb
-    for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
-        if memory_estimate_gb(tier, micro, world_size=world_size, loss_chunk=loss_chunk,
-                              mlp_hidden=mlp_hidden) <= budget:
-            return micro
-    raise AblateError(f"tier {tier.name} does not fit {gpu_mem_gb:g} GB even at micro-batch 1 "
-                      f"(estimate {memory_estimate_gb(tier, 1, world_size=world_size, loss_chunk=loss_chunk):.1f} GB)")
-
-
-def __getattr__(name: str):
-    """The plan moved to `ablate.plan`; its names stay importable from here (the CLI finds `add_commands`)."""
-    if name in ("plan_rows", "training_flops", "add_commands"):
-        import ablate.plan
-
-        return getattr(ablate.plan, name)
-    raise AttributeError(f"module 'ablate.tiers' has no attribute {name!r}")

@@ -13,110 +13,38 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
-import json
 import logging
 import math
 import os
-import platform
-import signal
-import subprocess
 import time
 import traceback
+import warnings
+from functools import partial
 from pathlib import Path
 
+import torch
+from lightning.fabric import Fabric
+
+from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
+from ablate.config import lr_at, resolve_config, semantic
+from ablate.data import BatchStream, TokenShards, validation_windows
+from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
-from ablate.experiment import REPO_ROOT, RunSpec, default_results
-from ablate.config import lr_at, resolve_config, semantic  # noqa: F401 (resolve_config: re-exported)
+from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
 from ablate.lock import FileLock, held_by_parent
-from ablate.store import (CHECKPOINTS, CONFIG, METRICS, RUN_LOG, SUMMARY, atomic_write_bytes, atomic_write_json, read_json,
-                          finished, read_json_file, read_metrics, remove_stray_temporaries, run_dir, run_lock_path)
+from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, load_state, log_to_file,
+                         make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
+from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
+from ablate.paths import default_results
+from ablate.provenance import git_commit, now, versions
+from ablate.sizing import LOSS_CHUNK
+from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
+                          file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
+                          run_dir, run_lock_path)
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
-STATE_FILE = "state.pt"  # RUN_DIR/checkpoints/state.pt: everything needed to resume
-LOSS_CHUNK = 8192  # tokens per chunk of the loss on a GPU (float32 logits of 8192 × 50,304: 1.6 GB)
-# ---------------------------------------------------------------------------------------------- provenance
-def git_commit() -> str | None:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (head + ("-dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def versions() -> dict:
-    import lightning
-    import numpy
-    import torch
-
-    import ablate
-
-    return {"ablate": ablate.__version__, "python": platform.python_version(), "torch": torch.__version__,
-            "lightning": lightning.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
-            "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ---------------------------------------------------------------------------------------------- signals
-class StopRequests:
-    """Signals set flags; the loop acts on them at the next step boundary (a consistent state).
-
-    SIGUSR1: checkpoint now and go on. SIGUSR2 (SLURM's warning before a time limit or preemption),
-    SIGTERM and SIGINT (Ctrl-C, unless the process was started ignoring it): checkpoint, then hand the
-    signal to the handler that was there before (submitit's, which requeues the job; Python's, which
-    raises KeyboardInterrupt) or stop.
-    """
-
-    def __init__(self):
-        self.checkpoint = False
-        self.stop_signal: int | None = None
-        self.previous: dict[int, object] = {}
-
-    def install(self):
-        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-            if signum != signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN:
-                self.previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.checkpoint = True
-        if signum != signal.SIGUSR1:
-            self.stop_signal = signum
-
-    def restore(self):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-    def hand_over(self):
-        """After the checkpoint: let the earlier handler (submitit: requeue + exit) act, else stop."""
-        previous = self.previous.get(self.stop_signal)
-        self.restore()
-        if callable(previous):
-            previous(self.stop_signal, None)
-        raise SystemExit(128 + self.stop_signal)
-
-
-def windows_fingerprint(windows, seq_len: int) -> str:
-    """SHA-256 of the validation tokens actually evaluated (and the window length)."""
-    digest = hashlib.sha256(f"ablate-val;seq_len={int(seq_len)};shape={tuple(windows.shape)};".encode())
-    digest.update(windows.contiguous().numpy().astype("<i8").tobytes())
-    return digest.hexdigest()
-
-
-class Diverged(Exception):
-    """A non-finite loss at `step`, noticed at `detected_at` (the next read-back boundary on a GPU)."""
-
-    def __init__(self, step: int, loss: float, detected_at: int | None = None):
-        super().__init__(f"non-finite training loss {loss} at step {step}")
-        self.step, self.loss, self.detected_at = step, loss, detected_at if detected_at is not None else step
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -195,11 +123,12 @@ def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | Non
     The run folder is locked for the whole run (`ablate.lock`): a second process on the same run is
     refused at once, naming the holder, before it touches anything.
     """
-    return _run_spec(spec, results, data_dir, force, options)[0]
+    return run_as(spec, results, data_dir, force, options)[0]
 
 
-def _run_spec(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
-    """(summary, whether this process was a data-parallel child of the run's holder)."""
+def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
+    """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
+    reports nothing: its parent does)."""
     config = resolve_config(spec, data_dir, **options)
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
     if launched_child(folder):
@@ -222,8 +151,6 @@ def _run_spec(spec: RunSpec, results, data_dir, force: bool, options: dict) -> t
 
 def check_data_folder(data_dir: str) -> None:
     """A data folder that is not a prepared one is refused before the run folder is touched."""
-    from ablate.data.shards import read_manifest
-
     try:
         read_manifest(data_dir)
     except AblateError as err:
@@ -234,7 +161,7 @@ class Trainer:
     def __init__(self, folder: Path, config: dict):
         self.folder, self.config = folder, config
         self.summary_path = folder / SUMMARY
-        self.state_path = folder / CHECKPOINTS / STATE_FILE
+        self.state_path = folder / CHECKPOINTS / STATE
 
     def write_summary(self, **fields):
         if self.fabric.global_rank != 0:
@@ -244,11 +171,8 @@ class Trainer:
         atomic_write_json(self.summary_path, summary)
 
     def fit(self) -> dict:
-        import warnings
-
-        import torch
-        from lightning.fabric import Fabric
-
+        """Launch Fabric (DDP over `devices`, bf16 autocast on CUDA, the loggers) and train; a divergence or
+        a failure is written to the summary before it is reported."""
         # Fabric warns whenever `srun` exists on PATH; one run per task is how we use SLURM on purpose.
         warnings.filterwarnings("ignore", message=".*`srun` command is available")
 
@@ -262,7 +186,7 @@ class Trainer:
             precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
         fabric.launch()
         to_file = fabric.global_rank == 0 and not os.environ.get("ABLATE_LOG_TO_STDERR_ONLY")
-        handler = self._log_to_file() if to_file else None
+        handler = log_to_file(self.folder / RUN_LOG) if to_file else None
         try:
             return self._fit(fabric)
         except Diverged as err:
@@ -282,17 +206,6 @@ class Trainer:
                 logging.getLogger("ablate").removeHandler(handler)
                 handler.close()
 
-    def _log_to_file(self) -> logging.Handler:
-        """The run's own log, RUN_DIR/run.log (appended across resumes), whatever runs it: local or SLURM."""
-        handler = logging.FileHandler(self.folder / RUN_LOG, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler.setLevel(logging.INFO)
-        package_log = logging.getLogger("ablate")
-        if package_log.getEffectiveLevel() > logging.INFO:
-            package_log.setLevel(logging.INFO)
-        package_log.addHandler(handler)
-        return handler
-
     @property
     def logger_run_id(self) -> str:
         """The logger's run id: a function of the run folder, so a requeued job logs into the same run."""
@@ -304,36 +217,17 @@ class Trainer:
             return []
         run_id = self.logger_run_id
         if kind == "tensorboard":
-            from lightning.fabric.loggers import TensorBoardLogger
+            from lightning.fabric.loggers import TensorBoardLogger  # reason: optional extra (tensorboard)
 
             return [TensorBoardLogger(root_dir=str(self.folder / "tensorboard"), name="", version=run_id)]
         if kind == "wandb":
-            from lightning.pytorch.loggers import WandbLogger
+            from lightning.pytorch.loggers import WandbLogger  # reason: optional extra (wandb)
 
             return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow")]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
-    def _load_state(self, torch) -> dict:
-        """The checkpoint, loaded without running code (weights_only): a crafted pickle is refused."""
-        try:
-            blob = torch.load(self.state_path, map_location="cpu", weights_only=True)
-        except Exception as err:  # UnpicklingError for a crafted pickle; struct/zip/EOF errors for a damaged file
-            first = str(err).strip().splitlines()[0] if str(err).strip() else err.__class__.__name__
-            raise AblateError(
-                f"{self.state_path} cannot be loaded safely ({first[:200]}); it is damaged or holds more than tensors "
-                "and plain values. Rerun with --force to keep this run aside and start again") from None
-        if not isinstance(blob, dict) or not {"model", "optimizer", "stream", "data_fingerprint"} <= set(blob):
-            raise AblateError(f"{self.state_path} is not an ablate checkpoint; rerun with --force to start again")
-        return blob
-
     def _fit(self, fabric) -> dict:
-        import torch
-
-        from ablate.data import BatchStream, TokenShards, validation_windows
-        from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
-        from ablate.modelio import FINAL_WEIGHTS, save_model
-        from ablate.store import file_sha256
-
+        """The run: data, model and optimiser, resume, the steps, then the final evaluation and weights."""
         config = self.config
         tier = get_tier(config["tier"])
         shards = TokenShards(config["data_dir"], split="train")
@@ -355,244 +249,148 @@ class Trainer:
         torch.manual_seed(config["seed"])
         model = GPT(GPTConfig(**config["model"]))
         model.init_weights(config["seed"])
-        init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
+        run = RunState(model, stream, init_fingerprint=fingerprint_parameters(model.shared_named_parameters()))
         # A parameter-matched arm narrows its MLP: it shares with its baseline the parameters whose name and
         # shape do not depend on the MLP width, and this fingerprint covers exactly those.
         init_common = common_fingerprint(model)
-        groups = [{k: v for k, v in g.items() if k != "names"} for g in model.param_groups(config["weight_decay"])]
         cuda, on_cpu = fabric.device.type == "cuda", fabric.device.type == "cpu"
         if cuda:  # TF32 for the float32 matmuls that autocast leaves (bf16 does the bulk)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        optimizer = torch.optim.AdamW(groups, lr=config["lr"], betas=tuple(config["betas"]), eps=config["eps"],
-                                      **({"fused": True} if cuda else {}))
+        optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda)
         counts = model.param_counts()
         forward_model = torch.compile(model) if config["compile"] else model
-        forward_model, optimizer = fabric.setup(forward_model, optimizer)
-
-        step, data_fp, wall = 0, hashlib.sha256(b"ablate-data").hexdigest(), 0.0
-        resumed = self.state_path.exists()
-        if resumed:
-            blob = self._load_state(torch)
-            model.load_state_dict(blob["model"])
-            optimizer.load_state_dict(blob["optimizer"])
-            stream.load_state_dict(blob["stream"])  # refuses a checkpoint of another data stream
-            step, data_fp, wall = stream.step, blob["data_fingerprint"], blob["wall_seconds"]
-            init_fingerprint = blob["init_fingerprint"]
-            log.info("%s: resuming at step %d of %d", self.folder, step, config["steps"])
-        else:
-            log.info("%s: starting %s/%s/seed%d, %d steps", self.folder, config["tier"], config["arm"], config["seed"],
-                     config["steps"])
+        run.forward_model, run.optimizer = fabric.setup(forward_model, optimizer)
+        resumed = self._resume(run)
+        metrics = MetricsLog(self.folder / METRICS, fabric.log_dict)
+        self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
-            self._truncate_metrics(step if resumed else -1)
+            metrics.truncate(run.step if resumed else -1)
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
-            status="running", val_loss=None, steps=step, total_steps=config["steps"],
-            tokens=step * config["global_batch"] * config["seq_len"],
-            init_fingerprint=init_fingerprint, init_fingerprint_common=init_common, data_fingerprint=data_fp,
-            config_fingerprint=config_fingerprint(config),
+            status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
+            tokens=run.step * config["global_batch"] * config["seq_len"],
+            init_fingerprint=run.init_fingerprint, init_fingerprint_common=init_common,
+            data_fingerprint=run.data_fp, config_fingerprint=config_fingerprint(config),
             loss_read_every=1 if on_cpu else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
-            wall_seconds=wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
+            wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
-        def evaluate(windows) -> float:
-            """Mean token loss over fixed windows, summed in float64 in a fixed order (batches of `micro`)."""
-            forward_model.eval()
-            total = torch.zeros(2, dtype=torch.float64, device=fabric.device)
-            with torch.no_grad():
-                for i, batch in enumerate(windows.split(micro)):
-                    if i % world != rank:
-                        continue
-                    batch = batch.to(fabric.device)
-                    logits = forward_model(batch[:, :-1]).logits.float()
-                    losses = torch.nn.functional.cross_entropy(
-                        logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
-                    total += torch.stack([losses.double(), torch.tensor(batch[:, 1:].numel(), dtype=torch.float64,
-                                                                         device=fabric.device)])
-            forward_model.train()
-            total = fabric.all_reduce(total, reduce_op="sum") if world > 1 else total
-            return float(total[0] / total[1])
+        evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
+                           world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"))
+        run.t_resume = time.time()
+        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu)
+        self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
+        return self._finish(run, evaluate(final_windows), final_windows)
 
-        def save_state():
-            fabric.barrier()
-            if rank == 0:
-                buffer = io.BytesIO()
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "stream": stream.state_dict(), "data_fingerprint": data_fp,
-                            "init_fingerprint": init_fingerprint, "wall_seconds": wall + time.time() - t_resume},
-                           buffer)
-                atomic_write_bytes(self.state_path, buffer.getvalue())
-                self.write_summary(steps=step, tokens=step * config["global_batch"] * config["seq_len"],
-                                   data_fingerprint=data_fp, wall_seconds=wall + time.time() - t_resume)
-            fabric.barrier()
+    def _resume(self, run: RunState) -> bool:
+        """Load the checkpoint into the run, if there is one; whether there was."""
+        config = self.config
+        if not self.state_path.exists():
+            log.info("%s: starting %s/%s/seed%d, %d steps", self.folder, config["tier"], config["arm"], config["seed"],
+                     config["steps"])
+            return False
+        run.load_state_dict(load_state(self.state_path))
+        log.info("%s: resuming at step %d of %d", self.folder, run.step, config["steps"])
+        return True
 
-        requests = StopRequests().install()
-        t_resume = time.time()
-        total_steps = config["steps"]
-        bar = None
-        if rank == 0 and config["progress"]:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total_steps, initial=step, desc=f"{config['tier']}/{config['arm']}/seed{config['seed']}",
-                       unit="step", dynamic_ncols=True)
-        tokens_per_step = config["global_batch"] * config["seq_len"]
-        # On a GPU every read of a device value stalls the kernel queue: losses are read every log_interval
-        # steps (and at evaluations and checkpoints). On the CPU a read costs nothing, so it happens every
-        # step and a non-finite loss stops the run before its optimiser step, exactly as it always did.
-        read_every_step = on_cpu
+    def _train(self, run: RunState, evaluate, curve_windows, micro: int, local_rows: int, on_cpu: bool):
+        """The steps from `run.step` to the end: evaluate every val_interval, read back every log_interval
+        (every step on a CPU), checkpoint every checkpoint_interval and at a signal (then stop if asked)."""
+        config, fabric, total_steps = self.config, self.fabric, self.config["steps"]
+        device, rank, world = fabric.device, fabric.global_rank, fabric.world_size
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
         # on a GPU the loss is computed LOSS_CHUNK tokens at a time unless the run says otherwise (0: never).
         loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (0 if on_cpu else LOSS_CHUNK)
+        model, optimizer = run.forward_model, run.optimizer
+        step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets, loss_chunk=loss_chunk).loss,
+                    clip=lambda: fabric.clip_gradients(model, optimizer, max_norm=config["grad_clip"],
+                                                       error_if_nonfinite=False),
+                    backward=fabric.backward, no_sync=lambda enabled: fabric.no_backward_sync(model, enabled=enabled),
+                    all_reduce=(lambda loss: fabric.all_reduce(loss, reduce_op="mean")) if world > 1 else None,
+                    halt_on_nonfinite=on_cpu)  # on a CPU a read costs nothing: a bad loss stops before its update
+        bar = progress_bar(total_steps, run.step, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
+            rank == 0 and config["progress"]) else None
+        requests = StopRequests().install()
+        readback = ReadBack(config["global_batch"] * config["seq_len"], self._log_metrics, bar)
         try:
-            if step == 0:
-                val_loss = evaluate(curve_windows)
-                self._log_metrics({"step": 0, "tokens": 0, "val_loss": val_loss})
-            pending = []  # (step, lr, loss, grad_norm, end time) still on the device: read at the next boundary
-            t_interval = time.time()  # when the first step of `pending` began
-
-            def flush():
-                """One device→host copy for the steps since the last boundary; divergence is caught here."""
-                if not pending:
-                    return
-                values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, _, loss, norm, _ in pending])
-                values = values.tolist()
-                elapsed = pending[-1][4] - t_interval  # training time only: evaluations and checkpoints come after
-                for (row_step, row_lr, _, _, _), (loss, norm) in zip(pending, values):
-                    if not math.isfinite(loss):
-                        pending.clear()
-                        raise Diverged(row_step, loss, detected_at=step)
-                    row = {"step": row_step, "tokens": row_step * tokens_per_step, "train_loss": loss, "lr": row_lr,
-                           "grad_norm": norm, "tokens_per_s": tokens_per_step * len(values) / max(elapsed, 1e-9)}
-                    if row_step in curve:
-                        row["val_loss"] = curve.pop(row_step)
-                    self._log_metrics(row)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-                pending.clear()
-
-            curve = {}
-            while step < total_steps:
-                if not pending:
-                    t_interval = time.time()
-                lr = lr_at(step, config)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                global_batch = stream.global_batch(step)
-                data_fp = hashlib.sha256(data_fp.encode() + global_batch.numpy().tobytes()).hexdigest()
-                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(fabric.device, non_blocking=True)
-                loss_sum = torch.zeros((), device=fabric.device)
-                chunks = local.split(micro)
-                for i, chunk in enumerate(chunks):
-                    with fabric.no_backward_sync(forward_model, enabled=i < len(chunks) - 1):
-                        loss = forward_model(chunk[:, :-1], chunk[:, 1:], loss_chunk=loss_chunk).loss * (
-                            chunk.shape[0] / local_rows)
-                        fabric.backward(loss)
-                    loss_sum += loss.detach()
-                grad_norm = fabric.clip_gradients(forward_model, optimizer, max_norm=config["grad_clip"],
-                                                  error_if_nonfinite=False)
-                train_loss = fabric.all_reduce(loss_sum, reduce_op="mean") if world > 1 else loss_sum
-                if read_every_step and not math.isfinite(float(train_loss)):  # no optimiser step on a bad loss
-                    raise Diverged(step + 1, float(train_loss), detected_at=step + 1)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                stream.step = step  # the position a checkpoint records
-                pending.append((step, lr, train_loss.detach(), grad_norm.detach(), time.time()))
-                evaluate_now = step % config["val_interval"] == 0 or step == total_steps
-                checkpoint_now = step % config["checkpoint_interval"] == 0 or requests.checkpoint
-                if evaluate_now:
-                    curve[step] = val_loss = evaluate(curve_windows)
-                    flush()  # a non-finite training loss before this point is reported first, as the cause
-                    log.info("%s: step %d/%d val_loss %.4f", self.folder, step, total_steps, val_loss)
-                    if not math.isfinite(val_loss):
-                        raise Diverged(step, val_loss, detected_at=step)
-                if read_every_step or checkpoint_now or step % config["log_interval"] == 0:
-                    flush()
-                if checkpoint_now:
-                    save_state()
-                    requests.checkpoint = False
-                    if requests.stop_signal is not None:
-                        log.warning("%s: checkpointed at step %d on signal %d", self.folder, step,
-                                    requests.stop_signal)
-                        requests.hand_over()
-            flush()
+            if run.step == 0:
+                self._log_metrics({"step": 0, "tokens": 0, "val_loss": evaluate(curve_windows)})
+            while run.step < total_steps:
+                readback.begin_step()
+                lr = lr_at(run.step, config)
+                global_batch = run.stream.global_batch(run.step)
+                run.data_fp = hashlib.sha256(run.data_fp.encode() + global_batch.numpy().tobytes()).hexdigest()
+                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(device, non_blocking=True)
+                loss, grad_norm = step(run.step + 1, lr, [(c[:, :-1], c[:, 1:]) for c in local.split(micro)], device)
+                run.step += 1
+                run.stream.step = run.step  # the position a checkpoint records
+                readback.add(run.step, lr, loss, grad_norm)
+                self._boundary(run, evaluate, curve_windows, readback, requests, on_cpu)
+            readback.flush(run.step)
         finally:
             requests.restore()
             if bar is not None:
                 bar.close()
-        save_state()  # the state at the last step: an interruption from here on resumes straight to the end
-        # The final loss: every prepared validation token up to the cap (a run resumed at its last step comes
-        # straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run).
-        val_loss = evaluate(final_windows)
+
+    def _boundary(self, run: RunState, evaluate, curve_windows, readback: ReadBack, requests: StopRequests,
+                  on_cpu: bool):
+        """After a step: evaluate, read back, checkpoint, each when due; a signal's stop comes last."""
+        config, step = self.config, run.step
+        evaluate_now = step % config["val_interval"] == 0 or step == config["steps"]
+        checkpoint_now = step % config["checkpoint_interval"] == 0 or requests.checkpoint
+        if evaluate_now:
+            readback.curve[step] = val_loss = evaluate(curve_windows)
+            readback.flush(step)  # a non-finite training loss before this point is reported first, as the cause
+            log.info("%s: step %d/%d val_loss %.4f", self.folder, step, config["steps"], val_loss)
+            if not math.isfinite(val_loss):
+                raise Diverged(step, val_loss, detected_at=step)
+        if on_cpu or checkpoint_now or step % config["log_interval"] == 0:
+            readback.flush(step)
+        if checkpoint_now:
+            self._checkpoint(run)
+            requests.checkpoint = False
+            if requests.stop_signal is not None:
+                log.warning("%s: checkpointed at step %d on signal %d", self.folder, step, requests.stop_signal)
+                requests.hand_over()
+
+    def _checkpoint(self, run: RunState):
+        """Every rank reaches the same step boundary; rank 0 writes the resume state and the summary's progress."""
+        fabric, config = self.fabric, self.config
+        fabric.barrier()
+        if fabric.global_rank == 0:
+            save_state(self.state_path, run.state_dict())
+            self.write_summary(steps=run.step, tokens=run.step * config["global_batch"] * config["seq_len"],
+                               data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
+        fabric.barrier()
+
+    def _finish(self, run: RunState, val_loss: float, final_windows) -> dict:
+        """The final loss is over every prepared validation token up to the cap (a run resumed at its last step
+        comes straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run); then
+        the final weights, the completed summary, and the resume state removed."""
+        config, fabric = self.config, self.fabric
         if not math.isfinite(val_loss):
-            raise Diverged(step, val_loss)
+            raise Diverged(run.step, val_loss)
         val_fingerprint = windows_fingerprint(final_windows, config["seq_len"])
         log.info("%s: final val_loss %.6f over %d tokens", self.folder, val_loss, final_windows[:, 1:].numel())
         weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
-        if rank == 0:
-            save_model(model, self.folder / CHECKPOINTS / FINAL_WEIGHTS)
-            weights_sha256 = file_sha256(self.folder / CHECKPOINTS / FINAL_WEIGHTS)
-        self.write_summary(status="completed", val_loss=val_loss, steps=step, tokens=step * tokens_per_step,
+        weights = self.folder / CHECKPOINTS / FINAL_WEIGHTS
+        if fabric.global_rank == 0:
+            modelio.save_model(run.model, weights)
+            weights_sha256 = file_sha256(weights)
+        self.write_summary(status="completed", val_loss=val_loss, steps=run.step,
+                           tokens=run.step * config["global_batch"] * config["seq_len"],
                            val_fingerprint=val_fingerprint, val_tokens_evaluated=int(final_windows[:, 1:].numel()),
-                           data_fingerprint=data_fp, finished=now(), wall_seconds=wall + time.time() - t_resume,
+                           data_fingerprint=run.data_fp, finished=now(), wall_seconds=run.wall_seconds(),
                            weights_sha256=weights_sha256)
         fabric.barrier()
-        if rank == 0:  # the final weights stay; the resume state is not needed once the summary says completed
+        if fabric.global_rank == 0:  # the final weights stay; the resume state is not needed once completed
             self.state_path.unlink(missing_ok=True)
             log.info("%s: completed", self.folder)
         return read_json(self.summary_path)
 
     def _started(self):
-        if self.summary_path.exists():
-            return read_json(self.summary_path).get("started") or now()
-        return now()
-
-    def _log_metrics(self, row: dict):
-        if self.fabric.global_rank != 0:
-            return
-        with open(self.folder / METRICS, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
-        self.fabric.log_dict({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-
-    def _truncate_metrics(self, step: int):
-        """On resume, drop metric lines written after the checkpoint (they will be produced again)."""
-        path = self.folder / METRICS
-        if path.exists():
-            rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-            atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
-    parser.add_argument("--tier", required=True)
-    parser.add_argument("--arm", required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
-    parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
-    parser.add_argument("--data", help="prepared data folder (default: the tier's)")
-    parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")
-    parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
-    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
-    parser.add_argument("--threads", type=int, help="CPU threads for torch")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    parser.add_argument("--force", action="store_true", help="keep an existing run folder aside and start again")
-    parser.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
-    options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
-                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
-    summary, child = _run_spec(spec, args.results, args.data, args.force, options)
-    if not child:
-        print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
-                                                     "init_fingerprint", "data_fingerprint", "config_fingerprint",
-                                                     "val_fingerprint", "val_tokens_evaluated")}, indent=2))
-    return 0 if summary.get("status") in ("completed", "diverged") else 1
+        return (read_json(self.summary_path).get("started") if self.summary_path.exists() else None) or now()

@@ -44,7 +44,8 @@ import torch  # noqa: E402
 
 from ablate.arms import get_arm, list_arms  # noqa: E402
 from ablate.model import GPT  # noqa: E402
-from ablate.tiers import TIERS, model_config  # noqa: E402
+from ablate.sizing import model_config  # noqa: E402
+from ablate.tiers import TIERS  # noqa: E402
 
 TARGET = 1.10
 SINK_TOKEN_TARGET = 1.05  # × (T+1)/T: the extra position is the arm's definition, not overhead

@@ -37,7 +37,8 @@ from arms import machine, machine_line, peak_growth_mib, reset_peak, run_worker 
 
 from ablate.arms import get_arm, list_arms  # noqa: E402
 from ablate.model import GPT, rope_tables  # noqa: E402
-from ablate.tiers import TIERS, model_config  # noqa: E402
+from ablate.sizing import model_config  # noqa: E402
+from ablate.tiers import TIERS  # noqa: E402
 
 
 def layer_step(attn, x, cos, sin, projection) -> None:

@@ -36,7 +36,9 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from ablate.tiers import TIER_ORDER, get_tier, model_config, plan_rows  # noqa: E402
+from ablate.plan import plan_rows  # noqa: E402
+from ablate.sizing import model_config  # noqa: E402
+from ablate.tiers import TIER_ORDER, get_tier  # noqa: E402
 
 # task → (requests, mean input tokens per request): the estimates of the module docstring
 ESTIMATES = {

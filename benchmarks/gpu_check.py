@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ablate.arms import list_arms  # noqa: E402
 from ablate.model import GPT  # noqa: E402
 from ablate.plan import training_flops  # noqa: E402
-from ablate.tiers import GPUS, get_tier, gpu_key_for, model_config  # noqa: E402
+from ablate.sizing import model_config  # noqa: E402
+from ablate.tiers import GPUS, get_tier, gpu_key_for  # noqa: E402
 
 GOAL_MFU = 0.45
 GOAL_STEP_RATIO = 1.05

@@ -23,7 +23,7 @@ def one_variant(batch: int, seq: int, chunk: int) -> dict:
     import torch
 
     from ablate.model import GPT
-    from ablate.tiers import model_config
+    from ablate.sizing import model_config
 
     torch.manual_seed(0)
     model = GPT(model_config("10M", "baseline"))

@@ -150,7 +150,8 @@ def harness_to_reference_names(name: str) -> str:
 
 def build_pair(tier_name: str, seq_len: int):
     from ablate.model import GPT
-    from ablate.tiers import TIERS, model_config
+    from ablate.sizing import model_config
+    from ablate.tiers import TIERS
 
     tier = TIERS[tier_name]
     harness = GPT(model_config(tier, "baseline", max_seq_len=seq_len))

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from analysis_fixtures import REFERENCE, SEEDS, TIERS, reference_losses, write_csv, write_run, write_store
+from ablate.experiment import results_of
 from ablate.analysis.load import load_runs
 from ablate.analysis.render import render
 from ablate.analysis.stats import holm, summarise
@@ -298,18 +299,18 @@ def test_unknown_source_is_refused(tmp_path):
     with pytest.raises(AblateError, match="no such file"):
         load_runs(tmp_path / "nope.csv")
     with pytest.raises(AblateError, match="unknown experiment 'no-such-experiment'"):
-        load_runs("no-such-experiment", results=tmp_path)
+        load_runs(results_of("no-such-experiment", results=tmp_path))
     (tmp_path / "empty").mkdir()
     with pytest.raises(AblateError, match="no runs"):
         load_runs(tmp_path / "empty")
 
 
 def test_experiment_name_and_file_resolve_under_results(store, tmp_path):
-    by_name = load_runs("study", results=store.parent)
+    by_name = load_runs(results_of("study", results=store.parent))
     assert by_name.root == store and by_name.frame.height == 9 * 10
     definition = tmp_path / "my_study.py"  # the file's stem differs from the experiment's name on purpose
     definition.write_text("from ablate.experiment import Experiment\n"
                           "EXPERIMENT = Experiment(name='study', tiers=('10M',), arms=('baseline',), seeds=3)\n")
-    assert load_runs(definition, results=store.parent).root == store
+    assert load_runs(results_of(definition, results=store.parent)).root == store
     with pytest.raises(AblateError, match="experiment 'study' has no runs under"):
-        load_runs(definition, results=tmp_path)
+        load_runs(results_of(definition, results=tmp_path))

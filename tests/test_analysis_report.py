@@ -13,7 +13,8 @@ import pytest
 from matplotlib.image import imread
 
 from analysis_fixtures import reference_losses, write_run, write_store
-from ablate.analysis import cli as analysis_cli
+from ablate.cli import analysis as analysis_cli
+from ablate.experiment import results_of
 from ablate.analysis.load import load_curves, load_runs
 import numpy as np
 
@@ -36,7 +37,7 @@ def report(tmp_path_factory):
             write_run(results, "study", tier, arm, seed, None, status="diverged", diverged_step=77)
         else:
             write_run(results, "study", tier, arm, seed, loss)
-    return write_report("study", results=results)
+    return write_report(results_of("study", results=results))
 
 
 def test_report_files_and_images(report):
@@ -259,9 +260,9 @@ def test_table_and_report_commands(tmp_path, capsys):
 # (imported by every `ablate` command) not even polars or matplotlib.
 TORCH_FREE = (
     "import sys; sys.modules.update(torch=None, lightning=None)\n"  # a stray `import torch` fails fast
-    "import ablate.analysis.cli; heavy = {{'polars', 'matplotlib', 'scipy'}} & set(sys.modules);"
+    "import ablate.cli.analysis; heavy = {{'polars', 'matplotlib', 'scipy'}} & set(sys.modules);"
     " assert not heavy, heavy;"
-    " from ablate.analysis import write_report; write_report({folder!r});"
+    " from ablate.analysis.report import write_report; write_report({folder!r});"
     " loaded = {{'ablate.train', 'ablate.model'}} & set(sys.modules); assert not loaded, loaded"
 )
 

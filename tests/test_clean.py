@@ -178,13 +178,13 @@ def test_cli_refuses_unknown_filters_and_missing_results(store, capsys):
 
 
 def test_file_names_match_the_writers():
+    """Clean and the writers name the files through the store's one definition."""
     from ablate import clean as clean_module
-    from ablate.analysis.report import REPORT_DIR
-    from ablate.modelio import FINAL_WEIGHTS
-    from ablate.train import STATE_FILE
+    from ablate import modelio, store, train
+    from ablate.analysis import report
 
-    assert (clean_module.STATE_FILE, clean_module.FINAL_WEIGHTS, clean_module.REPORT_DIR) == (
-        STATE_FILE, FINAL_WEIGHTS, REPORT_DIR)
+    assert (clean_module.STATE, clean_module.FINAL_WEIGHTS, clean_module.REPORT_DIR) == (
+        train.STATE, modelio.FINAL_WEIGHTS, report.REPORT_DIR) == (store.STATE, store.FINAL_WEIGHTS, store.REPORT_DIR)
 
 
 def test_human_sizes():

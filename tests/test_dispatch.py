@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ablate.dispatch import load_profile, read_ledger, status, submit
+from ablate.dispatch import submit
+from ablate.profiles import load_profile
+from ablate.status import status
+from ablate.store import read_ledger
 from ablate.experiment import load_experiment
 from ablate.store import read_json, read_metrics, run_dir
 from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)

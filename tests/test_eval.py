@@ -19,7 +19,7 @@ import torch
 from ablate.cli import main
 from ablate.data.tokenizer import EOT_TOKEN, encode
 from ablate.errors import AblateError
-from ablate.evals import EVAL_FILE
+from ablate.store import EVAL_FILE
 from ablate.evals.results import check_metric, read_metric, settings_fingerprint
 from ablate.evals.run import EvalJob, evaluate_run
 from ablate.evals.tasks import TASKS
@@ -27,7 +27,8 @@ from ablate.experiment import RunSpec
 from ablate.model import GPT
 from ablate.modelio import save_model
 from ablate.store import atomic_write_json
-from ablate.tiers import get_tier, model_config
+from ablate.sizing import model_config
+from ablate.tiers import get_tier
 
 torch.set_num_threads(1)
 ALL = ["lambada_openai", "hellaswag", "wikitext"]
@@ -70,7 +71,7 @@ def overfit_run(folder: Path, arm: str = "baseline", steps: int = 60) -> Path:
         loss.backward()
         optimizer.step()
     save_model(model.eval(), folder / "checkpoints" / "model.pt")
-    atomic_write_json(folder / "summary.json", {"status": "completed"})
+    atomic_write_json(folder / "summary.json", {"status": "completed", "val_loss": float(loss.detach())})  # with its loss
     return folder
 
 

@@ -17,7 +17,8 @@ from ablate.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, encode
 from ablate.errors import AblateError
 from ablate.evals.lm import AblateLM
 from ablate.model import GPT, GPTConfig
-from ablate.tiers import get_tier, model_config
+from ablate.sizing import model_config
+from ablate.tiers import get_tier
 
 torch.set_num_threads(1)
 WINDOW = 16

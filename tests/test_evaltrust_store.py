@@ -22,7 +22,7 @@ from ablate.errors import AblateError
 from ablate.evals.results import read_eval
 from ablate.evals.run import runs_to_evaluate
 from ablate.experiment import Experiment
-from ablate.probes import summarise_injections, summarise_probes
+from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.status import status
 from ablate.store import atomic_write_json, is_run_dir, iter_run_dirs, run_dir
 from analysis_fixtures import write_run

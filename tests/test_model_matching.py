@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.model import GPT, chunked_cross_entropy, common_fingerprint, fingerprint_parameters, shared_shapes
-from ablate.tiers import model_config
+from ablate.sizing import model_config
 
 torch.set_num_threads(1)
 # The smoke baseline's init fingerprint for seed 0, recorded by the code before parameter matching existed.

@@ -11,10 +11,10 @@ import torch
 from ablate.cli import main
 from ablate.model import GPT, GPTConfig
 from ablate.modelio import save_model
-from ablate.probes import summarise_injections, summarise_probes
+from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
 from ablate.probes.injection import INJECT_FILE, inject_run
-from ablate.probes.runio import SYNTHETIC_KEY
+from ablate.data.synthetic import SYNTHETIC_KEY
 from ablate.probes.synthetic import SyntheticTask
 from ablate.store import atomic_write_json
 
@@ -74,7 +74,7 @@ def test_cli_errors_name_the_bad_value(tmp_path, capsys):
 
 
 def test_corpus_runs_take_their_validation_batches_from_ablate_data(tmp_path, monkeypatch):
-    import ablate.data
+    import ablate.modelio
 
     calls = []
 
@@ -84,7 +84,7 @@ def test_corpus_runs_take_their_validation_batches_from_ablate_data(tmp_path, mo
         full = [torch.randint(TASK.vocab_size, (batch_size, seq_len + 1), generator=gen) for _ in range(max_batches)]
         return full + [full[0][:1]]  # a short last batch is dropped
 
-    monkeypatch.setattr(ablate.data, "validation_batches", fake_validation_batches, raising=False)
+    monkeypatch.setattr(ablate.modelio, "validation_batches", fake_validation_batches)
     run_dir = make_run(tmp_path, "baseline", 1, synthetic=False)
     probe = probe_run(run_dir, n_batches=2, batch_size=3)
     assert calls == [(str(tmp_path / "data"), TASK.seq_len, 3, 2)]
@@ -122,7 +122,7 @@ def test_summaries_skip_unreadable_files(tmp_path, name):
 def test_report_summarises_probes_by_tier_and_arm(tmp_path):
     from analysis_fixtures import reference_losses, write_store
 
-    from ablate.analysis import write_report
+    from ablate.analysis.report import write_report
 
     losses = {k: v for k, v in reference_losses().items() if k[0] == "10M"}
     store = write_store(tmp_path / "results", losses=losses, curve_points=2)

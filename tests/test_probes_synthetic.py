@@ -40,7 +40,7 @@ from ablate.probes.diagnostics import PROBE_FILE
 from ablate.probes.synthetic import (ATTENTION_BATCH_SIZE, ATTENTION_BATCHES, IGNORE, SyntheticTask, answer_attention,
                                      default_model_config, run_synthetic, synthetic_batch, synthetic_validation,
                                      train_synthetic)
-from ablate.probes.synthetic_report import results_path
+from ablate.store import synthetic_results_path as results_path
 
 SEED = 0
 MIN_RATIO = 3.0  # baseline / sink-logit first-key mass, retrieval layer, absent-key answers

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.dispatch import read_ledger, status, submit
+from ablate.dispatch import submit
+from ablate.status import status
+from ablate.store import read_ledger
 from ablate.experiment import load_experiment
 from ablate.store import LEDGER, atomic_write_json, read_metrics, run_dir
 from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)

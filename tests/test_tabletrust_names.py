@@ -11,11 +11,12 @@ import pytest
 from analysis_fixtures import write_run
 from datafix import ablate_cli
 
-from ablate.analysis.load import RUN_SCHEMA, Runs, load_runs
+from ablate.analysis.load import RUN_SCHEMA, load_runs
+from ablate.analysis.runs import Runs
 from ablate.analysis.render import render
 from ablate.analysis.tables import build_table, losses_table
 from ablate.errors import AblateError
-from ablate.probes.summary import summarise_injections, summarise_probes
+from ablate.analysis.probes import summarise_injections, summarise_probes
 
 CELL_SPLIT = re.compile(r"(?<!\\)\|")  # a pipe that is not escaped ends a markdown cell
 

@@ -14,8 +14,10 @@ from ablate.arms import Arm, register_arm
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.store import read_json, read_metrics, run_dir
-from ablate.tiers import TIERS, get_tier, plan_rows
-from ablate.train import lr_at, run
+from ablate.plan import plan_rows
+from ablate.tiers import TIERS, get_tier
+from ablate.config import lr_at
+from ablate.train import run
 from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)

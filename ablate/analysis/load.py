@@ -11,17 +11,17 @@ from __future__ import annotations
 import io
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from ablate.arms.names import BUILTIN_ARMS
 from ablate.errors import AblateError
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
+from ablate.analysis.runs import Runs
+from ablate.analysis.tablefile import read_table
+from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.store import CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
-from ablate.tiers import tier_rank
+from ablate.store import completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -44,80 +44,9 @@ RUN_SCHEMA = {
 }
 
 
-@dataclass(frozen=True)
-class Runs:
-    """All runs of one source. `frame` has the columns of RUN_SCHEMA, one row per (tier, arm, seed).
-
-    `reason` is null for a run that counts and says why otherwise (e.g. "diverged at step 812").
-    `root` is the experiment folder (None for a CSV/parquet source); `path` the run folder.
-    """
-
-    name: str
-    frame: pl.DataFrame
-    root: Path | None = None
-    notes: tuple[str, ...] = ()  # what every table of this source must say (e.g. pairing not verified)
-
-    def notes_for(self, arms) -> tuple[str, ...]:
-        """This source's notes, plus one naming the counted runs of `arms` whose pairing was not verified."""
-        unverified = self.completed.filter(~pl.col("verified") & pl.col("arm").is_in(list(arms)))
-        if self.root is None or unverified.is_empty():
-            return self.notes
-        names = ", ".join(f"{r['tier']}/{r['arm']}/seed{r['seed']}" for r in unverified.iter_rows(named=True))
-        return self.notes + (f"pairing NOT verified for {names}: older runs without fingerprints or "
-                             "config.json, admitted by --allow-unverified",)
-
-    @property
-    def completed(self) -> pl.DataFrame:
-        return self.frame.filter(pl.col("reason").is_null())
-
-    @property
-    def excluded(self) -> pl.DataFrame:
-        return sort_runs(self.frame.filter(pl.col("reason").is_not_null()), self.arm_order)
-
-    @property
-    def tiers(self) -> list[str]:
-        """Tiers by model size (nominal parameters), unknown names last by name."""
-        return sorted(self.frame["tier"].unique().to_list(), key=lambda t: (tier_rank(t), t))
-
-    @property
-    def arm_order(self) -> list[str]:
-        """Built-in arms in registry order, then custom arms in order of first appearance."""
-        seen = self.frame["arm"].unique(maintain_order=True).to_list()
-        return [a for a in BUILTIN_ARMS if a in seen] + [a for a in seen if a not in BUILTIN_ARMS]
-
-    @property
-    def missing(self) -> pl.DataFrame:
-        """(tier, arm, seed) with no run at all, where the tier has that seed and that arm otherwise.
-
-        A tier's seeds and arms are those of any run in it (whatever its status): the store does not
-        know the grid that was planned, only what was started. Runs that exist but do not count are
-        in `excluded`, not here.
-        """
-        grid = (
-            self.frame.select("tier", "arm").unique()
-            .join(self.frame.select("tier", "seed").unique(), on="tier")
-        )
-        present = self.frame.select("tier", "arm", "seed")
-        return sort_runs(grid.join(present, on=["tier", "arm", "seed"], how="anti"), self.arm_order)
-
-
-def sort_runs(frame: pl.DataFrame, arm_order: list[str], arm_column: str = "arm") -> pl.DataFrame:
-    """Tiers by size, arms in `arm_order` (others after, by name), then seed if present."""
-    arm_rank = {arm: i for i, arm in enumerate(arm_order)}
-    tiers = frame["tier"].unique().to_list()
-    tier_pos = {t: i for i, t in enumerate(sorted(tiers, key=lambda t: (tier_rank(t), t)))}
-    keyed = frame.with_columns(
-        pl.col("tier").replace_strict(tier_pos, return_dtype=pl.Int64).alias("_tier"),
-        pl.col(arm_column).replace_strict(arm_rank, default=len(arm_rank), return_dtype=pl.Int64).alias("_arm"),
-    )
-    keys = ["_tier", "_arm", arm_column] + (["seed"] if "seed" in frame.columns else [])
-    return keyed.sort(keys).drop("_tier", "_arm")
-
-
-def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = None, *,
-              allow_unverified: bool = False, metric: str | None = None) -> Runs:
-    """SOURCE: a CSV/parquet file, an experiment folder, or an experiment (name or .py file)
-    whose runs live in `results/<name>/` (results defaults to `ablate.experiment.default_results()`).
+def load_runs(source: str | os.PathLike, *, allow_unverified: bool = False, metric: str | None = None) -> Runs:
+    """SOURCE: a CSV/parquet file or an experiment's folder of runs (an experiment's name or file is
+    resolved to its folder by `ablate.experiment.results_of`, which the commands call first).
 
     Every counted run of a (tier, seed) must carry the same init, data, config and validation
     fingerprints (any two of them may be paired by some table), and every counted run of a tier the
@@ -135,8 +64,10 @@ def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = Non
         if not path.is_file():
             raise AblateError(f"no such file {str(path)!r}")
         runs = _runs_from_table(path)
+    elif path.is_dir():
+        runs = _runs_from_store(path)
     else:
-        runs = _runs_from_store(resolve_experiment_dir(source, results))
+        raise AblateError(f"{str(path)!r} is neither an experiment's folder of runs nor a .csv/.parquet file")
     if metric is not None:
         if runs.root is None:
             raise AblateError("--metric reads eval.json in run folders: give an experiment, not a table file")
@@ -146,8 +77,6 @@ def load_runs(source: str | os.PathLike, results: str | os.PathLike | None = Non
 
 
 def _with_metric(runs: Runs, name: str) -> Runs:
-    from ablate.evals.results import check_metric, read_metric
-
     check_metric(name, [Path(p) for p in runs.frame["path"].to_list()])
     values, fingerprints, reasons, directions = [], [], [], set()
     for row in runs.frame.iter_rows(named=True):
@@ -169,29 +98,6 @@ def _with_metric(runs: Runs, name: str) -> Runs:
             f"is oriented so that positive means the arm is better ({'arm − reference' if higher else 'reference − arm'})"
             + ("; the values in this table are negated scores" if higher else ""))
     return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,))
-
-
-def resolve_experiment_dir(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
-    """An experiment folder itself, or `results/<experiment name>` for a name or an experiments/*.py file."""
-    from ablate.experiment import default_results, load_experiment
-
-    results_dir = Path(results) if results is not None else default_results()
-    text = str(source)
-    path = Path(text)
-    if not text.endswith(".py"):
-        if (results_dir / text).is_dir():
-            return results_dir / text
-        if path.is_dir():
-            return path
-    name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
-    folder = results_dir / name
-    if not folder.is_dir():
-        with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
-        raise AblateError(
-            f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
-            f"experiments with results there: {', '.join(with_runs) or '(none)'}"
-        )
-    return folder
 
 
 def _runs_from_store(folder: Path) -> Runs:
@@ -251,20 +157,19 @@ def _settings_fingerprint(run: Path) -> str | None:
 
 
 def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
+    """None for a run that counts (`ablate.store.completed`), else why it does not."""
+    if completed(summary):
+        return None
     if status != "completed":
         if status == "diverged" and summary.get("diverged_step") is not None:
             return f"diverged at step {summary['diverged_step']}"
         if status == "failed" and summary.get("error"):
             return f"failed: {str(summary['error']).splitlines()[0][:120]}"
         return str(status or "no status")
-    if isinstance(val_loss, bool) or not isinstance(val_loss, (int, float)) or not math.isfinite(float(val_loss)):
-        return f"completed but val_loss is {val_loss!r}"
-    return None
+    return f"completed but val_loss is {val_loss!r}"
 
 
 def _runs_from_table(path: Path) -> Runs:
-    from ablate.analysis.tablefile import read_table
-
     table = read_table(path)
     optional = [c for c in ("status", *FINGERPRINTS) if c in table.columns]
     frame = table.select(

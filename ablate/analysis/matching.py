@@ -15,14 +15,11 @@ runs' config.json when those differ, and the fingerprint only when the settings 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
 from ablate.store import CONFIG, read_json
-
-if TYPE_CHECKING:
-    from ablate.analysis.load import Runs
 
 FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 SETTINGS = "settings_fingerprint"  # of shared_config: equal for every run of one tier

@@ -50,8 +50,8 @@ def _save(fig, path: Path) -> None:
 
 
 def figure(**kwargs):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn (a table needs none)
+    from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn (a table needs none)
 
     fig = Figure(**kwargs)
     FigureCanvasAgg(fig)

@@ -21,18 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ablate.errors import AblateError
 import polars as pl
 
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
-from ablate.analysis.load import TABLE_SUFFIXES, Runs, load_curves, load_runs
+from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
+from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
+from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import DESCRIPTIONS, effect_cells, format_p, render
 from ablate.analysis.stats import holm_by
+from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
 from ablate.analysis.tables import KINDS, Table, build_table, is_pipeline_check, losses_table, pipeline_check_text
-from ablate.store import atomic_write_bytes
+from ablate.errors import AblateError
+from ablate.evals.results import available_metrics
+from ablate.store import REPORT_DIR, atomic_write_bytes
 
-REPORT_DIR = "report"
 SYNTHETIC_TIER = "synthetic"  # as ablate.probes.synthetic.SYNTHETIC_TIER (kept torch-free here)
 ALPHA = 0.05
 
@@ -187,8 +190,6 @@ def curves_section(ctx: ReportContext) -> str:
 
 def probes_section(ctx: ReportContext) -> str:
     """`ablate probe` / `ablate inject` results found in the run folders, by tier and arm across seeds."""
-    from ablate.probes import summarise_injections, summarise_probes
-
     parts = [p for p in (summarise_probes(ctx.runs.root), summarise_injections(ctx.runs.root)) if p]
     if parts:
         ctx.write("probes.md", "\n\n".join(parts) + "\n")
@@ -197,8 +198,6 @@ def probes_section(ctx: ReportContext) -> str:
 
 def synthetic_section(ctx: ReportContext) -> str:
     """The synthetic abstention task's figure and table, when `ablate synthetic --out` wrote them here."""
-    from ablate.probes.synthetic_report import load_synthetic, plot_synthetic, synthetic_markdown
-
     data = load_synthetic(ctx.runs.root) if ctx.runs.root is not None else None
     if data is None:
         return ""
@@ -208,8 +207,6 @@ def synthetic_section(ctx: ReportContext) -> str:
 
 def downstream_section(ctx: ReportContext) -> str:
     """Paired tables of every `ablate eval` metric the counted runs carry (downstream.md)."""
-    from ablate.evals.results import available_metrics
-
     folders = [Path(p) for p in ctx.runs.completed["path"].drop_nulls().to_list()]
     metrics = available_metrics(folders)
     if not metrics:
@@ -235,13 +232,13 @@ def _effect_name(table: Table, row: dict) -> str:
     return f"{row['tier']} {name} ({DESCRIPTIONS[row[table.key]]})"
 
 
-def write_report(source: str | os.PathLike, results: str | os.PathLike | None = None,
-                 sections: list[Section] | None = None, allow_unverified: bool = False) -> Path:
-    """Build the report of an experiment (name, .py file or folder) and return the report folder."""
+def write_report(source: str | os.PathLike, sections: list[Section] | None = None,
+                 allow_unverified: bool = False) -> Path:
+    """Build the report of an experiment's folder of runs and return the report folder."""
     if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
-    runs = load_runs(source, results, allow_unverified=allow_unverified)
+    runs = load_runs(source, allow_unverified=allow_unverified)
     # Run folders of the synthetic task (an older layout kept them at <experiment>/synthetic/<arm>/seed<k>)
     # are not a tier of the study; the synthetic section reports them.
     runs = Runs(name=runs.name, frame=runs.frame.filter(pl.col("tier") != SYNTHETIC_TIER), root=runs.root,

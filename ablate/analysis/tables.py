@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ablate.errors import AblateError, choice_error
-from ablate.analysis.load import Runs, sort_runs
+from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
 from ablate.tiers import TIERS, tier_rank
 

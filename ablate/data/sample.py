@@ -1,6 +1,6 @@
 """Build the shipped sample: English Wikipedia article prose in FineWeb-Edu's schema.
 
-    python -m ablate.data.sample [--wheel gensim-4.4.0-....whl] [--out ablate/data/assets/sample.parquet]
+    ablate data build-sample [--wheel gensim-4.4.0-....whl] [--out ablate/data/assets/sample.parquet]
 
 Input: the English Wikipedia test dump inside the `gensim==4.4.0` wheel (revisions of April 2016,
 CC BY-SA; see assets/README.md). Without `--wheel` the wheel is fetched with `pip download`. gensim
@@ -15,7 +15,6 @@ Only this build script needs pip and the network; reading the sample (`--source 
 
 from __future__ import annotations
 
-import argparse
 import bz2
 import hashlib
 import html
@@ -30,6 +29,8 @@ import xml.etree.ElementTree as ElementTree
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from ablate.data.tokenizer import encode
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,6 @@ def articles(dump: bytes) -> Iterator[dict]:
 
 
 def sample_rows(dump: bytes) -> list[dict]:
-    from ablate.data.tokenizer import encode
-
     rows = []
     for article in articles(dump):
         text = clean_wikitext(article["wikitext"])
@@ -162,8 +161,8 @@ def sample_rows(dump: bytes) -> list[dict]:
 
 def write_sample(rows: list[dict], out: Path) -> None:
     """FineWeb-Edu's columns and types; the classifier scores are null (they were never computed here)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # pyarrow only to write the sample's parquet
+    import pyarrow.parquet as pq  # pyarrow only to write the sample's parquet
 
     schema = pa.schema([
         ("text", pa.string()), ("id", pa.string()), ("dump", pa.string()), ("url", pa.string()),
@@ -183,23 +182,14 @@ def download_wheel(folder: Path) -> Path:
     return next(folder.glob("gensim-4.4.0-*.whl"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--wheel", type=Path, help="a downloaded gensim 4.4.0 wheel (default: pip download it)")
-    parser.add_argument("--out", type=Path, default=OUT, help=f"where to write the parquet file (default {OUT})")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def build_sample(wheel: Path | None = None, out: Path = OUT) -> Path:
+    """Rebuild the shipped sample from the gensim wheel (`ablate data build-sample`); returns `out`."""
     with tempfile.TemporaryDirectory() as folder:
-        wheel = args.wheel or download_wheel(Path(folder))
-        rows = sample_rows(read_dump(wheel))
-    write_sample(rows, args.out)
+        rows = sample_rows(read_dump(wheel or download_wheel(Path(folder))))
+    write_sample(rows, out)
     log.info(
-        "wrote %s: %d articles, %s characters, %s GPT-2 tokens, %s bytes", args.out, len(rows),
+        "wrote %s: %d articles, %s characters, %s GPT-2 tokens, %s bytes", out, len(rows),
         f"{sum(len(r['text']) for r in rows):,}", f"{sum(r['token_count'] for r in rows):,}",
-        f"{args.out.stat().st_size:,}",
+        f"{out.stat().st_size:,}",
     )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return out

@@ -33,7 +33,7 @@ def read_manifest(data_dir: str | os.PathLike) -> dict:
 
 
 def _verify_shards(data_dir: Path, shards: list[dict]) -> None:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # a bar only when shards are verified
 
     total = sum(shard["tokens"] * 2 for shard in shards)
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", disable=total < (1 << 30)) as bar:

@@ -151,7 +151,7 @@ def fineweb_edu(config: str = "sample-10BT", data_files: list[str] | None = None
     `data_files` reads local parquet files in FineWeb-Edu's schema through the same `datasets`
     streaming path (the parquet builder) instead of the hub: an offline mirror, and what the tests use.
     """
-    import datasets
+    import datasets  # `datasets` (~1 s) loads only to stream FineWeb-Edu
 
     if data_files:
         files = expand_paths(data_files, (".parquet",))
@@ -181,7 +181,7 @@ def fineweb_edu(config: str = "sample-10BT", data_files: list[str] | None = None
 
 
 def parquet_documents(path: str | list[str], text_column: str = "text", id_column: str | None = None) -> Documents:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # pyarrow only for a parquet source
 
     for file in expand_paths(path, (".parquet",)):
         parquet = pq.ParquetFile(file)
@@ -243,6 +243,6 @@ def sample_documents() -> Documents:
 def _sample_sha256() -> str:
     if not SAMPLE_FILE.is_file():
         raise AblateError(
-            f"the shipped sample {str(SAMPLE_FILE)!r} is missing; build it with `python -m ablate.data.sample`"
+            f"the shipped sample {str(SAMPLE_FILE)!r} is missing; build it with `ablate data build-sample`"
         )
     return hashlib.sha256(SAMPLE_FILE.read_bytes()).hexdigest()

@@ -68,7 +68,7 @@ def _read_bpe_ranks(path: Path) -> dict[bytes, int]:
 @functools.cache
 def gpt2_encoding():
     """The tiktoken Encoding for GPT-2 (50257 tokens, `<|endoftext|>` = 50256), loaded once per process."""
-    import tiktoken
+    import tiktoken  # tiktoken loads its BPE table only when text is encoded
 
     encoding = tiktoken.Encoding(
         name=TOKENIZER_NAME,
@@ -128,8 +128,8 @@ def encode_documents(
         for keys, texts in _chunks(items, chunk_size):
             yield from zip(keys, _encode_chunk(texts))
         return
-    import multiprocessing
-    from collections import deque
+    import multiprocessing  # only when encoding with worker processes
+    from collections import deque  # only when encoding with worker processes
 
     with multiprocessing.get_context().Pool(workers, initializer=gpt2_encoding) as pool:
         in_flight: deque = deque()

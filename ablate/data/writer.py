@@ -272,7 +272,7 @@ def prepare(
             split = val if is_validation(doc_id, val_fraction) else train
             yield (index, split), ("" if split.full else text)
 
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # a bar only while preparing
 
     bar = tqdm(total=tokens, initial=train.tokens, unit="tok", unit_scale=True, desc=f"prepare {source}",
                disable=not progress_bar)

@@ -12,4 +12,3 @@ prompts, answer normalisations and metrics differ in small ways from any re-impl
 `lm-eval` is an optional extra (`pip install -e '.[eval]'`): nothing here imports it at import time.
 """
 
-EVAL_FILE = "eval.json"  # in the run folder, next to summary.json

@@ -28,8 +28,7 @@ import os
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.evals import EVAL_FILE
-from ablate.store import final_weights_sha256, read_json_file
+from ablate.store import EVAL_FILE, final_weights_sha256, read_json_file
 
 SETTINGS_KEYS = ("task_version", "lm_eval_version", "limit", "num_fewshot", "data")
 

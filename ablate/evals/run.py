@@ -17,21 +17,39 @@ import time
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.evals import EVAL_FILE
 from ablate.evals.results import is_current, read_eval, task_entry
+from ablate.evals.tasks import (
+    DEFAULT_BOOTSTRAP_ITERS,
+    build_tasks,
+    check_tasks,
+    data_source,
+    lm_eval_version,
+    task_config,
+    task_manager,
+    task_version,
+)
 from ablate.experiment import RunSpec, load_experiment
 from ablate.lock import FileLock
-from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, SUMMARY, atomic_write_json, file_sha256, read_json_file, run_dir,
-                          run_lock_path)
+from ablate.modelio import default_device, load_run
+from ablate.store import (completed, 
+    CHECKPOINTS,
+    EVAL_FILE,
+    FINAL_WEIGHTS,
+    SUMMARY,
+    atomic_write_json,
+    file_sha256,
+    read_json_file,
+    run_dir,
+    run_lock_path,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BOOTSTRAP_ITERS = 100_000  # lm-eval's own default (stderr of the perplexity metrics)
 
 
 def require_lm_eval() -> None:
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval  # noqa: F401  # the optional `eval` extra
     except ModuleNotFoundError as err:
         raise AblateError("lm-eval is not installed: pip install -e '.[eval]' (the `eval` extra)") from err
 
@@ -44,20 +62,12 @@ def run_summary(folder: str | os.PathLike) -> dict | None:
     return read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)")
 
 
-def run_state(folder: str | os.PathLike) -> str | None:
-    """The run's summary.json status, None when the folder has none (weights saved by hand)."""
-    summary = run_summary(folder)
-    return None if summary is None else summary.get("status")
-
-
 def weights_path(folder: str | os.PathLike) -> Path:
     return Path(folder) / CHECKPOINTS / FINAL_WEIGHTS
 
 
 def wanted_settings(tasks, limit: int | None, task_data) -> dict[str, dict]:
     """{task: settings} a run evaluated now would carry (no data is loaded: versions come from the YAML)."""
-    from ablate.evals.tasks import data_source, lm_eval_version, task_config, task_manager, task_version
-
     manager = task_manager()
     version = lm_eval_version()
     settings = {}
@@ -73,8 +83,6 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
                  task_data: str | os.PathLike | None = None, bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
                  device: str | None = None) -> dict:
     """Evaluate the final weights of a run folder on `tasks`; returns (and writes) its eval.json."""
-    from ablate.evals.tasks import check_tasks
-
     require_lm_eval()
     folder = Path(folder)
     tasks = check_tasks(tasks)
@@ -90,9 +98,9 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
 
 def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstrap_iters, device) -> dict:
     summary = run_summary(folder)
-    state = None if summary is None else summary.get("status")
-    if state not in (None, "completed"):
-        raise AblateError(f"run {folder} is {state}, not completed: only final weights are evaluated")
+    if summary is not None and not completed(summary):
+        raise AblateError(f"run {folder} is {summary.get('status')}, not completed with its final loss: only final "
+                          "weights are evaluated")
     if not weights_path(folder).is_file():
         raise AblateError(f"{folder} has no trained weights ({weights_path(folder)} is missing): has the run completed?")
 
@@ -118,11 +126,9 @@ def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstra
 
 
 def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, device) -> tuple[dict, float]:
-    import lm_eval
+    import lm_eval  # the optional `eval` extra
 
-    from ablate.evals.lm import AblateLM
-    from ablate.evals.tasks import build_tasks, task_manager
-    from ablate.probes.runio import default_device, load_run
+    from ablate.evals.lm import AblateLM  # a subclass of lm-eval's TemplateLM: the `eval` extra
 
     built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
     model, _, _ = load_run(folder, device or default_device())
@@ -139,11 +145,11 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
         folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-        state = run_state(folder)
-        if state == "completed" and weights_path(folder).is_file():
+        summary = run_summary(folder)
+        if summary is not None and completed(summary) and weights_path(folder).is_file():
             folders.append(folder)
         else:
-            skipped.append(f"{spec.key}: {state or 'not started'}")
+            skipped.append(f"{spec.key}: {(summary or {}).get('status') or 'not started'}")
     return folders, skipped
 
 

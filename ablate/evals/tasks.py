@@ -13,12 +13,15 @@ SHA-256 of the local file, so results on a 50-document test file can never pair 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from importlib.metadata import version
 from pathlib import Path
 
 from ablate.errors import AblateError, choice_error
 
 # task → (the split it evaluates, the columns of one JSON line, its folder under lm_eval/tasks/)
+DEFAULT_BOOTSTRAP_ITERS = 100_000  # lm-eval's own default (stderr of the perplexity metrics)
 TASKS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "lambada_openai": ("test", ("text",), "lambada"),
     "hellaswag": ("validation", ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split",
@@ -55,8 +58,8 @@ def task_manager():
 
     Why: indexing all of the harness's task folders takes 5-15 s; these three take milliseconds.
     """
-    import lm_eval.tasks
-    from lm_eval.tasks import TaskManager
+    import lm_eval.tasks  # the optional `eval` extra
+    from lm_eval.tasks import TaskManager  # the optional `eval` extra
 
     root = Path(lm_eval.tasks.__file__).parent
     return TaskManager(include_defaults=False, include_path=sorted({str(root / folder) for _, _, folder in TASKS.values()}))
@@ -64,7 +67,7 @@ def task_manager():
 
 def task_config(name: str, manager=None) -> dict:
     """The harness's own configuration of a task (its YAML, `!function`s resolved), without its data."""
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks._yaml_loader import load_yaml  # the optional `eval` extra
 
     check_tasks([name])
     manager = manager or task_manager()
@@ -114,7 +117,7 @@ def build_tasks(names, task_data: str | os.PathLike | None = None) -> dict:
     Without `task_data` the Hub datasets load as usual (a cached copy works offline too); when they
     cannot be reached, the error names --task-data and the file layout.
     """
-    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.api.task import ConfigurableTask  # the optional `eval` extra
 
     names = check_tasks(names)
     manager = task_manager()
@@ -138,8 +141,6 @@ def build_tasks(names, task_data: str | os.PathLike | None = None) -> dict:
 def _check_columns(name: str, path: Path) -> None:
     """Every line of a local file is a JSON object with the task's columns: a wrong file fails here, naming
     the file and the line, not deep in the harness or a template."""
-    import json
-
     columns = TASKS[name][1]
     expected = f"expected one JSON object per line with {', '.join(columns)}"
     with open(path, encoding="utf-8", errors="replace") as handle:
@@ -159,6 +160,4 @@ def _check_columns(name: str, path: Path) -> None:
 
 
 def lm_eval_version() -> str:
-    from importlib.metadata import version
-
     return version("lm_eval")

@@ -6,10 +6,7 @@ summaries below without loading models. The heavy parts live in submodules:
 * `ablate.probes.diagnostics` — `probe_model`, `probe_run` (probe.json + heatmap);
 * `ablate.probes.injection` — `inject_model`, `inject_run` (inject.json);
 * `ablate.probes.synthetic` — `SyntheticTask`, `synthetic_batch`, `train_synthetic`, `run_synthetic`;
-* `ablate.probes.synthetic_report` — synthetic.json → the report's table and synthetic.png (torch-free);
-* `ablate.probes.cli` — `ablate probe`, `ablate inject`, `ablate synthetic`.
+
+Their tables and figures in the report are the analysis's (`ablate.analysis.probes`, `ablate.analysis.synthetic`);
+the commands are `ablate.cli.probes`.
 """
-
-from ablate.probes.summary import summarise_injections, summarise_probes
-
-__all__ = ["summarise_injections", "summarise_probes"]

@@ -35,13 +35,11 @@ from pathlib import Path
 
 import torch
 
-from ablate.probes.runio import load_run, split_batch, validation_batches_for_run
-from ablate.store import atomic_write_json
+from ablate.modelio import load_run, split_batch, validation_batches_for_run
+from ablate.store import HEATMAP_FILE, PROBE_FILE, atomic_write_json
 
 log = logging.getLogger(__name__)
 
-PROBE_FILE = "probe.json"
-HEATMAP_FILE = "probe_first_key_mass.png"
 KEY0_IMPORTANCE_THRESHOLD = 0.3
 GATE_NEAR_ZERO = 0.1
 EXPOSURE_QUANTILE = 0.25
@@ -146,7 +144,7 @@ def probe_model(model, batches, *, progress: bool = False) -> dict:
     tallies = [_LayerTally() for _ in range(model.config.n_layer)]
     iterator = batches
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # a bar only when asked for
 
         iterator = tqdm(batches, desc="probe", unit="batch")
     batch_size = seq_len = 0
@@ -197,10 +195,10 @@ def summarise_layers(layers: list[dict]) -> dict:
 
 def plot_first_key_mass(probe: dict, path: str | Path, title: str = "") -> None:
     """Heatmap layer × head of first-key mass, on a fixed 0–1 scale so runs compare by eye."""
-    import matplotlib
+    import matplotlib  # matplotlib loads only when a figure is drawn (a table needs none)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib loads only when a figure is drawn (a table needs none)
 
     grid = [layer["first_key_mass"] for layer in probe["layers"]]
     n_layer, n_head = len(grid), len(grid[0])

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
+from ablate.arms.builtin import NormGate, ProjGate, Renorm
 from ablate.errors import AblateError, choice_error
-from ablate.probes.runio import load_run, split_batch, validation_batches_for_run
-from ablate.store import atomic_write_json, read_json
+from ablate.modelio import load_run, split_batch, validation_batches_for_run
+from ablate.store import INJECT_FILE, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
-INJECT_FILE = "inject.json"
 JUNK_KINDS = ("structural", "gaussian", "random", "gate-direction")
 CUTOFFS = {"median": 0.5, "p25": 0.25}
 DEFAULT_EPS = (0.2, 0.4, 0.8, 1.6)
@@ -59,8 +59,6 @@ class LayerPlan:
 
 def gate_direction_kind(arm) -> str | None:
     """'custom', 'projection', 'norm', or None when the arm has no gate that reads v."""
-    from ablate.arms.builtin import NormGate, ProjGate, Renorm
-
     if hasattr(arm, "junk_gate_direction"):
         return "custom"
     if isinstance(arm, ProjGate):
@@ -218,7 +216,7 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
     losses = {(kind, e): [] for kind in kinds for e in eps}
     iterator = list(enumerate(batches))
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # a bar only when asked for
 
         iterator = tqdm(iterator, desc=f"inject ({cutoff})", unit="batch")
     for index, batch in iterator:

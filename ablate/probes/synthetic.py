@@ -1,40 +1,40 @@
-"""A synthetic recall task on which abstention is needed, small enough to train on one CPU core.
-
-Why this task. The study's claim is that softmax attention cannot *abstain*: every query must spend
-all of its mass somewhere, so a baseline that has nothing worth reading learns to park the mass on
-a quiet key (the first one, a "sink"), while an arm with a phantom key (sink-logit) can put it on
-nothing. On web text that takes hours to appear; here it takes well under a minute, because half
-of the queries look for a key that was never stored, and the right answer is then a fixed NONE:
-
-    inputs   BOS  p(k1,v1) ... p(kn,vn)  q(a)     q(b)   ...
-    targets   -      -     ...    -      ans(a)   ans(b) ...
-
-* a *pair token* p(k, v) holds a key and its value in one token, so attention can find it (query
-  key matches stored key) and read its value without an induction circuit;
-* a *query token* q(k) asks for key k, and its own position's target is the answer: the value of
-  the stored pair with key k, or NONE when k was not stored (``absent_prob`` of the queries).
-  Answers are never inputs (a NONE token in the context would be a free, constant place to park
-  mass). Every other position's target is ``IGNORE`` (cross-entropy's ignore_index);
-* BOS, the same token at position 0 of every sequence, is where a baseline builds its sink.
-
-A head that looks up the queried key finds nothing for an absent key, so it must abstain; the test
-`tests/test_probes_synthetic.py` measures where each arm puts that spare mass. Everything is a
-pure function of its seed: `synthetic_batch(task, batch_size, seed)` is the same for the same arguments.
+"""Training on the synthetic recall task (`ablate.data.synthetic`) and where each arm puts the attention
+mass it cannot spend: the demo's picture of abstention.
 """
 
 from __future__ import annotations
 
 import json
-
 import logging
-import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
+from ablate.data.synthetic import (
+    IGNORE,
+    SYNTHETIC_KEY,
+    SyntheticTask,
+    synthetic_batch,
+    synthetic_validation,
+)
+from ablate.errors import AblateError
+from ablate.loop import Step, make_optimizer
+from ablate.model import GPT, GPTConfig
+from ablate.modelio import save_model
+from ablate.probes.diagnostics import PROBE_FILE, probe_model
+from ablate.store import (
+    CHECKPOINTS,
+    CONFIG,
+    FINAL_WEIGHTS,
+    SUMMARY,
+    atomic_write_json,
+    read_json_file,
+)
+from ablate.store import synthetic_results_path as results_path
+
 log = logging.getLogger(__name__)
 
-IGNORE = -100  # F.cross_entropy's default ignore_index: positions that predict nothing
 SYNTHETIC_TIER = "synthetic"  # the tier name of synthetic run folders
 # The demo's budget. Tuned so that neither arm saturates and the mechanism shows (measured, seed 0, 2 layers,
 # 2 heads, d_model 64, one CPU thread): at 600 steps and lr 5e-3 the baseline reaches accuracy 85.5% (loss 0.37)
@@ -54,95 +54,6 @@ DEMO_ANSWER_NOISE = 0.0
 # (`probe_model`) records 2 sequences per pass, so it gets fewer sequences: it is the slow part otherwise.
 ATTENTION_BATCHES, ATTENTION_BATCH_SIZE = 4, 64
 PROBE_BATCHES, PROBE_BATCH_SIZE = 1, 16
-VALIDATION_SEED_OFFSET = 2**62  # validation batches never coincide with training batches
-
-
-@dataclass(frozen=True)
-class SyntheticTask:
-    """Sizes of the recall task. Token ids: NONE, BOS, values, query keys, pair tokens (key × value)."""
-
-    n_keys: int = 8  # distinct keys
-    n_values: int = 4  # distinct values
-    n_pairs: int = 6  # pairs stored per sequence (distinct keys)
-    n_queries: int = 4  # queries per sequence
-    absent_prob: float = 0.5  # share of queries whose key was never stored
-    answer_noise: float = 0.0  # share of stored-key answers replaced by a uniformly drawn value (a loss floor)
-
-    NONE = 0
-    BOS = 1
-
-    def __post_init__(self):
-        if not 0 < self.n_pairs < self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} must lie in 1..n_keys-1={self.n_keys - 1} (absent keys must exist)")
-        if not 0.0 <= self.absent_prob <= 1.0:
-            raise ValueError(f"absent_prob={self.absent_prob} must lie in [0, 1]")
-        if not 0.0 <= self.answer_noise <= 1.0:
-            raise ValueError(f"answer_noise={self.answer_noise} must lie in [0, 1]")
-
-    def floor(self) -> tuple[float, float]:
-        """(lowest expected loss, highest expected accuracy) any model can reach: the noise is unpredictable.
-
-        A stored key's answer is its value with probability 1 − noise + noise/n_values and each other
-        value with noise/n_values; a NONE answer is certain.
-        """
-        q = self.answer_noise / self.n_values
-        right = 1.0 - self.answer_noise + q
-        entropy = 0.0 - sum(p * math.log(p) for p in (right, *([q] * (self.n_values - 1))) if p > 0)
-        present = 1.0 - self.absent_prob
-        return present * entropy, self.absent_prob + present * right
-
-    @property
-    def first_value(self) -> int:
-        return 2
-
-    @property
-    def first_query(self) -> int:
-        return self.first_value + self.n_values
-
-    @property
-    def first_pair(self) -> int:
-        return self.first_query + self.n_keys
-
-    @property
-    def vocab_size(self) -> int:
-        return self.first_pair + self.n_keys * self.n_values
-
-    @property
-    def seq_len(self) -> int:
-        return 1 + self.n_pairs + self.n_queries
-
-    def pair_token(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return self.first_pair + key * self.n_values + value
-
-
-def synthetic_batch(task: SyntheticTask, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets), both (batch_size, task.seq_len) LongTensors; a pure function of its arguments.
-
-    targets[b, t] is the answer at a query position and IGNORE everywhere else. (Unlike text, a
-    query's target sits at its own position: the answer is never fed back as an input.)
-    """
-    gen = torch.Generator().manual_seed(int(seed))
-    B, n = batch_size, task.n_pairs
-    keys = torch.argsort(torch.rand(B, task.n_keys, generator=gen), dim=1)  # a random order of all keys
-    stored, unstored = keys[:, :n], keys[:, n:]
-    values = torch.randint(task.n_values, (B, n), generator=gen)
-    absent = torch.rand(B, task.n_queries, generator=gen) < task.absent_prob
-    pick_stored = torch.randint(n, (B, task.n_queries), generator=gen)
-    pick_unstored = torch.randint(task.n_keys - n, (B, task.n_queries), generator=gen)
-    asked = torch.where(absent, unstored.gather(1, pick_unstored), stored.gather(1, pick_stored))
-    answers = torch.where(absent, torch.full_like(asked, task.NONE), task.first_value + values.gather(1, pick_stored))
-    # Drawn last, so that the rest of a batch does not depend on the noise level.
-    noisy = (torch.rand(B, task.n_queries, generator=gen) < task.answer_noise) & ~absent
-    answers = torch.where(noisy, task.first_value + torch.randint(task.n_values, (B, task.n_queries), generator=gen), answers)
-    inputs = torch.cat([torch.full((B, 1), task.BOS), task.pair_token(stored, values), task.first_query + asked], dim=1)
-    targets = torch.cat([torch.full((B, 1 + n), IGNORE), answers], dim=1)
-    return inputs, targets
-
-
-def synthetic_validation(task: SyntheticTask, batch_size: int, n_batches: int, seed: int = 0):
-    """Fixed validation batches as (inputs, targets) pairs, the form the probes take for tasks
-    whose targets are not simply the shifted inputs (IGNORE where nothing is predicted)."""
-    return [synthetic_batch(task, batch_size, VALIDATION_SEED_OFFSET + 7919 * seed + i) for i in range(n_batches)]
 
 
 @dataclass
@@ -159,8 +70,6 @@ class SyntheticRun:
 
 
 def default_model_config(task: SyntheticTask, arm: str, **overrides):
-    from ablate.model import GPTConfig
-
     fields = dict(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=64, max_seq_len=task.seq_len, arm=arm)
     fields.update(overrides)
     return GPTConfig(**fields)
@@ -189,30 +98,24 @@ def train_synthetic(
     logit cost something that the undecayed phantom logit does not, and without it some seeds of
     sink-logit park their spare mass on BOS just like the baseline (measured; see the test).
     """
-    from ablate.model import GPT
-
     task = task or SyntheticTask()
     config = default_model_config(task, arm, **model_overrides)
     torch.manual_seed(seed)
     model = GPT(config)
     model.init_weights(seed)
-    optimizer = torch.optim.AdamW(model.param_groups(weight_decay), lr=lr, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
+    optimizer = make_optimizer(model, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8, cuda=False)
+    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     run = SyntheticRun(model=model, task=task, config=asdict(config))
     steps_iter = range(steps)
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # reason: start-up time, only a run with a progress bar needs it
 
         steps_iter = tqdm(steps_iter, desc=f"synthetic {arm} seed {seed}", unit="step")
     model.train()
-    for step in steps_iter:
-        inputs, targets = synthetic_batch(task, batch_size, training_seed(seed, step))
-        loss = model(inputs, targets).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+    for k in steps_iter:
+        inputs, targets = synthetic_batch(task, batch_size, training_seed(seed, k))
+        loss, _ = step(k + 1, lr * min(1.0, (k + 1) / max(1, warmup_steps)), [(inputs, targets)])
         run.losses.append(loss.item())
     model.eval()
     run.val_loss, run.val_accuracy, run.absent_accuracy = evaluate_synthetic(model, task)
@@ -247,13 +150,6 @@ def train_and_save_synthetic(arm: str, seed: int, *, steps: int | None = None, o
     one): reloading the weights and importing pyplot cost more than the demo's training. Returns
     (SyntheticRun, probe dict).
     """
-    from pathlib import Path
-
-    from ablate.modelio import FINAL_WEIGHTS, save_model
-    from ablate.probes.diagnostics import PROBE_FILE, probe_model
-    from ablate.probes.runio import SYNTHETIC_KEY
-    from ablate.store import CHECKPOINTS, CONFIG, SUMMARY, atomic_write_json
-
     run = train_synthetic(arm, seed, steps or DEFAULT_STEPS, task=task, progress=progress)
     probe = probe_model(run.model, synthetic_validation(run.task, PROBE_BATCH_SIZE, PROBE_BATCHES))
     if out is None:
@@ -321,11 +217,6 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
     (Run folders sit one level deeper than a study's OUT/<tier>/<arm>/seed<k>, so that the study's
     tables, status and report never count them as a tier.) Returns the results dict.
     """
-    from pathlib import Path
-
-    from ablate.probes.synthetic_report import results_path
-    from ablate.store import atomic_write_json
-
     task = task or SyntheticTask(answer_noise=DEMO_ANSWER_NOISE)
     steps = steps or DEFAULT_STEPS
     loss_floor, accuracy_ceiling = task.floor()
@@ -333,9 +224,6 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
                "layer": "last", "runs": []}
     runs_root = None if out is None else Path(out) / "synthetic" / "runs"
     if out is not None and results_path(out).exists():  # a finished run is reused, never overwritten
-        from ablate.errors import AblateError
-        from ablate.store import read_json_file
-
         previous = read_json_file(results_path(out), f"delete {Path(out) / 'synthetic'} to run the task again")
         same = (previous.get("task") == json.loads(json.dumps(results["task"])) and previous.get("steps") == steps
                 and {(r["arm"], r["seed"]) for r in previous.get("runs", [])} == {(a, int(k)) for a in arms for k in seeds})

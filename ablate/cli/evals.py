@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.paths import results_folder
+from ablate.evals.tasks import DEFAULT_BOOTSTRAP_ITERS, TASKS, file_layout
 
 
 def add_commands(subparsers) -> None:
-    from ablate.evals.run import DEFAULT_BOOTSTRAP_ITERS
-    from ablate.evals.tasks import TASKS, file_layout
-
     parser = subparsers.add_parser(
         "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json")
     parser.add_argument("target", metavar="RUN_DIR|EXPERIMENT",
@@ -58,7 +57,7 @@ def _label(folder: Path) -> str:
 def _targets(args) -> list[Path]:
     """The run folders to evaluate: the one given, or the experiment's completed runs (others listed)."""
     from ablate.evals.run import runs_to_evaluate
-    from ablate.experiment import default_results, load_experiment
+    from ablate.experiment import load_experiment
 
     target = Path(args.target)
     if target.is_dir():
@@ -66,7 +65,7 @@ def _targets(args) -> list[Path]:
             raise AblateError("--tier/--arms/--seeds/--results select runs of an EXPERIMENT, not of a run folder")
         return [target]
     experiment = load_experiment(args.target)
-    results = Path(args.results) if args.results else default_results()
+    results = results_folder(args.results)
     folders, skipped = runs_to_evaluate(experiment, results, args.tiers, args.arms, args.seeds)
     for line in skipped:
         print(f"skipped {line}")

@@ -1,4 +1,8 @@
-"""The `ablate` command. Each area adds its own subcommands; heavy imports happen inside handlers."""
+"""The `ablate` command: one module per area under `ablate.cli`, each adding its subcommands.
+
+This package is the only place with argparse and `print`. Building the parser imports no torch: each
+handler imports the library it drives when it runs.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,16 @@ from ablate.errors import AblateError
 
 # Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
 COMMAND_MODULES = (
-    "ablate.arms.cli",
-    "ablate.data.cli",
-    "ablate.tiers",
-    "ablate.train",
-    "ablate.dispatch",
-    "ablate.clean",
-    "ablate.analysis.cli",
-    "ablate.probes.cli",
-    "ablate.evals.cli",
+    "ablate.cli.arms",
+    "ablate.cli.data",
+    "ablate.cli.plan",
+    "ablate.cli.run",
+    "ablate.cli.submit",
+    "ablate.cli.status",
+    "ablate.cli.clean",
+    "ablate.cli.analysis",
+    "ablate.cli.probes",
+    "ablate.cli.evals",
 )
 
 
@@ -33,13 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # an area not built yet
-                continue
-            raise
-        module.add_commands(subparsers)
+        importlib.import_module(name).add_commands(subparsers)
     return parser
 
 

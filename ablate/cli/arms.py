@@ -6,6 +6,8 @@ table lists the experiment's arms.
 
 from __future__ import annotations
 
+import json
+
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser("arms", help="list the registered attention arms (or an experiment's arms)")
@@ -17,34 +19,12 @@ def add_commands(subparsers) -> None:
     parser.set_defaults(func=_arms)
 
 
-def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None) -> list[dict]:
-    """One row per arm (default: every registered arm); parameter counts are measured on a real 1-layer
-    model of that width."""
-    from ablate.arms import get_arm, list_arms
-    from ablate.model import GPT, GPTConfig
-
-    rows = []
-    for name in list_arms() if arms is None else arms:
-        cls = get_arm(name)
-        model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=n_head, d_model=d_model, max_seq_len=8, arm=name))
-        extra = model.param_counts()["arm_extra"]
-        rows.append({
-            "arm": name,
-            "slots": list(cls.slots()) or (["sequence"] if cls.sequence_token else []),
-            "extra_params_per_layer": 0 if cls.sequence_token else extra,
-            "extra_params_once": extra if cls.sequence_token else 0,
-            "description": cls.description,
-        })
-    return rows
-
-
 def _arms(args) -> int:
-    import json
+    from ablate.experiment import load_experiment
+    from ablate.sizing import arm_table
 
     arms = None
     if args.experiment:
-        from ablate.experiment import load_experiment
-
         experiment = load_experiment(args.experiment)  # registers the arms its file defines
         arms = experiment.arm_names()
     rows = arm_table(args.d_model, args.n_head, arms)

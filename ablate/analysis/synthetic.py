@@ -1,6 +1,6 @@
 """The synthetic task's part of `ablate report`: synthetic.json → a table and synthetic.png. Torch-free.
 
-`ablate synthetic --out EXPERIMENT_DIR` writes EXPERIMENT_DIR/synthetic/synthetic.json (`RESULTS_FILE`):
+`ablate synthetic --out EXPERIMENT_DIR` writes EXPERIMENT_DIR/synthetic/synthetic.json (`ablate.store.synthetic_results_path`):
 per arm and seed the validation loss and accuracies, the task's loss floor, and where the retrieval
 (last) layer's attention goes at answer positions, split by whether the queried key was stored.
 The figure shows the mechanism the study is about: where the key is absent nothing is worth reading,
@@ -12,10 +12,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ablate.store import read_json
+from ablate.store import read_json, synthetic_results_path
+from ablate.analysis.plots import _save, arm_colours, figure
 
-SYNTHETIC_DIR = "synthetic"
-RESULTS_FILE = "synthetic.json"
 # (key in the attention dicts, label): where the mass of an answer position goes.
 TARGETS = (
     ("first_key", "first key (BOS)"),
@@ -27,12 +26,8 @@ TARGETS = (
 CASES = (("absent", "answers whose key is absent"), ("present", "answers whose key is stored"))
 
 
-def results_path(experiment_dir) -> Path:
-    return Path(experiment_dir) / SYNTHETIC_DIR / RESULTS_FILE
-
-
 def load_synthetic(experiment_dir) -> dict | None:
-    path = results_path(experiment_dir)
+    path = synthetic_results_path(experiment_dir)
     return read_json(path) if path.is_file() else None
 
 
@@ -81,8 +76,6 @@ def synthetic_markdown(data: dict) -> str:
 def plot_synthetic(data: dict, path: Path) -> None:
     """Two panels (absent / stored key), bars per place the mass goes, one bar per arm in its report colour;
     whiskers span the seeds when there are several."""
-    from ablate.analysis.plots import _save, arm_colours, figure
-
     arms = _by_arm(data)
     colours = arm_colours(list(arms))
     fig = figure(figsize=(10, 4.2))

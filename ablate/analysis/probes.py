@@ -14,13 +14,11 @@ from collections import defaultdict
 
 from ablate.analysis.escape import markdown_cell
 from ablate.arms.names import BUILTIN_ARMS
-from ablate.store import iter_run_dirs, read_json
+from ablate.store import INJECT_FILE, PROBE_FILE, iter_run_dirs, read_json
 from ablate.tiers import tier_rank
 
 log = logging.getLogger(__name__)
 
-PROBE_FILE = "probe.json"  # (the same names as ablate.probes.diagnostics / injection, kept torch-free)
-INJECT_FILE = "inject.json"
 JUNK_ORDER = ("structural", "gaussian", "random", "gate-direction")  # the main condition first
 
 # (key in probe.json's summary, column header, as a percentage?)

@@ -60,7 +60,7 @@ def _floats(text: str, what: str) -> list[float]:
 
 def _probe(args) -> int:
     from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
-    from ablate.probes.runio import default_device
+    from ablate.modelio import default_device
 
     probe = probe_run(args.run_dir, n_batches=args.batches, batch_size=args.batch_size,
                       device=args.device or default_device(), progress=True)
@@ -82,7 +82,7 @@ def format_probe(probe: dict) -> str:
 
 def _inject(args) -> int:
     from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
-    from ablate.probes.runio import default_device
+    from ablate.modelio import default_device
 
     result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_floats(args.eps, "eps"),
                         junk=_comma_list(args.junk, "junk"), seed=args.seed, n_batches=args.batches,

@@ -46,12 +46,14 @@ def add_commands(subparsers) -> None:
 
 
 def table_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.load import load_runs
+    from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import results_of
     from ablate.analysis.render import render
     from ablate.analysis.tables import build_table
     from ablate.store import atomic_write_bytes
 
-    runs = load_runs(args.source, args.results, allow_unverified=args.allow_unverified, metric=args.metric)
+    runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified,
+                     metric=args.metric)
     if args.kind == "losses":
         from ablate.analysis.tables import losses_table
 
@@ -73,8 +75,9 @@ def table_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.report import write_report
+    from ablate.analysis.report import write_report  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import results_of
 
-    folder = write_report(args.experiment, args.results, allow_unverified=args.allow_unverified)
+    folder = write_report(results_of(args.experiment, args.results), allow_unverified=args.allow_unverified)
     print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
     return 0

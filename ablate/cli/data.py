@@ -1,9 +1,10 @@
-"""`ablate data prepare` and `ablate data info`. Heavy imports happen inside the handlers."""
+"""`ablate data prepare`, `ablate data info` and `ablate data build-sample`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def _source_arg(text: str) -> tuple[str, object]:
@@ -53,6 +54,11 @@ def add_commands(subparsers) -> None:
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     prep.set_defaults(func=run_prepare)
 
+    build = commands.add_parser("build-sample", help="rebuild the shipped sample (maintainers; needs pip and the network)")
+    build.add_argument("--wheel", type=Path, help="a downloaded gensim 4.4.0 wheel (default: pip download it)")
+    build.add_argument("--out", type=Path, help="where to write the parquet file (default: the shipped one)")
+    build.set_defaults(func=run_build_sample)
+
     info = commands.add_parser("info", help="summarise a prepared folder's manifest")
     info.add_argument("dir", help="a folder written by `ablate data prepare`")
     info.add_argument("--verify", action="store_true", help="also check every shard's SHA-256")
@@ -100,4 +106,11 @@ def run_info(args) -> int:
     if args.verify:
         lines.append("checksums   every shard matches its manifest SHA-256")
     print("\n".join(lines))
+    return 0
+
+
+def run_build_sample(args) -> int:
+    from ablate.data.sample import OUT, build_sample
+
+    build_sample(args.wheel, args.out or OUT)
     return 0

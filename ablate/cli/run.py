@@ -1,0 +1,39 @@
+"""`ablate run`: train one (tier, arm, seed) run, or resume it."""
+
+from __future__ import annotations
+
+import json
+
+
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
+    parser.add_argument("--tier", required=True)
+    parser.add_argument("--arm", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
+    parser.add_argument("--data", help="prepared data folder (default: the tier's)")
+    parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")
+    parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
+    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
+    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    parser.add_argument("--force", action="store_true", help="keep an existing run folder aside and start again")
+    parser.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from ablate.experiment import RunSpec  # the library loads in the handler: `ablate --help` stays torch-free
+    from ablate.train import run_as
+
+    spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
+    options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
+                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
+    summary, child = run_as(spec, args.results, args.data, args.force, options)
+    if not child:
+        print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
+                                                     "init_fingerprint", "data_fingerprint", "config_fingerprint",
+                                                     "val_fingerprint", "val_tokens_evaluated")}, indent=2))
+    return 0 if summary.get("status") in ("completed", "diverged") else 1

@@ -1,0 +1,97 @@
+"""`ablate submit`: an experiment's grid to SLURM job arrays, or run here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ablate.paths import results_folder
+
+
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser("submit", help="submit an experiment's grid (SLURM job arrays, or this machine)")
+    parser.add_argument("experiment", help="an experiments/*.py file or its name")
+    parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
+    parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
+    parser.add_argument("--executor", default="slurm", help="slurm (default): job arrays; local: run here")
+    parser.add_argument("--profile", default="local", help="cluster profile slurm/NAME.toml (default: local)")
+    parser.add_argument("--parallel", type=int, help="local executor: runs at a time (default: CPU count)")
+    parser.add_argument("--data", help="prepared data folder for every run (default: each tier's data_dir)")
+    parser.add_argument("--match-params", dest="match_params", action="store_true", default=None,
+                        help="narrow the MLP of arms that add parameters to the baseline's count")
+    parser.add_argument("--no-match-params", dest="match_params", action="store_false",
+                        help="run arms that add parameters unmatched (overrides the experiment)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
+    parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
+                        help="also evaluate the runs with lm-evaluation-harness (lambada_openai hellaswag wikitext): "
+                             "after training, or now for completed runs")
+    parser.add_argument("--eval-limit", type=int, help="--eval: documents per task (default: all)")
+    parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
+    parser.set_defaults(func=_submit_cli)
+
+
+def _resolve(args):
+    """(the experiment, its file, the results folder) the arguments name."""
+    from ablate.experiment import experiment_file, load_experiment  # the library loads in the handler: see ablate.cli
+
+    file = experiment_file(args.experiment)
+    return load_experiment(file), str(file), results_folder(args.results)
+
+
+def _hint(args) -> str:
+    """The status command for what the user just did, with the options they gave."""
+    return "ablate status " + args.experiment + (f" --results {args.results}" if args.results else "")
+
+
+def _submit_cli(args) -> int:
+    try:
+        return _submit_and_tell(args)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
+        stopped = getattr(err, "keys", [])
+        again = (f"ablate submit {args.experiment} --executor {args.executor}"
+                 + (f" --results {args.results}" if args.results else ""))
+        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
+                f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
+        print(f"ablate: interrupted: {what}", file=sys.stderr)
+        return 130
+
+
+def _submit_and_tell(args) -> int:
+    from ablate.dispatch import submit  # the library loads in the handler: see ablate.cli
+
+    experiment, file, results = _resolve(args)
+    report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
+                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
+                    options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
+                             **({"match_params": args.match_params} if args.match_params is not None else {})},
+                    eval_tasks=args.eval_tasks,
+                    eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
+                                  if v is not None})
+    skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
+    if args.dry_run:
+        print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
+              f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
+        if report["resources"]:
+            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+        for key in report["to_submit"]:
+            print(f"  {key}")
+        return 0
+    evals = report.get("evals") or {}
+    if evals:
+        failed_evals = [k for k, v in evals.items() if str(v).startswith("failed")]
+        print(f"{experiment.name}: evaluation {'queued' if args.executor == 'slurm' else 'done'} for {len(evals)} runs"
+              + (f", {len(failed_evals)} failed ({', '.join(failed_evals)})" if failed_evals else ""))
+    if not report["to_submit"]:
+        print(f"{experiment.name}: nothing to submit ({skipped}); see `{_hint(args)}`")
+        return 1 if any(str(v).startswith("failed") for v in evals.values()) else 0
+    if args.executor == "slurm":
+        print(f"{experiment.name}: queued {len(report['jobs'])} runs (skipped: {skipped}); "
+              f"follow with `{_hint(args)}`")
+        return 0
+    failed = [k for k, code in report["jobs"].items() if code != 0]
+    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed"
+          + (f" ({', '.join(failed)}; see `{_hint(args)}`)" if failed else ""))
+    return 1 if failed else 0

@@ -1,0 +1,36 @@
+"""Cluster profiles: `slurm/NAME.toml` (./slurm first, then the checkout's), the resources of one run."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.paths import find_file, names_in
+
+PROFILE_KEYS = {
+    "partition": str, "account": str, "qos": str, "gpus_per_run": int, "cpus_per_run": int, "mem_gb": (int, float),
+    "time_min": int, "constraint": str, "signal_delay_s": int, "array_parallelism": int, "extra_sbatch": list,
+    "gpu": str,  # the GPU model (a key of ablate.tiers.GPUS), read by `ablate plan --profile`
+}
+
+
+def available_profiles() -> list[str]:
+    return names_in("slurm", ".toml")
+
+
+def load_profile(name: str) -> dict:
+    path = Path(name) if Path(name).suffix == ".toml" and Path(name).is_file() else find_file("slurm", f"{name}.toml")
+    if path is None:
+        raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
+                          " (files slurm/NAME.toml)")
+    with open(path, "rb") as handle:
+        profile = tomllib.load(handle)
+    for key, value in profile.items():
+        if key not in PROFILE_KEYS:
+            raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
+        if not isinstance(value, PROFILE_KEYS[key]):
+            raise AblateError(f"profile {path}: {key} = {value!r} has the wrong type")
+    return {"partition": "", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 4,
+            "time_min": 60, "constraint": "", "signal_delay_s": 120, "array_parallelism": 64, "extra_sbatch": [],
+            **profile, "name": path.stem}

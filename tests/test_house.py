@@ -1,0 +1,108 @@
+"""The house's rules, checked: no torch behind the parser, a reason beside every late import, files of
+a readable size, one owner for every run-folder file name and for "is this run finished"."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ablate"
+HEAVY = ("torch", "lightning", "tiktoken", "datasets", "lm_eval", "submitit", "matplotlib")
+MAX_LINES = 400
+
+
+def sources():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def loaded_after(code: str, cwd: Path = REPO) -> set[str]:
+    """The heavy top-level packages loaded once `code` ran in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(sorted({{m.split('.')[0] for m in sys.modules}}))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(ast.literal_eval(out.stdout.strip().splitlines()[-1])) & set(HEAVY)
+
+
+def test_building_the_parser_loads_no_torch():
+    assert loaded_after("from ablate.cli import build_parser\nbuild_parser().parse_args(['status', 'demo'])") == set()
+
+
+def test_a_table_from_a_csv_never_loads_torch(tmp_path):
+    csv = tmp_path / "runs.csv"
+    csv.write_text("tier,arm,seed,val_loss\n10M,baseline,0,3.50\n10M,sink-logit,0,3.49\n"
+                   "10M,baseline,1,3.52\n10M,sink-logit,1,3.50\n")
+    code = f"from ablate.cli import main\nassert main(['table', {str(csv)!r}]) == 0"
+    assert loaded_after(code, tmp_path) & {"torch", "lightning", "tiktoken", "datasets", "lm_eval"} == set()
+
+
+def function_local_imports(path: Path):
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+
+    def visit(node, inside):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and inside:
+                yield child.lineno, lines[child.lineno - 1]
+            yield from visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    yield from visit(tree, False)
+
+
+def test_every_function_local_import_says_why():
+    """Commands import the library inside their handlers by design (ablate/cli/__init__.py says why);
+    anywhere else a late import carries its reason on its line."""
+    silent = [f"{path.relative_to(REPO)}:{line}: {text.strip()}" for path in sources()
+              if PACKAGE / "cli" not in path.parents
+              for line, text in function_local_imports(path) if "#" not in text]
+    assert silent == [], "function-local imports without a reason beside them:\n" + "\n".join(silent)
+
+
+def test_no_file_is_over_the_habit():
+    long = {str(p.relative_to(REPO)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "run.log", "ledger.json", "state.pt", "model.pt",
+             "probe.json", "inject.json", "eval.json", "synthetic.json", "checkpoints")
+
+
+def string_constants(path: Path):
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def test_run_folder_file_names_are_defined_once_in_the_store():
+    copies = [f"{path.relative_to(REPO)}:{line}: {value!r}" for path in sources() if path.name != "store.py"
+              for line, value in string_constants(path) if value in RUN_FILES]
+    assert copies == [], "run-folder file names spelled outside ablate/store.py:\n" + "\n".join(copies)
+
+
+@pytest.mark.parametrize("name", ["finished", "iter_run_dirs", "default_results", "run_dir"])
+def test_one_definition_of_each_store_fact(name):
+    where = [str(p.relative_to(REPO)) for p in sources()
+             if re.search(rf"^def {name}\(", p.read_text(), flags=re.M)]
+    assert len(where) == 1, where
+
+
+def test_no_module_forwards_names_it_does_not_define():
+    """A module `__getattr__` exists only as a package's lazy face (its reason: torch at start-up)."""
+    forwards = [str(p.relative_to(REPO)) for p in sources()
+                if re.search(r"^def __getattr__\(", p.read_text(), flags=re.M) and p.name != "__init__.py"]
+    assert forwards == []
+
+
+def test_the_import_contracts_hold():
+    linter = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(linter)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
