@@ -63,6 +63,7 @@ class GPTConfig:
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, d/2) in float64 for the given positions; `GPT` computes them once (`GPT.rope`)."""
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64).unsqueeze(-1) * freqs  # (T, d/2)
     return angles.cos(), angles.sin()
@@ -180,7 +181,43 @@ class GPT(nn.Module):
         self.ln_f = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        # RoPE tables for every position a forward may reach, computed once in float64 as `rope_tables` always
+        # has; non-persistent, so state_dicts and checkpoints are unchanged. `rope` casts them once per dtype.
+        cos, sin = self._rope_master()
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._rope_cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self.init_weights(seed=0)
+
+    def _rope_master(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = self.config.max_seq_len + (1 if self.sink_token is not None else 0)
+        return rope_tables(torch.arange(positions, device=device), self.config.head_dim, self.config.rope_theta)
+
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.cuda()`, `.float()`, …: the RoPE tables follow the device but stay float64, so that every
+        dtype the model is cast to later (float64 too) gets the table `rope_tables` gives; the casts are redone."""
+        tables = self.rope_cos, self.rope_sin
+        super()._apply(fn, recurse)
+        device = self.rope_cos.device
+        if tables[0].is_meta and not self.rope_cos.is_meta:  # to_empty() from a shape-only model: compute them
+            tables = self._rope_master()
+        self.rope_cos, self.rope_sin = (t.to(device=device) for t in tables)
+        self._rope_cast = {}
+        return self
+
+    def rope_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype q and k have in the attention layers: autocast's if it is on, else the weights'."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.wte.weight.dtype
+
+    def rope(self, offset: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (length, d/2) for positions offset … offset+length-1, cast float64 → dtype once per dtype:
+        the values `rope_tables` gives for those positions, cast as `apply_rope` would cast them."""
+        if dtype not in self._rope_cast:
+            self._rope_cast[dtype] = (self.rope_cos.to(dtype), self.rope_sin.to(dtype))
+        cos, sin = self._rope_cast[dtype]
+        return cos[offset : offset + length], sin[offset : offset + length]
 
     # ------------------------------------------------------------------ parameters
     def init_weights(self, seed: int) -> None:
@@ -255,8 +292,7 @@ class GPT(nn.Module):
         length = x.shape[1]
         if offset + length > self.config.max_seq_len + (1 if self.sink_token is not None else 0):
             raise ValueError(f"sequence of {offset + length} positions exceeds max_seq_len={self.config.max_seq_len}")
-        cos, sin = rope_tables(torch.arange(offset, offset + length, device=idx.device), self.config.head_dim,
-                               self.config.rope_theta)
+        cos, sin = self.rope(offset, length, self.rope_dtype(idx.device))
         out = ModelOutput(logits=None)
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None

@@ -3,6 +3,13 @@
     .venv/bin/python benchmarks/reference_gpt.py                  # 10M shape, B=2, T=512, 9 rounds, 1 thread
     .venv/bin/python benchmarks/reference_gpt.py --profile        # where the time goes, op by op
     .venv/bin/python benchmarks/reference_gpt.py --quick --json out.json
+    .venv/bin/python benchmarks/reference_gpt.py --batch 4 --seq-len 256 --nanogpt nanoGPT/model.py
+
+`--nanogpt PATH` also times karpathy/nanoGPT's own `model.py` (a local copy: `git clone
+https://github.com/karpathy/nanoGPT`; nothing is downloaded here), built with bias=False and dropout 0 at the
+same shape, with nanoGPT's step and its `configure_optimizers`. It is nanoGPT's architecture, not ablate's
+(LayerNorm, exact GELU, learned positions instead of RoPE; its own random initial weights), so only its time
+is compared.
 
 The reference is the architecture of ablate's `baseline` arm written the plain way: pre-norm RMSNorm,
 RoPE on the two halves of each head, `scaled_dot_product_attention(is_causal=True)`, a tanh-GELU MLP of
@@ -15,8 +22,9 @@ Steps compared (same batch, same AdamW hyperparameters and decay groups, gradien
              `loss = model(x, y).loss * (rows / rows)`, `fabric.backward`, `fabric.clip_gradients`,
              `float(loss)`, `optimizer.step()`, `zero_grad(set_to_none=True)`;
   plain      the harness's model with a plain PyTorch step (no Fabric) — separates model from loop;
-  reference  this file's GPT with nanoGPT's step (`loss.backward()`, `clip_grad_norm_`, `step`, `zero_grad`).
-The three run interleaved, the order rotating every round; the figure is the median over rounds of
+  reference  this file's GPT with nanoGPT's step (`loss.backward()`, `clip_grad_norm_`, `step`, `zero_grad`);
+  nanogpt    (with --nanogpt) nanoGPT's model.py with the same step as reference.
+The steps run interleaved, the order rotating every round; the figure is the median over rounds of
 reference_time / harness_time in the same round (≥ 1.0: the harness is no slower).
 """
 
@@ -216,6 +224,35 @@ def make_steps(tier, harness, reference, idx, targets):
     return {"harness": harness_step, "plain": plain_step, "reference": reference_step}
 
 
+def nanogpt_step(path: str, tier, vocab_size: int, seq_len: int, idx, targets):
+    """One optimiser step of karpathy/nanoGPT's `model.py` (bias=False, dropout 0), the way its train.py runs it
+    on CPU without gradient accumulation."""
+    import contextlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    if spec is None or not Path(path).is_file():
+        raise SystemExit(f"--nanogpt {path}: no such file; pass the model.py of a clone of karpathy/nanoGPT")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.GPTConfig(block_size=seq_len, vocab_size=vocab_size, n_layer=tier.n_layer, n_head=tier.n_head,
+                              n_embd=tier.d_model, dropout=0.0, bias=False)
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(sys.stderr):  # nanoGPT prints its parameter counts
+        model = module.GPT(config)
+        optimizer = model.configure_optimizers(tier.weight_decay, tier.lr, tier.betas, "cpu")
+
+    def step():
+        _, loss = model(idx, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tier.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step, sum(p.numel() for p in model.parameters())
+
+
 def profile_steps(steps: dict, rounds: int = 3, top: int = 15) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -226,7 +263,7 @@ def profile_steps(steps: dict, rounds: int = 3, top: int = 15) -> dict:
                 step()
         tables[name] = {e.key: e.self_cpu_time_total / 1e3 / rounds for e in prof.key_averages()}
     base = tables["reference"]
-    for name in ("harness", "plain"):
+    for name in [n for n in tables if n != "reference"]:
         diff = sorted(((tables[name].get(k, 0.0) - base.get(k, 0.0), k) for k in set(tables[name]) | set(base)),
                       key=lambda item: -abs(item[0]))
         print(f"\n{name} vs reference: self CPU ms per step, largest differences")
@@ -248,6 +285,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke tier, T=64, 3 rounds")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--nanogpt", metavar="MODEL_PY", help="also time karpathy/nanoGPT's model.py (a local copy)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tier, args.seq_len, args.repeats, args.warmup = "smoke", 64, 3, 1
@@ -272,33 +310,49 @@ def main(argv=None) -> int:
         raise SystemExit("parameter counts differ")
 
     steps = make_steps(tier, harness, reference, idx, targets)
+    if args.nanogpt:
+        steps["nanogpt"], nanogpt_params = nanogpt_step(args.nanogpt, tier, harness.config.padded_vocab_size,
+                                                        args.seq_len, idx, targets)
+        print(f"nanoGPT's model.py ({args.nanogpt}, bias=False): {nanogpt_params:,} parameters")
     names = list(steps)
     for _ in range(args.warmup):
         for name in names:
             steps[name]()
     times = {name: [] for name in names}
     for r in range(args.repeats):
-        for name in names[r % 3:] + names[: r % 3]:
+        for name in names[r % len(names):] + names[: r % len(names)]:
             start = time.perf_counter()
             steps[name]()
             times[name].append(time.perf_counter() - start)
         print(f"  round {r + 1}/{args.repeats}", file=sys.stderr, flush=True)
     ratio = [ref / h for ref, h in zip(times["reference"], times["harness"])]
     ratio_plain = [ref / p for ref, p in zip(times["reference"], times["plain"])]
+    ratio_nanogpt = [n / h for n, h in zip(times.get("nanogpt", []), times["harness"])]
     result = {"machine": info, "tier": args.tier, "batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats,
               "command": " ".join(sys.argv), "params": n_params,
               "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
               "times_ms": {n: [round(1e3 * x, 1) for x in t] for n, t in times.items()},
               "reference_over_harness": statistics.median(ratio), "reference_over_plain": statistics.median(ratio_plain),
               "ratio_min": min(ratio), "ratio_max": max(ratio)}
+    if ratio_nanogpt:
+        result.update(nanogpt_over_harness=statistics.median(ratio_nanogpt), nanogpt_ratio_min=min(ratio_nanogpt),
+                      nanogpt_ratio_max=max(ratio_nanogpt), nanogpt=args.nanogpt)
     print("\n| step | median ms | reference / this (min–max) |\n|---|---:|---:|")
     print(f"| reference (nanoGPT style) | {result['median_ms']['reference']:.0f} | 1.000 |")
     print(f"| harness (ablate GPT + Fabric step, as train.py) | {result['median_ms']['harness']:.0f} | "
           f"**{result['reference_over_harness']:.3f}** ({min(ratio):.3f}–{max(ratio):.3f}) |")
     print(f"| ablate GPT, plain PyTorch step | {result['median_ms']['plain']:.0f} | {result['reference_over_plain']:.3f} "
           f"({min(ratio_plain):.3f}–{max(ratio_plain):.3f}) |")
+    if ratio_nanogpt:
+        print(f"| karpathy/nanoGPT model.py (bias=False), its step | {result['median_ms']['nanogpt']:.0f} | "
+              f"nanoGPT / harness **{result['nanogpt_over_harness']:.3f}** ({min(ratio_nanogpt):.3f}–"
+              f"{max(ratio_nanogpt):.3f}) |")
     verdict = "meets" if result["reference_over_harness"] >= 1.0 else "misses"
     print(f"\nreference_time / harness_time = {result['reference_over_harness']:.3f}: {verdict} the goal ≥ 1.0")
+    if ratio_nanogpt:
+        verdict = "meets" if result["nanogpt_over_harness"] >= 1.0 else "misses"
+        print(f"nanogpt_time / harness_time = {result['nanogpt_over_harness']:.3f} (the harness takes "
+              f"{1 / result['nanogpt_over_harness']:.3f}× nanoGPT's time): {verdict} the goal ≥ 1.0")
     result["load_average_after"] = [round(x, 2) for x in __import__("os").getloadavg()]
     print(f"load average after: {', '.join(f'{x:.2f}' for x in result['load_average_after'])}")
     if args.profile:
