@@ -81,3 +81,26 @@ def test_skipped_quantities_stay_under_skipped_beside_a_source_note(tmp_path):
     skipped = md.split("Skipped:", 1)[1]
     assert "filtering_norm skipped" in skipped and "pairing NOT verified" not in skipped
     assert "Note: pairing NOT verified" in md.split("Skipped:", 1)[0]
+
+
+def test_curves_png_shows_the_whole_run_and_its_late_part_and_names_its_band(tmp_path):
+    from ablate.analysis.load import load_curves
+    from ablate.analysis.plots import LATE_FRACTION, plot_curves
+
+    runs = load_runs(write_store(tmp_path, curve_points=12))
+    fig = plot_curves(load_curves(runs), runs.tiers, runs.arm_order, tmp_path / "curves.png", runs.name, "baseline")
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert "band = min to max over seeds" in fig._suptitle.get_text()
+    axes = fig.axes
+    assert len(axes) == 3 * len(runs.tiers)  # whole run, second half, gap: one column per tier
+    for ax in axes:  # no line runs off its panel: every point inside the x range lies inside the y range
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        for line in ax.get_lines():
+            for x, y in zip(*line.get_data()):
+                if x0 <= x <= x1:
+                    assert y0 <= y <= y1, (ax.get_title(), x, y)
+    whole, late = axes[0], axes[len(runs.tiers)]
+    assert whole.get_title().endswith("whole run") and whole.get_xlim()[0] == min(whole.get_lines()[0].get_xdata())
+    assert late.get_xlim()[0] >= LATE_FRACTION * max(whole.get_lines()[0].get_xdata())
+    late_span, whole_span = late.get_ylim()[1] - late.get_ylim()[0], whole.get_ylim()[1] - whole.get_ylim()[0]
+    assert late_span < whole_span / 5  # the late part zoomed, where the arms differ
