@@ -16,11 +16,12 @@ BASE := $(VENV)/.installed-base
 
 install: $(STAMP)
 
-# The demo needs the package alone; the tests add pytest, import-linter, TensorBoard and lm-evaluation-harness.
+# The demo needs the package and TensorBoard (the README's `--logger tensorboard`, `tensorboard --logdir`); the tests add
+# pytest, import-linter and lm-evaluation-harness (the `eval` extra, large: the README names it for `ablate eval`).
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[tensorboard]'
 	touch $(BASE)
 
 $(STAMP): $(BASE)

@@ -1,7 +1,9 @@
-"""The README's custom-arm example runs as written, and the README shows the two commands first."""
+"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo` installs."""
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -34,3 +36,59 @@ def test_custom_arm_example_runs_as_written(tmp_path, sample_data):
     status, val_loss, extra = result.stdout.split()[-3:]
     assert status == "completed" and float(val_loss) < 10.8 and int(extra) == 2 * 2  # 2 layers × 2 heads
     assert (tmp_path / "results" / "adhoc" / "smoke" / "scalar-gate" / "seed0" / "summary.json").is_file()
+
+
+def readme_block(name: str) -> str:
+    text = (REPO / "README.md").read_text()
+    match = re.search(rf"<!-- example: {name} .*?-->\s*```bash\n(.*?)```", text, re.S)
+    assert match, f"the README lost its {name} example"
+    return match.group(1)
+
+
+def test_what_make_demo_installs_covers_the_readme_s_tensorboard_logger():
+    makefile = (REPO / "Makefile").read_text()
+    base = re.search(r"^\$\(BASE\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    installs = re.findall(r"pip install -q -e '?\.(?:\[([\w,]+)\])?'?", base)
+    assert "tensorboard" in ",".join(installs).split(","), base  # `ablate run ... --logger tensorboard` after make demo
+    assert re.search(r"^demo: \$\(BASE\)", makefile, re.M)
+    readme = (REPO / "README.md").read_text()
+    assert "--logger tensorboard" in readme and "pip install -e '.[eval]'" in readme  # eval: the extra, named
+
+
+def test_the_readme_s_task_data_example_has_the_columns_ablate_eval_reads():
+    from ablate.evals.tasks import TASKS
+
+    block = readme_block("task-data")
+    files = dict(re.findall(r"cat > tasks/(\w+)\.jsonl <<'EOF'\n(.*?)\nEOF", block, re.S))
+    assert set(files) == {"lambada_openai", "wikitext"}
+    for task, body in files.items():
+        for line in body.splitlines():  # one JSON object per line, in the Hub dataset's columns
+            assert tuple(json.loads(line)) == TASKS[task][1], (task, line)
+    assert "--task-data tasks" in block and "--tasks lambada_openai wikitext" in block
+
+
+def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copied(tmp_path, sample_data):
+    lines = [line.split("  #", 1)[0].strip() for line in readme_block("submit").strip().splitlines()]
+    assert lines[0] == "cp slurm/example.toml slurm/mycluster.toml" and "--data data/sample" in lines[2]
+    (tmp_path / "slurm").mkdir()
+    shutil.copy(REPO / "slurm" / "example.toml", tmp_path / "slurm")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sample").symlink_to(sample_data)
+    shim = tmp_path / "bin" / "ablate"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+
+    def sh(line):
+        return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    before = sh(lines[2])  # without the copied profile: refused, one line naming the profiles there are
+    assert before.returncode != 0 and "unknown profile 'mycluster'" in before.stderr and "Traceback" not in before.stderr
+    for line in lines[:3]:
+        result = sh(line)
+        assert result.returncode == 0, (line, result.stderr[-2000:])
+    assert "27 of 27 runs would be submitted" in result.stdout and "124M/combo2/seed2" in result.stdout
+    refused = sh(lines[4])  # the real dry run: refused until FineWeb-Edu is prepared
+    assert refused.returncode != 0 and "ablate data prepare" in refused.stderr

@@ -96,8 +96,9 @@ def _with_metric(runs: Runs, name: str) -> Runs:
     higher = directions == {True}
     note = (f"metric {name} ({'higher' if higher else 'lower'} is better, as lm-eval defines it): every difference "
             f"is oriented so that positive means the arm is better ({'arm − reference' if higher else 'reference − arm'})"
-            + ("; the values in this table are negated scores" if higher else ""))
-    return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,))
+            + ("; the scores are negated before they are differenced" if higher else ""))
+    return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,), metric=name,
+                higher_is_better=higher)
 
 
 def _runs_from_store(folder: Path) -> Runs:

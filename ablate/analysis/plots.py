@@ -150,14 +150,18 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
     return True
 
 
-def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], path: Path, name: str,
-                reference: str | None = None) -> None:
-    """Validation loss against tokens: the mean over seeds as a line, the seeds' range as a band, one
-    column per tier, each arm in its fixed colour.
+LATE_FRACTION = 0.5  # curves.png's second row: the tokens from this fraction of the run on, zoomed
 
-    With a `reference` arm, a second row shows the paired gap L_reference − L_arm per step (per seed,
-    then mean and range over the seeds both ran): the arms differ by thousandths of a nat, invisible
-    on the loss scale.
+
+def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], path: Path, name: str,
+                reference: str | None = None):
+    """Validation loss against tokens: the mean over seeds as a line, the seeds' range (min to max) as a
+    band, one column per tier, each arm in its fixed colour. Returns the figure (also written to `path`).
+
+    Row 1 is the whole run on a scale that holds every point; row 2 the second half of the run
+    (`LATE_FRACTION`), its axes fitted to it, where the arms differ. With a `reference` arm, a third row
+    shows the paired gap L_reference − L_arm per step (per seed, then mean and range over the seeds
+    both ran): the arms differ by thousandths of a nat, invisible on the loss scale.
     """
     spread = [pl.col("val_loss").mean().alias("mean"), pl.col("val_loss").min().alias("low"),
               pl.col("val_loss").max().alias("high")]
@@ -171,25 +175,27 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
             .with_columns(val_loss=pl.col("ref_loss") - pl.col("val_loss"))
             .group_by("tier", "arm", "step").agg(pl.col("tokens").mean(), *spread)
         )
-    rows = 2 if gap is not None and gap.height else 1
+    rows = 3 if gap is not None and gap.height else 2
     columns = max(len(tiers), 1)
-    fig = figure(figsize=(max(8.0, 4.0 * columns), 3.2 * rows + 1.0))
+    fig = figure(figsize=(max(8.0, 4.0 * columns), 3.0 * rows + 1.0))
     axes = fig.subplots(rows, columns, squeeze=False)
-    fig.subplots_adjust(left=0.07 if columns > 1 else 0.15, right=0.98, top=0.88, bottom=0.15 if rows == 2 else 0.28,
-                        wspace=0.35, hspace=0.4)
+    fig.subplots_adjust(left=0.07 if columns > 1 else 0.15, right=0.98, top=0.9, bottom=0.12, wspace=0.35, hspace=0.45)
     colours = arm_colours(arm_order)
     for column, tier in enumerate(tiers):
-        top = axes[0][column]
+        whole, late_ax = axes[0][column], axes[1][column]
         panel = mean.filter(tier=tier)
-        _draw_lines(top, panel, arm_order, colours)
-        late = panel.filter(pl.col("tokens") >= 0.2 * panel["tokens"].max())
-        low, high = late["low"].min(), late["high"].max()
-        margin = 0.05 * (high - low) or 0.01
-        top.set_ylim(low - margin, high + margin)  # the end of training, where the arms differ
-        top.set_title(tier_title(tier))
-        top.set_ylabel("validation loss (nats)")
-        if rows == 2:
-            bottom = axes[1][column]
+        _draw_lines(whole, panel, arm_order, colours)
+        _fit(whole, panel)
+        whole.set_title(f"{tier_title(tier)}: whole run")
+        start = LATE_FRACTION * panel["tokens"].max()
+        late = panel.filter(pl.col("tokens") >= start)
+        _draw_lines(late_ax, late, arm_order, colours)
+        _fit(late_ax, late)
+        late_ax.set_title(f"second half (from {start:,.0f} tokens)", fontsize=9)
+        for ax in (whole, late_ax):
+            ax.set_ylabel("validation loss (nats)")
+        if rows == 3:
+            bottom = axes[2][column]
             _draw_lines(bottom, gap.filter(tier=tier), arm_order, colours)
             bottom.axhline(0.0, color="grey", lw=0.8)
             bottom.set_ylabel(f"L_{reference} − L_arm (nats)")
@@ -202,10 +208,25 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
             legend.setdefault(label, handle)
     labels = [arm for arm in arm_order if arm in legend]
     if labels:
-        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8)
-    fig.suptitle(f"{name}: validation loss, mean over seeds, band = range over seeds (last 80% of tokens)"
-                 + (f"; below: gap to {reference}, positive = lower loss" if rows == 2 else ""))
+        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds; "
+                 "top: the whole run, middle: its second half zoomed"
+                 + (f"; bottom: gap to {reference}, positive = lower loss" if rows == 3 else ""), fontsize=10)
     _save(fig, path)
+    return fig
+
+
+def _fit(ax, frame: pl.DataFrame) -> None:
+    """Axes that hold every band and line of `frame` (with a 5% margin), in its token range only."""
+    if frame.is_empty():
+        return
+    low, high = frame["low"].min(), frame["high"].max()
+    margin = 0.05 * (high - low) or 0.01
+    ax.set_ylim(low - margin, high + margin)
+    first, last = frame["tokens"].min(), frame["tokens"].max()
+    if last > first:
+        ax.set_xlim(first, last)
 
 
 def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], colours: dict) -> None:

@@ -35,6 +35,25 @@ EXPLAIN = {
                "lower the loss by less than the sum of their separate gains",
     "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
 }
+# The same definitions for an `ablate eval` metric s, differenced as m = −s when higher is better (so that
+# positive is better, as for a loss): {m} is that m, {s} the metric.
+METRIC_EXPLAIN = {
+    "paired": "Δ = {gain} per seed; positive: the arm is better",
+    "increments": "zero_option = baseline − sink-logit; filtering_norm = sink-logit − combo; "
+                  "filtering_proj = sink-logit − combo2, each a difference of m = {m}; positive: the quantity "
+                  "improves {s}",
+    "overlap": "overlap = g_sink + g_gate − g_both per seed, gains g = m_baseline − m_arm with m = {m} "
+               "(norm: norm-gate with combo; proj: proj-gate with combo2); positive: together the two improve "
+               "{s} by less than the sum of their separate gains",
+    "losses": "the metric over the counted seeds as m = {m} (mean ± sd, n)",
+}
+# val_loss's convention (docs/method.md §4), under every table of losses.
+PADDED_VOCAB, REAL_VOCAB = 50_304, 50_257
+VAL_LOSS_FOOTER = (f"val_loss: mean token cross-entropy in nats of the softmax over the model's whole output layer, "
+                   f"GPT-2's {REAL_VOCAB:,} tokens padded to {PADDED_VOCAB:,} rows; the {PADDED_VOCAB - REAL_VOCAB} "
+                   "padding rows are never a target but stay in the normaliser, so val_loss is never below the "
+                   "real-vocabulary loss that `ablate eval` scores (1.7e-4 nats above it after a smoke run's 100 "
+                   "steps; docs/method.md, section 4).")
 FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); sd with ddof 1; se = sd/√n; "
           "agree: seeds whose difference has the sign of the mean; p: two-sided paired t-test (one-sample "
           "t-test of the per-seed differences against 0), empty with one seed or no spread.")
@@ -77,6 +96,24 @@ def title(table: Table) -> str:
     return TITLES[table.kind].format(reference=table.reference)
 
 
+def caption(table: Table) -> str:
+    """What the numbers are and which way is better: the quantity, then the kind's definitions."""
+    if table.metric is None:
+        return "Validation loss in nats (lower is better). " + EXPLAIN[table.kind].format(reference=table.reference) + "."
+    higher = bool(table.higher_is_better)
+    short = table.metric.rsplit("/", 1)[-1]
+    reference = table.reference or "reference"
+    gain = f"{short}_arm − {short}_{reference}" if higher else f"{short}_{reference} − {short}_arm"
+    quantity = (f"Downstream metric {table.metric} (`ablate eval`, lm-evaluation-harness; "
+                f"{'higher' if higher else 'lower'} is better), not the validation loss. ")
+    return quantity + METRIC_EXPLAIN[table.kind].format(gain=gain, m=f"−{short}" if higher else short, s=short) + "."
+
+
+def footer_lines(table: Table) -> list[str]:
+    """The val_loss convention under a table of losses (a metric table has none: it is not val_loss)."""
+    return [] if table.metric is not None else ["", VAL_LOSS_FOOTER]
+
+
 def to_markdown(table: Table) -> str:
     key = table.key
     if table.kind == "losses":
@@ -95,7 +132,7 @@ def to_markdown(table: Table) -> str:
         lines.append("| " + " | ".join(["–"] * len(head)) + " |")
     lines += ["", FOOTER + (" " + HOLM_FOOTER.format(reference=table.reference) if holm else "")
               + " Statistics use complete pairs only."]
-    return "\n".join(lines + _markdown_tail(table)) + "\n"
+    return "\n".join(lines + footer_lines(table) + _markdown_tail(table)) + "\n"
 
 
 def _losses_markdown(table: Table) -> str:
@@ -106,7 +143,7 @@ def _losses_markdown(table: Table) -> str:
         lines.append(_markdown_row([row["tier"], row["arm"], str(row["n"]), _num(row["mean"], signed=False) + spread,
                                     _num(row["se"], signed=False), _num(row["min"], signed=False),
                                     _num(row["max"], signed=False), _marks(row)]))
-    return "\n".join(lines + ["", LOSS_FOOTER] + _markdown_tail(table)) + "\n"
+    return "\n".join(lines + ["", LOSS_FOOTER] + footer_lines(table) + _markdown_tail(table)) + "\n"
 
 
 def _markdown_row(cells: list) -> str:
@@ -117,8 +154,9 @@ def _markdown_head(table: Table, head: list[str]) -> list[str]:
     return [
         markdown_text(f"## {title(table)} — {table.name}"),
         "",
-        markdown_text("Validation loss in nats. " + EXPLAIN[table.kind].format(reference=table.reference) + "."),
+        markdown_text(caption(table)),
         "",
+        *[line for note in table.source_notes for line in (markdown_text(f"Note: {note}."), "")],
         _markdown_row(head),
         "|" + "|".join("---" for _ in head) + "|",
     ]
@@ -130,7 +168,7 @@ def _markdown_tail(table: Table) -> list[str]:
     lines += _listing("Excluded runs (not completed, or no finite val_loss)", [
         f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.excluded.iter_rows(named=True)
     ])
-    return lines + _listing("Skipped", list(table.notes))
+    return lines + _listing("Skipped", [note for note in table.notes if note not in table.source_notes])
 
 
 def _missing_lines(table: Table) -> list[str]:
@@ -154,6 +192,8 @@ def to_json(table: Table) -> str:
         "kind": table.kind,
         "source": table.name,
         "reference": table.reference,
+        "metric": table.metric,  # null: val_loss
+        "higher_is_better": table.higher_is_better,
         "columns": table.columns,
         "rows": table.frame.to_dicts(),
         "missing": table.missing.to_dicts(),
@@ -173,7 +213,7 @@ def to_latex(table: Table) -> str:
                 + (" & $p_\\mathrm{Holm}$" if holm else "") + " & Marks \\\\")
         spec = "llrlllllr" + "l" * (2 if holm else 1)
     lines = [
-        "% " + latex_text(f"{title(table)} — {table.name}; nats; " + EXPLAIN[table.kind].format(reference=table.reference)),
+        "% " + latex_text(f"{title(table)} — {table.name}. " + caption(table)),
         f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
     ]
     for row in table.frame.iter_rows(named=True):
@@ -193,6 +233,7 @@ def to_latex(table: Table) -> str:
         lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "
                      f"{row['agree']}/{row['n']} & " + " & ".join(latex_text(p) for p in ps) + f" & {marks} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [f"% {latex_text(line)}" for line in footer_lines(table) if line]
     lines += [f"% warning: {latex_text(w)}" for w in table.warnings]
     return "\n".join(lines) + "\n"
 

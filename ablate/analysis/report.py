@@ -184,8 +184,9 @@ def curves_section(ctx: ReportContext) -> str:
     reference = ctx.tables["paired"].reference
     plot_curves(curves, ctx.runs.tiers, ctx.runs.arm_order, ctx.record("curves.png"), ctx.runs.name, reference)
     note = "" if curves.height else " (no validation lines found in metrics.jsonl)"
-    return ("## Validation curves\n\nMean over seeds of the completed runs (band: range over seeds), one column "
-            f"per tier; below, the paired gap to {reference} (positive: lower loss){note}.\n\n![curves](curves.png)")
+    return ("## Validation curves\n\nMean over seeds of the completed runs (band: min to max over seeds), one column "
+            f"per tier: the whole run, then its second half zoomed; below, the paired gap to {reference} (positive: "
+            f"lower loss){note}.\n\n![curves](curves.png)")
 
 
 def probes_section(ctx: ReportContext) -> str:

@@ -23,6 +23,8 @@ class Runs:
     frame: pl.DataFrame
     root: Path | None = None
     notes: tuple[str, ...] = ()  # what every table of this source must say (e.g. pairing not verified)
+    metric: str | None = None  # TASK/METRIC of `ablate eval` in place of val_loss (oriented like a loss)
+    higher_is_better: bool | None = None  # the metric's direction as lm-eval defines it (None: the loss)
 
     def notes_for(self, arms) -> tuple[str, ...]:
         """This source's notes, plus one naming the counted runs of `arms` whose pairing was not verified."""

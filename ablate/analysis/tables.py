@@ -61,7 +61,8 @@ class Table:
     """One analysis table. `frame` holds exactly the machine-readable columns of its kind.
 
     `key` names the row column (arm, quantity or gate); `missing` and `excluded` list the runs of the
-    arms this table uses that did not count; `notes` say what was skipped and why; `differences`
+    arms this table uses that did not count; `notes` say what was skipped and why, and what holds for
+    the whole source (`source_notes`, a renderer shows those on their own lines); `differences`
     holds the per-seed values behind the rows (the forest plot and the crossover bootstrap use them).
     """
 
@@ -74,6 +75,10 @@ class Table:
     excluded: pl.DataFrame
     notes: tuple[str, ...] = ()
     differences: pl.DataFrame | None = None  # per seed: tier, key, seed, diff (what the rows summarise)
+    # The caption's quantity: None for val_loss, else the `ablate eval` metric (TASK/METRIC) and its direction.
+    metric: str | None = None
+    higher_is_better: bool | None = None
+    source_notes: tuple[str, ...] = ()  # the part of `notes` about the source itself (e.g. pairing NOT verified)
 
     @property
     def columns(self) -> list[str]:
@@ -168,7 +173,8 @@ def losses_table(runs: Runs) -> Table:
     frame = sort_runs(frame, runs.arm_order).select("tier", "arm", *LOSS_COLUMNS)
     frame = _with_marks(frame.cast({"n": pl.Int64, **{c: pl.Float64 for c in LOSS_COLUMNS if c != "n"}}))
     return Table(kind="losses", key="arm", frame=frame, name=runs.name, reference=None, missing=runs.missing,
-                 excluded=runs.excluded.select("tier", "arm", "seed", "status", "reason"), notes=runs.notes)
+                 excluded=runs.excluded.select("tier", "arm", "seed", "status", "reason"), notes=runs.notes,
+                 metric=runs.metric, higher_is_better=runs.higher_is_better, source_notes=runs.notes)
 
 
 def increments_table(runs: Runs) -> Table:
@@ -230,10 +236,12 @@ def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=(), differe
     frame = _with_marks(frame.cast({c: pl.Float64 for c in frame.columns if c in (*STAT_COLUMNS, "p_holm")
                                     and c not in ("n", "agree")}))
     used = pl.col("arm").is_in(list(arms))
+    source_notes = runs.notes_for(arms)
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
         missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
-        notes=tuple(notes) + runs.notes_for(arms), differences=differences,
+        notes=tuple(notes) + source_notes, differences=differences, metric=runs.metric,
+        higher_is_better=runs.higher_is_better, source_notes=source_notes,
     )
 
 
