@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from ablate.analysis.report import write_report
 from ablate.cli import main
 from ablate.errors import AblateError
 from analysis_fixtures import write_run
+from datafix import REPO
 
 SETTINGS = {"task_version": 1.0, "lm_eval_version": "0.4.13", "limit": None, "num_fewshot": 0,
             "data": "hub:Rowan/hellaswag"}
@@ -209,3 +213,13 @@ def test_the_report_pairs_by_item_and_adds_gold_logprob(store):
     assert "hellaswag/gold_logprob" in text and "Paired by item and seed" in text
     expected = independent(store, "acc_norm")
     assert f"{expected['mean']:+.4f} ± {expected['sd']:.4f}" in text
+
+
+def test_the_by_item_table_loads_no_torch(store):
+    code = (f"from ablate.cli import main\nassert main(['table', {str(store)!r}, '--metric', 'hellaswag/acc', "
+            "'--by-item', '--format', 'json']) == 0\nimport sys\nprint(sorted(m for m in ('torch', 'lm_eval') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
