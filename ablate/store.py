@@ -42,6 +42,7 @@ PROBE_FILE = "probe.json"  # `ablate probe`: sink diagnostics of the final weigh
 HEATMAP_FILE = "probe_first_key_mass.png"
 INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
 EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
+EVAL_ITEMS_DIR = "eval_items"  # RUN_DIR/eval_items/<task>.jsonl: `ablate eval`'s per-item results
 REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
 SYNTHETIC_DIR = "synthetic"  # RESULTS/<experiment>/synthetic/: `ablate synthetic --out`
 SYNTHETIC_FILE = "synthetic.json"

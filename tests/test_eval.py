@@ -19,7 +19,7 @@ import torch
 from ablate.cli import main
 from ablate.data.tokenizer import EOT_TOKEN, encode
 from ablate.errors import AblateError
-from ablate.store import EVAL_FILE
+from ablate.store import EVAL_FILE, EVAL_ITEMS_DIR
 from ablate.evals.results import check_metric, read_metric, settings_fingerprint
 from ablate.evals.run import EvalJob, evaluate_run
 from ablate.evals.tasks import TASKS
@@ -130,7 +130,8 @@ def test_changed_settings_recompute_only_that_task_and_the_write_is_atomic(evalu
         with pytest.raises(OSError, match="disk full"):
             evaluate_run(folder, ["lambada_openai"], task_data=data, limit=1, bootstrap_iters=20)
     assert (folder / EVAL_FILE).read_bytes() == before
-    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", EVAL_FILE, "summary.json"]  # no temp file
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", EVAL_FILE, EVAL_ITEMS_DIR, "summary.json"]
+    assert sorted(p.name for p in (folder / EVAL_ITEMS_DIR).iterdir()) == [f"{t}.jsonl" for t in sorted(ALL)]  # no temp
 
     new = evaluate_run(folder, ["lambada_openai"], task_data=data, limit=1, bootstrap_iters=20)
     assert new["tasks"]["lambada_openai"]["settings"]["limit"] == 1

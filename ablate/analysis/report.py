@@ -24,6 +24,7 @@ from typing import Callable
 import polars as pl
 
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
+from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
@@ -207,19 +208,33 @@ def synthetic_section(ctx: ReportContext) -> str:
 
 
 def downstream_section(ctx: ReportContext) -> str:
-    """Paired tables of every `ablate eval` metric the counted runs carry (downstream.md)."""
+    """Paired tables of every `ablate eval` metric the counted runs carry (downstream.md).
+
+    A task whose runs kept per-item results (RUN/eval_items/) is paired by item and seed
+    (`ablate.analysis.items`), with `gold_logprob` beside its accuracies; its other metrics (the
+    perplexities, which are not means over items) and tasks without item files pair per seed.
+    """
     folders = [Path(p) for p in ctx.runs.completed["path"].drop_nulls().to_list()]
     metrics = available_metrics(folders)
-    if not metrics:
+    by_item = item_tasks(folders)
+    names = sorted(set(metrics) | {f"{task}/{m}" for task, found in by_item.items() for m in found})
+    if not names:
         return ""
     reference = ctx.tables["paired"].reference
-    parts = []
-    for metric in metrics:
+    parts, paired_by_item = [], []
+    for metric in names:
+        task, _, name = metric.partition("/")
+        if name in by_item.get(task, ()):
+            runs = load_runs(ctx.runs.root, allow_unverified=ctx.allow_unverified)
+            parts.append(f"### {metric} (by item)\n\n" + render_items(items_table(runs, metric, reference), "md"))
+            paired_by_item.append(metric)
+            continue
         runs = load_runs(ctx.runs.root, allow_unverified=ctx.allow_unverified, metric=metric)
         parts.append(f"### {metric}\n\n" + render(build_table(runs, "paired", reference), "md"))
     ctx.write("downstream.md", "# Downstream evaluation (lm-evaluation-harness)\n\n" + "\n\n".join(parts))
-    return (f"## Downstream evaluation\n\n[downstream.md](downstream.md): paired tables of {len(metrics)} metrics "
-            f"({', '.join(metrics)}), positive = the arm is better.")
+    items = (f"; paired by item and seed: {', '.join(paired_by_item)}" if paired_by_item else "")
+    return (f"## Downstream evaluation\n\n[downstream.md](downstream.md): paired tables of {len(names)} metrics "
+            f"({', '.join(names)}), positive = the arm is better{items}.")
 
 
 SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section,

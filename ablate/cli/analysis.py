@@ -28,6 +28,10 @@ def add_commands(subparsers) -> None:
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
                             "positive still means the arm is better")
+    table.add_argument("--by-item", action="store_true",
+                       help="with --metric: pair by item within each seed (the items both runs answered, from "
+                            "RUN/eval_items/), then over seeds, with a two-way seed × item bootstrap interval; "
+                            "METRIC may be gold_logprob")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
     table.set_defaults(func=table_command)
@@ -50,8 +54,9 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.experiment import results_of
     from ablate.analysis.render import render
     from ablate.analysis.tables import build_table
-    from ablate.store import atomic_write_bytes
 
+    if args.by_item:
+        return _by_item(args)
     runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified,
                      metric=args.metric)
     if args.kind == "losses":
@@ -66,6 +71,34 @@ def table_command(args: argparse.Namespace) -> int:
 
         for warning in table.warnings:
             print(f"warning: {one_line(warning)}", file=sys.stderr)
+    return _emit(args, text)
+
+
+def _by_item(args: argparse.Namespace) -> int:
+    from ablate.analysis.items import items_table, render_items  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.load import load_runs
+    from ablate.errors import AblateError
+    from ablate.experiment import results_of
+
+    if args.metric is None:
+        raise AblateError("--by-item pairs a downstream metric by item: give --metric TASK/METRIC "
+                          "(e.g. hellaswag/acc_norm or hellaswag/gold_logprob)")
+    if args.kind != "paired":
+        raise AblateError(f"--by-item makes the paired table only, not --kind {args.kind}; drop --kind or --by-item")
+    runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified)
+    table = items_table(runs, args.metric, args.reference or "baseline")
+    text = render_items(table, args.format)
+    if args.format in ("csv", "latex"):
+        from ablate.analysis.escape import one_line
+
+        for warning in table.warnings:
+            print(f"warning: {one_line(warning)}", file=sys.stderr)
+    return _emit(args, text)
+
+
+def _emit(args: argparse.Namespace, text: str) -> int:
+    from ablate.store import atomic_write_bytes
+
     if args.out:
         atomic_write_bytes(args.out, text.encode())
         print(f"wrote {args.out}")

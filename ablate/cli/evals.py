@@ -11,7 +11,8 @@ from ablate.evals.tasks import DEFAULT_BOOTSTRAP_ITERS, TASKS, file_layout
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser(
-        "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json")
+        "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json "
+                     "and per-item results in eval_items/<task>.jsonl")
     parser.add_argument("target", metavar="RUN_DIR|EXPERIMENT",
                         help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>, or an experiments/*.py file "
                              "or its name (every completed run of its grid)")
@@ -22,7 +23,8 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS or ./results)")
     parser.add_argument("--limit", type=int,
                         help="documents per task (default: all; a limited result pairs only with the same limit)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded with the results as an execution "
+                             "setting: scores agree across batch sizes to float32 rounding, so it never affects pairing")
     parser.add_argument("--task-data", metavar="DIR",
                         help=f"read the tasks' documents from local JSON-lines files instead of the Hub: {file_layout()}")
     parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,

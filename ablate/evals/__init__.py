@@ -7,7 +7,8 @@ prompts, answer normalisations and metrics differ in small ways from any re-impl
 * `ablate.evals.tasks`: the supported tasks and their local JSON-lines data (`--task-data`).
 * `ablate.evals.run`: `evaluate_run` (one run folder → `eval.json`) and `EvalJob` (a submitit task).
 * `ablate.evals.results`: reading `eval.json` (torch-free, for the analysis).
-* `ablate.evals.cli`: `ablate eval`.
+* `ablate.evals.items`: the per-item results RUN_DIR/eval_items/<task>.jsonl (torch-free, for the analysis).
+* `ablate.cli.evals`: `ablate eval`.
 
 `lm-eval` is an optional extra (`pip install -e '.[eval]'`): nothing here imports it at import time.
 """

@@ -7,10 +7,13 @@ Layout of RUN_DIR/eval.json::
                      "data": "hub:Rowan/hellaswag"},
         "metrics": {"acc": {"value": 0.29, "stderr": 0.0045, "higher_is_better": true}, "acc_norm": {...}},
         "weights_sha256": "...", "bootstrap_iters": 100000, "samples": {"original": 10042, "effective": 10042},
+        "batch_size": 16, "items": {"count": 10042, "sha256": "..."},
         "evaluated_at": "2025-...", "seconds": 812.3}}}
 
 `settings` is what must agree for two runs' numbers to be compared (a pair evaluated under other
-settings is unmatched); the bootstrap count only decides whether a rerun must recompute. Each task
+settings is unmatched); the bootstrap count only decides whether a rerun must recompute. `batch_size`
+is an execution setting, recorded but never part of `settings`: scores do not depend on it (to float32
+rounding). `items` names the per-item file RUN_DIR/eval_items/<task>.jsonl (`ablate.evals.items`). Each task
 carries its own settings, so tasks evaluated at different times never mix.
 
 `weights_sha256` ties a task's numbers to the weights they scored: the table, the report and `ablate

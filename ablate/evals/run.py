@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.evals.items import item_rows, items_problem, write_items
 from ablate.evals.results import is_current, read_eval, task_entry
 from ablate.evals.tasks import (
     DEFAULT_BOOTSTRAP_ITERS,
@@ -111,7 +112,8 @@ def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstra
                           f"{str(kept)[:12]}…, the file has {weights[:12]}…): rerun the run with `ablate run ... --force`")
     settings = wanted_settings(tasks, limit, task_data)
     data = read_eval(folder)
-    todo = [name for name in tasks if not is_current(data["tasks"].get(name), settings[name], weights, bootstrap_iters)]
+    todo = [name for name in tasks if not is_current(data["tasks"].get(name), settings[name], weights, bootstrap_iters)
+            or items_problem(folder, name, data["tasks"].get(name)) is not None]
     if not todo:
         log.info("%s: %s already evaluated with these settings", folder, ", ".join(tasks))
         return data
@@ -119,8 +121,13 @@ def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstra
     results, seconds = _evaluate(folder, todo, limit, batch_size, task_data, bootstrap_iters, device)
     stamp = dt.datetime.now().isoformat(timespec="seconds")
     for name in todo:
-        data["tasks"][name] = task_entry(results, name, settings[name], weights_sha256=weights,
-                                         bootstrap_iters=bootstrap_iters, evaluated_at=stamp, seconds=seconds)
+        entry = task_entry(results, name, settings[name], weights_sha256=weights, bootstrap_iters=bootstrap_iters,
+                           batch_size=int(batch_size), evaluated_at=stamp, seconds=seconds)
+        samples = results.get("samples", {}).get(name)
+        if samples is not None:  # first the items, then eval.json naming them: a crash between leaves no false pair
+            output_type = results["configs"][name]["output_type"]
+            entry["items"] = write_items(folder, name, item_rows(name, output_type, samples))
+        data["tasks"][name] = entry
     atomic_write_json(folder / EVAL_FILE, data)
     return data
 
@@ -135,7 +142,7 @@ def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, devi
     lm = AblateLM(model, batch_size=batch_size, device=device or default_device())
     start = time.perf_counter()
     results = lm_eval.simple_evaluate(model=lm, tasks=list(built.values()), limit=limit,
-                                      bootstrap_iters=bootstrap_iters, log_samples=False,
+                                      bootstrap_iters=bootstrap_iters, log_samples=True,
                                       task_manager=task_manager())
     return results, round(time.perf_counter() - start, 3)
 

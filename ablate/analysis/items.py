@@ -1,0 +1,287 @@
+"""Downstream metrics paired by item and by seed: `ablate table SOURCE --metric TASK/METRIC --by-item`.
+
+Every arm of a tier answers the same eval items, so a downstream difference pairs twice. Within one
+(tier, seed), the arm's and the reference's item files (`ablate.evals.items`) are joined on `doc_id`;
+an item pairs only when both runs carry the same lm-eval `doc_hash` and `prompt_hash` (a differing
+hash is refused, naming the task, the item and the runs: the two scored different text). Per item,
+Δ = arm − reference when higher is better (accuracies, `gold_logprob`), so positive = the arm is
+better; the seed's difference is the mean Δ over the items both runs answered.
+
+A row (tier, arm): `n` seeds, `items` the distinct items paired; mean, sd (ddof 1), se and the 95%
+Student-t interval over the seeds' differences, as for losses (`ablate.analysis.stats.summarise`);
+`boot_low`/`boot_high`, a two-way percentile bootstrap that resamples seeds and, crossed with them,
+items (the same resampled items in every seed; generator seed BOOT_SEED, BOOT_ITERATIONS draws). With
+one seed there is no seed spread: sd, se, the interval and p are then the item-level paired ones (Δ
+over items, m − 1 degrees of freedom), marked `items-only`: they cover the variance over items, not
+over training seeds. Torch-free: numpy, scipy and polars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+import numpy as np
+import polars as pl
+from scipy.special import stdtr, stdtrit
+
+from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
+from ablate.analysis.render import FORMATS, format_p, to_csv, to_json
+from ablate.analysis.runs import Runs, sort_runs
+from ablate.analysis.stats import CONFIDENCE, holm_by, summarise
+from ablate.analysis.tables import MARK_NOTES, Table, add_mark, is_pipeline_check
+from ablate.errors import AblateError, choice_error
+from ablate.evals.items import CORPUS_METRICS, GOLD, item_metrics, read_items
+from ablate.evals.results import read_eval, settings_fingerprint, split_metric
+
+BOOT_ITERATIONS = 2000
+BOOT_SEED = 0
+ITEMS_ONLY = "items-only"
+MARK_NOTES.setdefault(ITEMS_ONLY, "one seed: sd, se, the 95% CI, the bootstrap interval and p are over the items of "
+                                  "that seed only; they cover the variance over items, not over training seeds")
+COLUMNS = ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "boot_low", "boot_high", "min", "max", "agree", "p")
+SCHEMA = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "status": pl.String, "reason": pl.String}
+
+
+@dataclasses.dataclass
+class _Run:
+    scores: dict  # doc_id → (doc_hash, prompt_hash, value)
+    fingerprint: str
+    path: str
+
+
+def items_table(runs: Runs, metric: str, reference: str = "baseline", iterations: int = BOOT_ITERATIONS) -> Table:
+    """The by-item paired table of TASK/METRIC: tier, arm, reference, COLUMNS, p_holm, interval_over, marks."""
+    task, name = split_metric(metric)
+    if runs.root is None:
+        raise AblateError("--by-item reads the run folders' eval_items/: give an experiment, not a table file")
+    if reference not in runs.arm_order:
+        raise AblateError(f"unknown reference arm {reference!r}; arms in {runs.name!r}: {', '.join(runs.arm_order)}")
+    scored, excluded, directions = _read_runs(runs, task, name, metric)
+    _check_settings(scored, task)
+    per_seed, matrices, notes = _pair(scored, task, reference)
+    frame = _rows(per_seed, matrices, reference, runs.arm_order, iterations)
+    higher = directions.get(name, True)
+    notes.insert(0, f"metric {metric} by item ({'higher' if higher else 'lower'} is better): Δ per item = "
+                    f"{'arm − reference' if higher else 'reference − arm'}, positive means the arm is better; per seed "
+                    "the mean Δ over the items both runs answered (equal doc_hash and prompt_hash)")
+    used = pl.col("arm").is_in(runs.arm_order)
+    gone = pl.DataFrame(excluded, schema=SCHEMA) if excluded else pl.DataFrame(schema=SCHEMA)
+    excluded_frame = sort_runs(pl.concat([runs.excluded.select(list(SCHEMA)), gone]), runs.arm_order)
+    return Table(kind="by-item", key="arm", frame=frame, name=f"{runs.name} [{metric} by item]", reference=reference,
+                 missing=runs.missing.filter(used), excluded=excluded_frame.select("tier", "arm", "seed", "status", "reason"),
+                 notes=tuple(notes) + runs.notes_for(runs.arm_order), differences=per_seed)
+
+
+def _read_runs(runs: Runs, task: str, name: str, metric: str):
+    scored, excluded, directions, available, problems = {}, [], {}, set(), []
+    for row in runs.completed.filter(pl.col("path").is_not_null()).iter_rows(named=True):
+        items, entry, problem = read_items(row["path"], task)
+        if items is not None:
+            available.update(f"{task}/{m}" for m in item_metrics(items))
+            directions.update({m: bool(v.get("higher_is_better")) for m, v in entry["metrics"].items()
+                               if v.get("higher_is_better") is not None})
+            if any(name not in item for item in items):
+                problem = f"its {task} item file has no {name} for every item"
+        if problem is not None:
+            problems.append(problem)
+            excluded.append({"tier": row["tier"], "arm": row["arm"], "seed": row["seed"], "status": row["status"],
+                             "reason": problem})
+            continue
+        sign = 1.0 if directions.get(name, True) else -1.0
+        scores = {item["doc_id"]: (item["doc_hash"], item["prompt_hash"], sign * float(item[name])) for item in items}
+        scored[(row["tier"], row["arm"], row["seed"])] = _Run(scores, settings_fingerprint(entry["settings"]), row["path"])
+    if metric not in available:
+        if not available:
+            first = f" (e.g. {problems[0]})" if problems else ""
+            raise AblateError(f"no counted run has per-item results of {task}{first}: run `ablate eval ... --tasks "
+                              f"{task}` on them")
+        hint = (f"; {name} is not a mean over items but computed from them ({CORPUS_METRICS[name]}): pair "
+                f"{task}/{GOLD} instead") if name in CORPUS_METRICS else ""
+        raise AblateError(f"unknown by-item metric {metric!r}; valid by-item metrics: {', '.join(sorted(available))}{hint}")
+    return scored, excluded, directions
+
+
+def _check_settings(scored: dict, task: str) -> None:
+    """The runs of one tier are averaged into a row: they must be evaluated under the same settings."""
+    first = {}
+    for (tier, _, _), run in scored.items():
+        other = first.setdefault(tier, run)
+        if other.fingerprint != run.fingerprint:
+            raise AblateError(f"runs {other.path} and {run.path} are not matched: their {task} evaluations used other "
+                              "settings (task version, limit, data or lm-eval version); evaluate both with the same "
+                              "settings (`ablate eval`)")
+
+
+def _pair(scored: dict, task: str, reference: str):
+    """Per (tier, arm, seed): the mean item Δ; per (tier, arm): the Δ of each (seed, item) for the bootstrap."""
+    rows, matrices, counts = [], defaultdict(dict), defaultdict(dict)
+    for (tier, arm, seed), run in scored.items():
+        base = scored.get((tier, reference, seed))
+        if arm == reference or base is None:
+            continue
+        deltas = {}
+        for doc_id in sorted(run.scores.keys() & base.scores.keys()):
+            (arm_doc, arm_prompt, value), (ref_doc, ref_prompt, ref_value) = run.scores[doc_id], base.scores[doc_id]
+            if (arm_doc, arm_prompt) != (ref_doc, ref_prompt):
+                what = "doc_hash" if arm_doc != ref_doc else "prompt_hash"
+                raise AblateError(f"{task} item {doc_id}: runs {run.path} and {base.path} scored different text (their "
+                                  f"{what} differs: {(arm_doc if what == 'doc_hash' else arm_prompt)[:12]}… vs "
+                                  f"{(ref_doc if what == 'doc_hash' else ref_prompt)[:12]}…), so it cannot be paired; "
+                                  "evaluate both on the same task data")
+            deltas[doc_id] = value - ref_value
+        if not deltas:
+            continue
+        scale = max(abs(np.mean([run.scores[d][2] for d in deltas])), abs(np.mean([base.scores[d][2] for d in deltas])))
+        rows.append({"tier": tier, "arm": arm, "seed": seed, "diff": float(np.mean(list(deltas.values()))),
+                     "scale": float(scale), "items": len(deltas)})
+        matrices[(tier, arm)][seed] = deltas
+        counts[(tier, arm)][seed] = len(deltas)
+    notes = [f"{tier} {arm}: the seeds paired different numbers of items ("
+             + ", ".join(f"seed {s}: {c}" for s, c in sorted(by_seed.items())) + ")"
+             for (tier, arm), by_seed in counts.items() if len(set(by_seed.values())) > 1]
+    schema = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64,
+              "items": pl.Int64}
+    return pl.DataFrame(rows, schema=schema), matrices, notes
+
+
+def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order, iterations: int) -> pl.DataFrame:
+    frame = summarise(per_seed, ["tier", "arm"])
+    extra = []
+    for tier, arm, n in frame.select("tier", "arm", "n").iter_rows():
+        by_seed = matrices[(tier, arm)]
+        item_ids = sorted(set().union(*by_seed.values()))
+        row = {"tier": tier, "arm": arm, "items": len(item_ids)}
+        row["boot_low"], row["boot_high"] = two_way_bootstrap(by_seed, item_ids, iterations)
+        if n == 1:
+            row.update(_item_level(np.array(list(next(iter(by_seed.values())).values()))))
+        extra.append(row)
+    schema = {"tier": pl.String, "arm": pl.String, "items": pl.Int64, "boot_low": pl.Float64, "boot_high": pl.Float64,
+              **{k: pl.Float64 for k in ("sd_i", "se_i", "ci_low_i", "ci_high_i", "p_i")}}
+    joined = frame.join(pl.DataFrame(extra, schema=schema), on=["tier", "arm"], how="left")
+    one = pl.col("n") == 1
+    joined = joined.with_columns(*[pl.when(one).then(pl.col(f"{c}_i")).otherwise(pl.col(c)).alias(c)
+                                   for c in ("sd", "se", "ci_low", "ci_high", "p")],
+                                 interval_over=pl.when(one).then(pl.lit("items")).otherwise(pl.lit("seeds")))
+    joined = joined.with_columns(reference=pl.lit(reference), marks=pl.lit(None, dtype=pl.String))
+    joined = sort_runs(joined, arm_order).select("tier", "arm", "reference", *COLUMNS, "interval_over", "marks")
+    joined = joined.with_columns(holm_by(joined, "tier")).select("tier", "arm", "reference", *COLUMNS, "p_holm",
+                                                                 "interval_over", "marks")
+    joined = add_mark(joined, one, ITEMS_ONLY)
+    checks = [t for t in joined["tier"].unique().to_list() if is_pipeline_check(t)]
+    return add_mark(joined, pl.col("tier").is_in(checks), "pipeline-check") if checks else joined
+
+
+def _item_level(deltas: np.ndarray) -> dict:
+    """One seed: the paired t statistics over its items (sd ddof 1, se, 95% t interval, two-sided p)."""
+    m = len(deltas)
+    if m < 2:
+        return {"sd_i": None, "se_i": None, "ci_low_i": None, "ci_high_i": None, "p_i": None}
+    mean, sd = float(deltas.mean()), float(deltas.std(ddof=1))
+    se = sd / math.sqrt(m)
+    half = float(stdtrit(m - 1, 0.5 + CONFIDENCE / 2)) * se
+    p = float(2.0 * stdtr(m - 1, -abs(mean / se))) if se > 0 else None
+    return {"sd_i": sd, "se_i": se, "ci_low_i": mean - half, "ci_high_i": mean + half, "p_i": p}
+
+
+def two_way_bootstrap(by_seed: dict, item_ids: list, iterations: int = BOOT_ITERATIONS,
+                      seed: int = BOOT_SEED) -> tuple[float | None, float | None]:
+    """95% percentile interval of the mean Δ, resampling seeds and (crossed with them) items.
+
+    Each draw takes n seeds with replacement and the row's items with replacement (one draw of items
+    shared by every seed: the items are the same questions for every seed); a seed's mean is over the
+    drawn items it paired. Generator: numpy's default_rng(seed), so a table is reproducible.
+    """
+    if iterations < 1 or not item_ids:
+        return None, None
+    seeds = sorted(by_seed)
+    column = {doc_id: j for j, doc_id in enumerate(item_ids)}
+    values, present = np.zeros((len(seeds), len(item_ids))), np.zeros((len(seeds), len(item_ids)))
+    for i, s in enumerate(seeds):
+        for doc_id, delta in by_seed[s].items():
+            values[i, column[doc_id]], present[i, column[doc_id]] = delta, 1.0
+    rng = np.random.default_rng(seed)
+    means, n, m = [], len(seeds), len(item_ids)
+    for start in range(0, iterations, 250):
+        size = min(250, iterations - start)
+        weights = rng.multinomial(m, np.full(m, 1.0 / m), size=size).T.astype(float)  # m × size: item counts
+        picks = rng.integers(0, n, size=(size, n))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            seed_means = (values @ weights) / (present @ weights)  # n × size
+        means.append(np.nanmean(np.take_along_axis(seed_means.T, picks, axis=1), axis=1))
+    draws = np.concatenate(means)
+    draws = draws[np.isfinite(draws)]
+    if not draws.size:
+        return None, None
+    low, high = np.percentile(draws, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return float(low), float(high)
+
+
+def render_items(table: Table, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise choice_error("format", fmt, FORMATS)
+    if fmt == "csv":
+        return to_csv(table)
+    if fmt == "json":
+        return to_json(table)
+    return _latex(table) if fmt == "latex" else _markdown(table)
+
+
+TITLE = "Paired by item and seed against {reference}"
+FOOTER = ("n: seeds; items: items paired (equal doc_hash and prompt_hash in both runs). mean: over seeds of each "
+          "seed's mean item Δ; sd (ddof 1), se = sd/√n, 95% CI (Student-t, n − 1 degrees of freedom) and p (two-sided "
+          "t-test against 0) over seeds, as for losses; bootstrap: 95% percentile interval of a two-way bootstrap "
+          f"resampling seeds and items ({BOOT_ITERATIONS} draws, generator seed {BOOT_SEED}); p_holm: Holm over the "
+          "arms of one tier. With one seed (interval over items) every spread is over that seed's items only.")
+
+
+def _n(value, signed: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:+.4f}" if signed else f"{value:.4f}"
+
+
+def _cells(row: dict) -> list[str]:
+    spread = "–" if row["sd"] is None else _n(row["sd"], signed=False)
+    over = " (1 seed: over items)" if row["interval_over"] == "items" else ""
+    return [row["tier"], row["arm"], str(row["n"]), str(row["items"]), f"{_n(row['mean'])} ± {spread}{over}",
+            _n(row["se"], signed=False), f"[{_n(row['ci_low'])}, {_n(row['ci_high'])}]",
+            f"[{_n(row['boot_low'])}, {_n(row['boot_high'])}]", f"{row['agree']}/{row['n']}", format_p(row["p"]),
+            format_p(row["p_holm"]), (row["marks"] or "").replace(",", ", ")]
+
+
+HEAD = ["tier", "arm", "n", "items", "mean ± sd", "se", "95% CI", "bootstrap 95%", "agree", "p", "p_holm", "marks"]
+
+
+def _markdown(table: Table) -> str:
+    lines = [markdown_text(f"## {TITLE.format(reference=table.reference)} — {table.name}"), "",
+             "| " + " | ".join(HEAD) + " |", "|" + "|".join("---" for _ in HEAD) + "|"]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in _cells(row)) + " |" for row in table.frame.iter_rows(named=True)]
+    if table.frame.is_empty():
+        lines.append("| " + " | ".join(["–"] * len(HEAD)) + " |")
+    lines += ["", FOOTER]
+    if table.warnings:
+        lines += ["", "Notes:", ""] + [f"- {markdown_text(w)}" for w in table.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _latex(table: Table) -> str:
+    lines = ["% " + latex_text(f"{TITLE.format(reference=table.reference)} — {table.name}"),
+             "\\begin{tabular}{llrr" + "l" * (len(HEAD) - 4) + "}", r"\toprule",
+             " & ".join(latex_text(h) for h in HEAD) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(c) for c in _cells(row)) + r" \\" for row in table.frame.iter_rows(named=True)]
+    lines += [r"\bottomrule", r"\end{tabular}", "% " + latex_text(FOOTER)]
+    return "\n".join(lines + [f"% warning: {latex_text(w)}" for w in table.warnings]) + "\n"
+
+
+def item_tasks(folders) -> dict[str, list[str]]:
+    """{task: its by-item metrics} over the run folders whose item files score their final weights (the report)."""
+    found = defaultdict(set)
+    for folder in folders:
+        for task in sorted(read_eval(folder)["tasks"]):
+            items, _, _ = read_items(folder, task)
+            if items is not None:
+                found[task].update(item_metrics(items))
+    return {task: sorted(metrics) for task, metrics in sorted(found.items())}
+
