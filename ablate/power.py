@@ -11,15 +11,18 @@ does worse than), so the family's error stays ≤ α. The method is described in
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.special import chdtri, nctdtr, ndtr, ndtri, stdtrit
 
 from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
 
 SPENDING = "obrien-fleming"
 SD_LEVEL = 0.8  # the upper confidence limit a pilot's sd is planned with
@@ -78,7 +81,7 @@ def seeds_needed(effect: float, sd: float, alpha: float = 0.05, family_size: int
     The smallest whole n ≥ 2 whose power — the noncentral t with n − 1 degrees of freedom and
     noncentrality (effect/sd)·√n, as statsmodels' `TTestPower` computes it — reaches `target_power`.
     `TTestPower().solve_power` gives the real-valued n; it is rounded up and then checked on whole
-    numbers, because the solver fails (returns nan) when fewer than 2 seeds would do.
+    numbers, because the solver can fail (return nan) when two or three seeds would do.
     """
     effect = _check_positive("effect", effect, "give the smallest mean difference worth detecting, in nats (e.g. --effect 0.002)")
     sd = _check_positive("sd", sd, "give the seed-to-seed sd of the paired differences, in nats (e.g. --sd 0.002), or a pilot")
@@ -152,7 +155,7 @@ class Pilot:
     n0: int
 
     @classmethod
-    def from_differences(cls, differences: Sequence[float]) -> "Pilot":
+    def from_differences(cls, differences: Sequence[float]) -> Pilot:
         values = list(differences)
         return cls(pilot_sd(values), len(values))
 
@@ -173,7 +176,8 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
     `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more
     seed costs at that tier (every arm the experiment runs there), and `gpu_hours` = seeds × that.
     The sd is the pilot's for that (tier, comparison) when `pilots` has it, else `sd`; with a pilot,
-    `seeds_conservative` is planned with the sd's 80% upper limit (else None).
+    `seeds_conservative` is planned with the sd's 80% upper limit (else None). A pilot of SMALL_PILOT
+    seeds or fewer is logged as a warning (`pilot_warning`).
     """
     pilots = pilots or {}
     rows = []
@@ -185,6 +189,8 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
             spread = pilot.sd if pilot else sd
             if spread is None:
                 raise AblateError(f"no sd for comparison {name!r} at tier {tier!r}: the pilot lacks it; pass --sd or a pilot that ran it")
+            if pilot and pilot_warning(pilot.n0):
+                log.warning("%s at tier %s: %s", name, tier, pilot_warning(pilot.n0))
             if pilot and pilot.sd == 0:
                 raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} are all equal (sd 0); pass --sd")
             seeds = seeds_needed(effect, spread, alpha, m, target_power)

@@ -7,15 +7,28 @@ whole paths at once rather than running sums), which also shows the normal appro
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from ablate.errors import AblateError
-from ablate.power import (Pilot, look_seeds, obrien_fleming_spent, pilot_sd, pilot_warning, power_rows, sd_upper_limit,
-                          seeds_needed, sequential_decision, sequential_design)
+from ablate.power import (
+    Pilot,
+    look_seeds,
+    obrien_fleming_spent,
+    pilot_sd,
+    pilot_warning,
+    power_rows,
+    sd_upper_limit,
+    seeds_needed,
+    sequential_decision,
+    sequential_design,
+)
 
 ROW_FIELDS = {"tier", "comparison", "sd", "effect", "alpha", "family_size", "target_power", "seeds",
               "seeds_conservative", "gpu_hours"}
@@ -65,16 +78,24 @@ def test_seeds_needed_is_at_least_two_and_grows_with_the_family():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(effect=0.0), "effect 0.0"), (dict(effect=-0.001), "effect -0.001"), (dict(sd=0.0), "sd 0.0"),
-    (dict(sd=-1.0), "sd -1.0"), (dict(sd=float("nan")), "sd nan"), (dict(alpha=0.0), "alpha 0.0"),
-    (dict(alpha=1.0), "alpha 1.0"), (dict(target_power=1.0), "target power 1.0"),
-    (dict(target_power=0.0), "target power 0.0"), (dict(family_size=0), "family size 0"),
-    (dict(family_size=1.5), "family size 1.5"),
+    ({"effect": 0.0}, "effect 0.0"), ({"effect": -0.001}, "effect -0.001"), ({"sd": 0.0}, "sd 0.0"),
+    ({"sd": -1.0}, "sd -1.0"), ({"sd": float("nan")}, "sd nan"), ({"alpha": 0.0}, "alpha 0.0"),
+    ({"alpha": 1.0}, "alpha 1.0"), ({"target_power": 1.0}, "target power 1.0"),
+    ({"target_power": 0.0}, "target power 0.0"), ({"family_size": 0}, "family size 0"),
+    ({"family_size": 1.5}, "family size 1.5"),
 ])
 def test_seeds_needed_refuses_bad_input_naming_it(kwargs, needle):
-    args = dict(effect=0.002, sd=0.004, alpha=0.05, family_size=3, target_power=0.8) | kwargs
+    args = {"effect": 0.002, "sd": 0.004, "alpha": 0.05, "family_size": 3, "target_power": 0.8} | kwargs
     with pytest.raises(AblateError, match=needle.replace(".", r"\.")):
         seeds_needed(**args)
+
+
+def test_the_method_docs_example_table_is_what_seeds_needed_says():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "power.md").read_text()
+    rows = re.findall(r"^\| (0\.\d+) \| (\d+) \| (\d+) \|$", text, re.MULTILINE)
+    assert len(rows) == 4
+    for effect, at_2, at_4 in rows:
+        assert [seeds_needed(float(effect), sd, 0.05, 3, 0.8) for sd in (0.002, 0.004)] == [int(at_2), int(at_4)]
 
 
 # ---------------------------------------------------------------- pilots
@@ -120,9 +141,10 @@ def test_power_rows_with_an_assumed_sd():
     assert {r["family_size"] for r in whole} == {4}
 
 
-def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit():
+def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit(caplog):
     pilots = {("small", "zero_option"): Pilot.from_differences([0.001, 0.004, -0.002])}
     rows = power_rows({"small": ["zero_option"]}, effect=0.003, gpu_hours_per_seed=GPU_HOURS, pilots=pilots)
+    assert "zero_option at tier small: a 3-seed pilot's sd is unreliable" in caplog.text
     (row,) = rows
     assert row["sd"] == pytest.approx(0.003)
     assert row["seeds"] == smallest_n(1.0, 0.05, 0.8)
@@ -131,13 +153,13 @@ def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(sd=None), "no sd for comparison 'zero_option' at tier 'small'"),
-    (dict(gpu_hours_per_seed={"medium": 1.0}), "no GPU-hours per seed for tier 'small'"),
-    (dict(family="arm"), "unknown family 'arm'; valid families: tier, experiment"),
-    (dict(pilots={("small", "zero_option"): Pilot(0.0, 3)}), "all equal"),
+    ({"sd": None}, "no sd for comparison 'zero_option' at tier 'small'"),
+    ({"gpu_hours_per_seed": {"medium": 1.0}}, "no GPU-hours per seed for tier 'small'"),
+    ({"family": "arm"}, "unknown family 'arm'; valid families: tier, experiment"),
+    ({"pilots": {("small", "zero_option"): Pilot(0.0, 3)}}, "all equal"),
 ])
 def test_power_rows_refuses_what_it_cannot_plan(kwargs, needle):
-    args = dict(comparisons={"small": ["zero_option"]}, effect=0.003, gpu_hours_per_seed=GPU_HOURS, sd=0.004) | kwargs
+    args = {"comparisons": {"small": ["zero_option"]}, "effect": 0.003, "gpu_hours_per_seed": GPU_HOURS, "sd": 0.004} | kwargs
     with pytest.raises(AblateError, match=needle):
         power_rows(**args)
 
@@ -168,11 +190,11 @@ def test_sequential_boundaries_hold_the_error_to_alpha_over_m(alpha, m, looks, m
     # sharper than the issue asks: within the design's 5% plus this simulation's own noise; the t quantile
     # of each look's α increment alone (no simulation, overlaps ignored) is 5–14% conservative here
     assert error[-1] == pytest.approx(level, rel=0.06)
-    # the O'Brien–Fleming shape: strict early, the last look near the fixed design's t quantile
-    assert all(a > b for a, b in zip(boundaries, boundaries[1:]))
+    # the O'Brien–Fleming shape: strict early, falling, the last still above the fixed design's t quantile
+    assert all(a > b for a, b in itertools.pairwise(boundaries))
     assert boundaries[-1] > stats.t.ppf(1 - level / 2, max_seeds - 1)
     spent = [look["alpha_spent"] for look in design["looks"]]
-    assert all(a < b for a, b in zip(spent, spent[1:])) and spent[-1] == pytest.approx(level)
+    assert all(a < b for a, b in itertools.pairwise(spent)) and spent[-1] == pytest.approx(level)
     # with so few seeds the normal approximation (O'Brien–Fleming z boundaries) is far off
     normal = [stats.norm.ppf(1 - level / 2) / math.sqrt(look["seeds"] / max_seeds) for look in design["looks"]]
     assert null_error(design, normal, 400_000, seed=54321)[-1] > 3 * level
