@@ -32,7 +32,7 @@ CALIBRATION_SEED = 20240521  # the numpy Generator seed the sequential boundarie
 # paths = 4000/α' the error is within 5% of α' at 3 sd (3·√(α'²/4000) ≈ 0.047 α').
 PATHS_PER_INVERSE_ALPHA = 4000
 MIN_PATHS = 200_000
-MAX_PATHS = 20_000_000
+MAX_PATHS = 5_000_000
 
 
 # ---------------------------------------------------------------- checks
@@ -267,9 +267,10 @@ def _calibrate(counts: Sequence[int], spent: Sequence[float], paths: int, seed: 
     alive = np.ones(paths, dtype=bool)
     boundaries, previous = [], 0
     for k, (n, cumulative) in enumerate(zip(counts, spent)):
-        block = rng.standard_normal((paths, n - previous))
-        total += block.sum(axis=1)
-        squares += (block * block).sum(axis=1)
+        for _ in range(n - previous):  # one seed at a time: memory stays a few vectors of `paths`
+            draw = rng.standard_normal(paths)
+            total += draw
+            squares += draw * draw
         previous = n
         t = t_statistics(total, squares, n)
         if k == 0:

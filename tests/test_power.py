@@ -222,6 +222,8 @@ def test_looks_are_evenly_spaced_and_impossible_ones_are_refused():
         sequential_design(0.05, 3, 1, 1)
     with pytest.raises(AblateError, match="alpha 1.5"):
         sequential_design(1.5, 3, 3, 6)
+    with pytest.raises(AblateError, match="alpha per comparison 1e-05 is too small to calibrate"):
+        sequential_design(0.0001, 10, 3, 6)
 
 
 # ---------------------------------------------------------------- decisions
