@@ -90,7 +90,7 @@ def test_other_rows_are_exploratory_with_unadjusted_p_and_no_p_holm(runs):
     overlap = build_table(runs, "overlap", declared=declared)
     assert overlap.frame["marks"].str.contains("exploratory").all()  # no overlap is a difference of two arms
     increments = build_table(runs, "increments", declared=declared)
-    assert increments.frame["marks"].null_count() == increments.height  # all three are declared
+    assert increments.frame["marks"].null_count() == increments.frame.height  # all three are declared
 
 
 def test_the_experiment_wide_family_adjusts_every_tested_row_together(runs):
