@@ -120,7 +120,7 @@ def test_an_exploratory_row_is_never_supported_and_the_report_states_the_family(
     summary = (write_report(folder, declared=Declared.of(STUDY)) / "summary.md").read_text()
     lines = supported_lines(summary)
     assert lines and not any("off-by-one" in line or "overlap" in line for line in lines)
-    assert all(any(name in line or f"vs baseline" in line for name, _, _ in STUDY) for line in lines)
+    assert all(any(name in line or "vs baseline" in line for name, _, _ in STUDY) for line in lines)
     assert "## Declared comparisons" in summary and "m = 3 per tier" in summary
     assert "Every other row is exploratory" in summary
     assert (folder / "report" / "declared.md").is_file()
