@@ -66,7 +66,7 @@ def _check_count(name: str, value: int, least: int) -> int:
 def _power(d: float, n: int, alpha: float) -> float:
     """statsmodels' two-sided power; where it is nan (its lower tail, P(T < −t_crit), fails for a large
     noncentrality at 1 df) the same sum with the lower tail taken by symmetry as P(T' > t_crit), T' ~ nct(−δ)."""
-    from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
 
     power = float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided"))
     if math.isnan(power):
@@ -91,10 +91,10 @@ def seeds_needed(effect: float, sd: float, alpha: float = 0.05, family_size: int
     d, level = effect / sd, alpha / family_size
     if _power(d, 2, level) >= target_power:
         return 2
-    import warnings
+    import warnings  # only the solver's warnings are silenced, here
 
     import statsmodels.tools.sm_exceptions  # noqa: F401  its import adds an "always" filter; done before ours
-    from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a failed solve returns nan; the search below takes over

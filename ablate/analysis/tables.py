@@ -122,8 +122,7 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
     `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
     over that family only, every other row marked exploratory; kind "declared" is the family's own table.
     """
-    # hypotheses.py builds on this module's tables: imported here, not at the top, to break the cycle
-    from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table
+    from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table  # it builds on this module
 
     if kind not in (*KINDS, DECLARED):
         raise choice_error("kind", kind, (*KINDS, DECLARED))
