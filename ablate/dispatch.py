@@ -26,7 +26,7 @@ from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.evals.run import EvalJob
-from ablate.experiment import Experiment, RunSpec
+from ablate.experiment import Experiment, RunSpec, recorded_sequential
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import load_profile
@@ -99,8 +99,13 @@ def check_slurm() -> None:
 
 def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
            profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
-           dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None) -> dict:
+           dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None,
+           seeds_by_tier: dict[str, int] | None = None, sequential: dict | None = None) -> dict:
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
+
+    `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
+    tier it leaves out; `sequential`: the design's ledger record (kind SEQUENTIAL), written once, under
+    the submit lock, before anything is queued.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
     after that tier's training array when one was queued now; locally once the grid has run.
@@ -113,6 +118,11 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
     specs = experiment.runs(tiers, arms, seeds)
+    if seeds_by_tier is not None:
+        specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
+        if not specs:  # every tier decided: nothing to ask the scheduler about
+            return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
+                    "resources": None, "jobs": {}}
     resources = load_profile(profile) if executor == "slurm" else None
     options = {"progress": False, **(options or {})}
     preflight(experiment, specs, executor, options)
@@ -122,6 +132,8 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
+        if sequential is not None and recorded_sequential(folder) is None:
+            record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
         if not todo and not eval_tasks:

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name
+from ablate.store import check_name, read_ledger
 from ablate.tiers import get_tier
 
 
@@ -34,12 +34,42 @@ class RunSpec:
         return f"{self.tier}/{self.arm}/seed{self.seed}"
 
 
+FAMILIES = ("tier", "experiment")
+SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A declared comparison: Δ = L_minuend − L_subtrahend per seed at every tier (positive: the
+    subtrahend, the arm, lowers the loss), as the paired tables define Δ against a reference."""
+
+    name: str
+    minuend: str
+    subtrahend: str
+
+    def __post_init__(self):
+        check_name("comparison", self.name)
+        for role in ("minuend", "subtrahend"):
+            if not isinstance(getattr(self, role), str) or not getattr(self, role):
+                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not {getattr(self, role)!r}")
+        if self.minuend == self.subtrahend:
+            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two different arms")
+
+    @property
+    def description(self) -> str:
+        return f"{self.minuend} − {self.subtrahend}"
+
+
 @dataclass(frozen=True)
 class Experiment:
     """`arms="all"` means every registered arm at the time the grid is expanded.
 
     seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
     overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
+    hypotheses: the comparisons the experiment exists for (`Comparison`s, declared at every tier); the
+    tables adjust p (Holm) over the family of them only (`family`: "tier", each tier's own, or
+    "experiment", all tiers' together) and mark every other row exploratory. None declared: every row
+    of a tier is adjusted together, as before.
     """
 
     name: str
@@ -50,6 +80,8 @@ class Experiment:
     description: str = ""
 
     match_params: bool = False  # narrow the MLP of arms that add parameters to the baseline's count
+    hypotheses: Sequence[Comparison] = ()
+    family: str = "tier"
 
     def __post_init__(self):
         check_name("experiment", self.name)
@@ -59,6 +91,42 @@ class Experiment:
         for count in counts:
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 raise AblateError(f"experiment {self.name!r}: seed counts must be positive integers, not {count!r}")
+        self._check_hypotheses()
+
+    def _check_hypotheses(self) -> None:
+        """Comparisons of two of the experiment's arms, each name once; the family a known one."""
+        if self.family not in FAMILIES:
+            raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: {', '.join(FAMILIES)}")
+        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison) for c in self.hypotheses):
+            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, minuend, subtrahend), "
+                              f"not {self.hypotheses!r}")
+        object.__setattr__(self, "hypotheses", tuple(self.hypotheses))
+        names = [c.name for c in self.hypotheses]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each a distinct name")
+        if self.arms == "all":  # the registry loads torch; `comparisons()` checks these arms once it is asked
+            return
+        self._check_arms(list(dict.fromkeys(self.arms)))
+
+    def _check_arms(self, arms: list[str]) -> None:
+        for comparison in self.hypotheses:
+            for arm in (comparison.minuend, comparison.subtrahend):
+                if arm not in arms:
+                    raise AblateError(f"experiment {self.name!r}: comparison {comparison.name!r} names arm {arm!r}, "
+                                      f"which the experiment does not run; its arms: {', '.join(arms)}")
+
+    def comparisons(self) -> dict[str, list[Comparison]]:
+        """The declared comparisons of every tier ({} when none are declared)."""
+        if not self.hypotheses:
+            return {}
+        if self.arms == "all":
+            self._check_arms(self.arm_names())
+        return {tier: list(self.hypotheses) for tier in self.tiers}
+
+    def family_size(self) -> int:
+        """m of the family each declared comparison is adjusted in (0 when none are declared)."""
+        return len(self.hypotheses) * (len(self.tiers) if self.family == "experiment" else 1)
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):
@@ -146,6 +214,26 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
     return experiment
+
+
+def named_experiment(source: str | os.PathLike) -> Experiment | None:
+    """The Experiment a table source names (an experiments/*.py file or its name), None for a folder or table."""
+    text = str(source)
+    if text.endswith(".py"):
+        return load_experiment(text)
+    if Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text or find_file("experiments", f"{text}.py") is None:
+        return None
+    return load_experiment(text)
+
+
+def recorded_sequential(folder: str | os.PathLike) -> dict | None:
+    """The sequential design `submit --sequential` recorded in the experiment folder's ledger, else None:
+    {"kind", "design", "comparisons": [[name, minuend, subtrahend], …], "family", "looks", "max_seeds", "alpha"}."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    found = [s for s in read_ledger(folder)["submissions"] if isinstance(s, dict) and s.get("kind") == SEQUENTIAL]
+    return found[-1] if found else None
 
 
 def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:

@@ -153,3 +153,58 @@ def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count:
         "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
         "total_train_flops": sum(p["total_train_flops"] for p in plans),
     }
+
+
+POWER_BASIS = ("one more seed of the whole grid at that tier: every arm the experiment runs there, one run each "
+               "(the grid's per-seed cost), since a seed of a matched design is a seed of every arm")
+
+
+def _declared(experiment) -> dict:
+    comparisons = experiment.comparisons() if experiment is not None else {}
+    if not comparisons:
+        name = experiment.name if experiment is not None else "(none)"
+        raise AblateError(f"experiment {name!r} declares no comparisons to plan for; add hypotheses=[Comparison(name, "
+                          "minuend, subtrahend), …] to its file (see experiments/sink_vs_filter.py)")
+    return comparisons
+
+
+def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: dict | None = None, alpha: float = 0.05,
+               target_power: float = 0.8, tiers=None, speed: Throughput | None = None) -> dict:
+    """`plan --power`: per tier and declared comparison, the seeds a paired t needs (`ablate.power.power_rows`)
+    and their GPU-hours at the grid's per-seed cost (POWER_BASIS); per tier the most any comparison needs,
+    next to the experiment's fixed seed count."""
+    from ablate.power import pilot_warning, power_rows  # statsmodels loads only when power is planned
+
+    speed = speed or Throughput()
+    comparisons = _declared(experiment)
+    chosen = list(dict.fromkeys(tiers or experiment.tiers))
+    experiment.runs(chosen, seeds=[])  # unknown tiers: an error naming the valid ones
+    # The experiment-wide family is sized over every tier, so its rows are planned for all and then chosen.
+    planned = list(experiment.tiers) if experiment.family == "experiment" else chosen
+    grid = plan_grid(experiment, tiers=planned, seed_count=1, speed=speed)
+    per_seed = {t["tier"]: t["total_gpu_hours"] for t in grid["tiers"]}
+    names = {tier: [c.name for c in comparisons[tier]] for tier in planned}
+    rows = power_rows(names, effect, per_seed, sd=sd, pilots=pilots, alpha=alpha, target_power=target_power,
+                      family=experiment.family)
+    rows = [r for r in rows if r["tier"] in chosen]
+    summary = []
+    for tier in chosen:
+        tier_rows = [r for r in rows if r["tier"] == tier]
+        seeds = max(r["seeds"] for r in tier_rows)
+        conservative = [r["seeds_conservative"] for r in tier_rows if r["seeds_conservative"] is not None]
+        fixed = experiment.seed_count(tier)
+        summary.append({"tier": tier, "seeds": seeds, "gpu_hours": seeds * per_seed[tier],
+                        "seeds_conservative": max(conservative) if conservative else None,
+                        "fixed_seeds": fixed, "fixed_gpu_hours": fixed * per_seed[tier],
+                        "gpu_hours_per_seed": per_seed[tier]})
+    warnings = sorted({w for p in (pilots or {}).values() if (w := pilot_warning(p.n0))})
+    return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
+            "warnings": warnings}
+
+
+def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05) -> dict:
+    """`plan --sequential`: the group-sequential design every declared comparison follows (`ablate.power`)."""
+    from ablate.power import sequential_design  # kept with the power planning it belongs to
+
+    _declared(experiment)
+    return {"sequential": sequential_design(alpha, experiment.family_size(), looks, max_seeds)}

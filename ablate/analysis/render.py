@@ -25,6 +25,7 @@ TITLES = {
     "increments": "Zero-option and filtering increments",
     "overlap": "2×2 overlap of sink-logit with each value gate",
     "losses": "Final validation loss per arm",
+    "declared": "Declared comparisons",
 }
 EXPLAIN = {
     "paired": "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
@@ -34,6 +35,8 @@ EXPLAIN = {
                "(norm: norm-gate with combo; proj: proj-gate with combo2); positive: together the two "
                "lower the loss by less than the sum of their separate gains",
     "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
+    "declared": "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: "
+                "the subtrahend lowers the loss",
 }
 # The same definitions for an `ablate eval` metric s, differenced as m = −s when higher is better (so that
 # positive is better, as for a loss): {m} is that m, {s} the metric.
@@ -59,6 +62,14 @@ FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); s
           "t-test of the per-seed differences against 0), empty with one seed or no spread.")
 HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the arms of one tier against {reference} "
                "(the comparisons with a p in that tier); an effect counts as supported only if p_holm < 0.05.")
+FAMILY_FOOTER = ("p_holm: Holm's step-down adjustment over the declared family only ({family}); an effect counts "
+                 "as supported only if p_holm < 0.05. Rows marked exploratory are not in the family: their p is "
+                 "unadjusted and they are never called supported.")
+SEQUENTIAL_FOOTER = ("Sequential design: look = the last look whose seeds are all in; decision = effect (|t| reached "
+                     "that look's boundary), continue (the next look's seeds are needed) or max seeds reached; the "
+                     "design interval is the repeated confidence interval valid for the design at the look reached "
+                     "(the fixed-sample 95% CI and p ignore the looks). A sequential comparison counts as supported "
+                     "only when the design decided effect.")
 LOSS_FOOTER = "sd with ddof 1; se = sd/√n; completed runs with a finite val_loss only."
 
 
@@ -118,21 +129,51 @@ def to_markdown(table: Table) -> str:
     key = table.key
     if table.kind == "losses":
         return _losses_markdown(table)
-    holm = "p_holm" in table.columns
-    head = ["tier", key, "n", "mean ± sd", "se", "95% CI", "min", "max", "agree", "p", *(["p_holm"] if holm else []), "marks"]
+    holm, sequential = "p_holm" in table.columns, "decision" in table.columns
+    head = ["tier", key, "n", "mean ± sd", "se", "95% CI", "min", "max", "agree", "p", *(["p_holm"] if holm else []),
+            *(["look", "decision", "design interval"] if sequential else []), "marks"]
     lines = _markdown_head(table, head)
     for row in table.frame.iter_rows(named=True):
         effect, interval = effect_cells(row)
-        label = row[key] if key == "arm" else f"{row[key]} ({DESCRIPTIONS[row[key]]})"
-        cells = [row["tier"], label, str(row["n"]), effect, _num(row["se"], signed=False), interval, _num(row["min"]),
-                 _num(row["max"]), f"{row['agree']}/{row['n']}", format_p(row["p"]),
-                 *([format_p(row["p_holm"])] if holm else []), _marks(row)]
+        cells = [row["tier"], row_label(table, row), str(row["n"]), effect, _num(row["se"], signed=False), interval,
+                 _num(row["min"]), _num(row["max"]), f"{row['agree']}/{row['n']}", format_p(row["p"]),
+                 *([format_p(row["p_holm"])] if holm else []), *(sequential_cells(row) if sequential else []),
+                 _marks(row)]
         lines.append(_markdown_row(cells))
     if table.frame.is_empty():
         lines.append("| " + " | ".join(["–"] * len(head)) + " |")
-    lines += ["", FOOTER + (" " + HOLM_FOOTER.format(reference=table.reference) if holm else "")
-              + " Statistics use complete pairs only."]
+    lines += ["", FOOTER + (" " + holm_footer(table) if holm else "") + " Statistics use complete pairs only."
+              + (" " + SEQUENTIAL_FOOTER if sequential else "")]
     return "\n".join(lines + footer_lines(table) + _markdown_tail(table)) + "\n"
+
+
+def row_label(table: Table, row: dict) -> str:
+    """The arm; a quantity with what it is; a declared comparison with its two arms."""
+    if table.key == "arm":
+        return row["arm"]
+    if table.kind == "declared":
+        return f"{row['comparison']} ({row['minuend']} − {row['subtrahend']})"
+    return f"{row[table.key]} ({DESCRIPTIONS[row[table.key]]})"
+
+
+def holm_footer(table: Table) -> str:
+    return FAMILY_FOOTER.format(family=table.family) if table.family else HOLM_FOOTER.format(reference=table.reference)
+
+
+def decision_text(row: dict) -> str:
+    """effect (the subtrahend better / worse), continue (to n seeds), max seeds reached; – before the first look."""
+    if row["look"] == 0:
+        return f"continue (first look at {row['next_seeds']} seeds)"
+    if row["decision"] == "effect":
+        return "effect (" + ("Δ > 0" if (row["sign"] or 0) > 0 else "Δ < 0") + ")"
+    if row["decision"] == "continue":
+        return f"continue (to {row['next_seeds']} seeds)"
+    return row["decision"]
+
+
+def sequential_cells(row: dict) -> list[str]:
+    interval = "–" if row["seq_ci_low"] is None else f"[{_num(row['seq_ci_low'])}, {_num(row['seq_ci_high'])}]"
+    return [f"{row['look']} ({row['seeds_used']} seeds)", decision_text(row), interval]
 
 
 def _losses_markdown(table: Table) -> str:
@@ -196,6 +237,7 @@ def to_json(table: Table) -> str:
         "higher_is_better": table.higher_is_better,
         "columns": table.columns,
         "rows": table.frame.to_dicts(),
+        **({"family": table.family} if table.family else {}),
         "missing": table.missing.to_dicts(),
         "excluded": table.excluded.to_dicts(),
         "warnings": table.warnings,

@@ -23,13 +23,14 @@ from typing import Callable
 
 import polars as pl
 
+from ablate.analysis.hypotheses import DECLARED, Declared, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
-from ablate.analysis.render import DESCRIPTIONS, effect_cells, format_p, render
+from ablate.analysis.render import DESCRIPTIONS, decision_text, effect_cells, format_p, render
 from ablate.analysis.stats import holm_by
 from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
 from ablate.analysis.tables import KINDS, Table, build_table, is_pipeline_check, losses_table, pipeline_check_text
@@ -47,7 +48,7 @@ class ReportContext:
 
     runs: Runs
     out_dir: Path
-    tables: dict[str, Table]  # KINDS and "losses"
+    tables: dict[str, Table]  # KINDS and "losses", and "declared" when the experiment declares comparisons
     crossovers: list[Crossover]
     written: list[Path] = field(default_factory=list)
     allow_unverified: bool = False
@@ -93,7 +94,7 @@ def overview_section(ctx: ReportContext) -> str:
 
 def tables_section(ctx: ReportContext) -> str:
     lines = ["## Tables", ""]
-    for kind in (*KINDS, "losses"):
+    for kind in (*KINDS, "losses", *([DECLARED] if DECLARED in ctx.tables else [])):
         table = ctx.tables[kind]
         ctx.write(f"{kind}.md", render(table, "md"))
         ctx.write(f"{kind}.csv", render(table, "csv"))
@@ -133,12 +134,14 @@ def flags_section(ctx: ReportContext) -> str:
     """
     supported, contains_zero, single, families = [], [], [], []
     tested = 0
+    family = ctx.tables.get(DECLARED)
+    verdicts = declared_support(family, ALPHA) if family is not None else None
     for kind in KINDS:
         table = ctx.tables[kind]
         frame = table.frame if "p_holm" in table.columns else table.frame.with_columns(holm_by(table.frame, "tier"))
         for tier, part in ((t, frame.filter(tier=t)) for t in frame["tier"].unique(maintain_order=True).to_list()):
             m = part["p"].drop_nulls().len()
-            if m and not is_pipeline_check(tier):
+            if m and not is_pipeline_check(tier) and verdicts is None:
                 families.append(f"{tier} {kind}: {m}")
         for row in frame.iter_rows(named=True):
             what, (effect, interval) = _effect_name(table, row), effect_cells(row)
@@ -149,17 +152,27 @@ def flags_section(ctx: ReportContext) -> str:
             if is_pipeline_check(row["tier"]):
                 continue
             tested += row["p"] is not None
-            if row["p_holm"] is not None and row["p_holm"] < ALPHA:
+            if verdicts is not None:  # declared comparisons only, by the design they follow
+                pair = row_pair(table, row)
+                if pair is not None and verdicts.get((row["tier"], *pair)):
+                    supported.append(f"- {what}: {stats}")
+            elif row["p_holm"] is not None and row["p_holm"] < ALPHA:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
                 contains_zero.append(f"- {what}: {stats}")
     checks = sorted({r["tier"] for t in KINDS for r in ctx.tables[t].frame.iter_rows(named=True)
                      if is_pipeline_check(r["tier"])})
     left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
-    lines = ["## Supported effects", "",
-             f"Supported means p_holm < {ALPHA}: the two-sided paired t-test over seeds, Holm-adjusted within each "
-             "family (the arms of one tier against the reference; the increments of one tier; the overlaps of one "
-             "tier). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}", ""]
+    if verdicts is None:
+        rule = (f"Supported means p_holm < {ALPHA}: the two-sided paired t-test over seeds, Holm-adjusted within each "
+                "family (the arms of one tier against the reference; the increments of one tier; the overlaps of one "
+                "tier). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
+    else:
+        rule = (f"Only the declared comparisons can be supported ({family.family}): "
+                + ("the sequential design decided effect" if "decision" in family.columns
+                   else f"p_holm < {ALPHA}, Holm over that family only")
+                + ". Every other row is exploratory (unadjusted p) and never listed here." + left_out)
+    lines = ["## Supported effects", "", rule, ""]
     if supported:
         lines += supported
     elif tested:
@@ -177,6 +190,33 @@ def flags_section(ctx: ReportContext) -> str:
         lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)")
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
+    return "\n".join(lines)
+
+
+def declared_section(ctx: ReportContext) -> str:
+    """The family p is adjusted over, its size, and (sequential) per comparison the look, decision and interval."""
+    family = ctx.tables.get(DECLARED)
+    if family is None:
+        return ""
+    tiers = family.frame["tier"].unique(maintain_order=True).to_list()
+    tested = family.frame.filter(pl.col("p").is_not_null() & ~pl.col("tier").map_elements(
+        is_pipeline_check, return_dtype=pl.Boolean)).height
+    lines = ["## Declared comparisons", "",
+             f"Family for multiplicity control: {family.family}. {family.frame.height} declared comparison row(s) over "
+             f"{len(tiers)} tier(s), {tested} with a test outside pipeline-check tiers; p_holm adjusts over this family "
+             "only. [declared.md](declared.md) has the table; rows of the other tables that are not declared "
+             "comparisons are marked exploratory.", ""]
+    sequential = "decision" in family.columns
+    for row in family.frame.iter_rows(named=True):
+        effect, interval = effect_cells(row)
+        line = f"- {row['tier']} {row['comparison']} ({row['minuend']} − {row['subtrahend']}): {effect}"
+        if sequential:
+            design = "–" if row["seq_ci_low"] is None else f"[{row['seq_ci_low']:+.4f}, {row['seq_ci_high']:+.4f}]"
+            line += (f"; look {row['look']} ({row['seeds_used']} seeds), decision {decision_text(row)}, "
+                     f"interval for the design {design}")
+        else:
+            line += f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -237,7 +277,8 @@ def downstream_section(ctx: ReportContext) -> str:
             f"({', '.join(names)}), positive = the arm is better{items}.")
 
 
-SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, flags_section, curves_section,
+SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, declared_section, flags_section,
+                           curves_section,
                            downstream_section, probes_section, synthetic_section]
 
 
@@ -249,8 +290,11 @@ def _effect_name(table: Table, row: dict) -> str:
 
 
 def write_report(source: str | os.PathLike, sections: list[Section] | None = None,
-                 allow_unverified: bool = False) -> Path:
-    """Build the report of an experiment's folder of runs and return the report folder."""
+                 allow_unverified: bool = False, declared: Declared | None = None) -> Path:
+    """Build the report of an experiment's folder of runs and return the report folder.
+
+    `declared`: the experiment's declared comparisons (and sequential design), which decide the family
+    p_holm adjusts over and what can be called supported (`ablate.analysis.hypotheses`)."""
     if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
@@ -262,8 +306,11 @@ def write_report(source: str | os.PathLike, sections: list[Section] | None = Non
     if runs.frame.is_empty():
         raise AblateError(f"no runs of the study in {runs.name!r} (only synthetic-task runs)")
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
-    tables = {kind: build_table(runs, kind, reference if kind == "paired" else None) for kind in KINDS}
+    declared = declared if declared is not None and declared.comparisons else None
+    tables = {kind: build_table(runs, kind, reference if kind == "paired" else None, declared) for kind in KINDS}
     tables["losses"] = losses_table(runs)
+    if declared is not None:
+        tables[DECLARED] = build_table(runs, DECLARED, declared=declared)
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,

@@ -29,12 +29,15 @@ LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
 SMALLEST_REAL_TIER = "10M"
 PIPELINE_CHECK = "pipeline-check"
 PARAMETER_MATCHED = "parameter-matched"
+EXPLORATORY = "exploratory"
 MARK_NOTES = {
     PARAMETER_MATCHED: "the arm's MLP was narrowed (match_params) so its non-embedding parameters equal the "
                        "reference's within 0.5%; the two share the initial values of every parameter with the same "
                        "name and shape (not the MLP matrices), and the same data, optimiser and schedule",
     PIPELINE_CHECK: f"a tier smaller than the smallest real tier ({SMALLEST_REAL_TIER}): a pipeline check that "
                     "shows the harness runs end to end; its numbers carry no evidence about the arms",
+    EXPLORATORY: "not one of the experiment's declared comparisons: its p is unadjusted, it is in no family "
+                 "(p_holm empty) and it is never called supported",
 }
 
 # quantity → (reference arm, arm): the increment is L_reference − L_arm.
@@ -79,6 +82,7 @@ class Table:
     metric: str | None = None
     higher_is_better: bool | None = None
     source_notes: tuple[str, ...] = ()  # the part of `notes` about the source itself (e.g. pairing NOT verified)
+    family: str | None = None  # the declared family p_holm adjusts over (None: no declarations)
 
     @property
     def columns(self) -> list[str]:
@@ -117,17 +121,31 @@ def add_mark(frame: pl.DataFrame, condition: pl.Expr, mark: str) -> pl.DataFrame
     return frame.with_columns(marks=pl.when(condition).then(joined).otherwise(pl.col("marks")))
 
 
-def build_table(runs: Runs, kind: str, reference: str | None = None) -> Table:
-    """The one entry point the CLI and the report use; `reference` applies to the paired table only."""
-    if kind not in KINDS:
-        raise choice_error("kind", kind, KINDS)
+def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table:
+    """The one entry point the CLI and the report use; `reference` applies to the paired table only.
+
+    `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
+    over that family only, every other row marked exploratory; kind "declared" is the family's own table.
+    """
+    from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table  # it builds on this module
+
+    if kind not in (*KINDS, DECLARED):
+        raise choice_error("kind", kind, (*KINDS, DECLARED))
+    family = declared_table(runs, declared) if declared is not None and declared.comparisons else None
+    if kind == DECLARED:
+        if family is None:
+            raise AblateError(f"{runs.name!r} has no declared comparisons: give an experiment whose file declares "
+                              "hypotheses=[Comparison(...)], or use --kind paired/increments/overlap")
+        return family
     if kind == "paired":
-        return paired_table(runs, reference or "baseline")
-    if reference is not None:
+        table = paired_table(runs, reference or "baseline")
+    elif reference is not None:
         raise AblateError(
             f"--reference applies to --kind paired only; the {kind} table has fixed arms ({_fixed_arms(kind)})"
         )
-    return increments_table(runs) if kind == "increments" else overlap_table(runs)
+    else:
+        table = increments_table(runs) if kind == "increments" else overlap_table(runs)
+    return adjust_over_family(table, family) if family is not None else table
 
 
 def paired_table(runs: Runs, reference: str = "baseline") -> Table:

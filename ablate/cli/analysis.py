@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses")  # tables.KINDS and losses_table, repeated to keep this light
+KINDS = ("paired", "increments", "overlap", "losses", "declared")  # tables.KINDS, losses, declared: kept light
 FORMATS = ("md", "csv", "latex", "json")
 
 
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="paired-seed tables: paired differences, increments, or the 2×2 overlap",
+        help="paired-seed tables: paired differences, increments, the 2×2 overlap, or the declared comparisons",
         description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
@@ -49,6 +49,25 @@ def add_commands(subparsers) -> None:
     report.set_defaults(func=report_command)
 
 
+def declared_of(source, folder):
+    """The declared comparisons the tables adjust over: the experiment's (when SOURCE names one), else those a
+    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design. None: no family."""
+    from pathlib import Path  # the library loads in the handler: see ablate.cli
+
+    from ablate.analysis.hypotheses import Declared
+    from ablate.experiment import named_experiment, recorded_sequential
+
+    experiment = named_experiment(source)
+    record = recorded_sequential(folder) if Path(folder).is_dir() else None
+    if experiment is not None and experiment.hypotheses:
+        comparisons, family = experiment.hypotheses, experiment.family
+    elif record is not None:
+        comparisons, family = record["comparisons"], record["family"]
+    else:
+        return None
+    return Declared.of(comparisons, family, record["design"] if record else None)
+
+
 def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
@@ -57,14 +76,14 @@ def table_command(args: argparse.Namespace) -> int:
 
     if args.by_item:
         return _by_item(args)
-    runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified,
-                     metric=args.metric)
+    folder = results_of(args.source, args.results)
+    runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
     if args.kind == "losses":
         from ablate.analysis.tables import losses_table
 
         table = losses_table(runs)
     else:
-        table = build_table(runs, args.kind, args.reference)
+        table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
     text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
@@ -111,6 +130,7 @@ def report_command(args: argparse.Namespace) -> int:
     from ablate.analysis.report import write_report  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
 
-    folder = write_report(results_of(args.experiment, args.results), allow_unverified=args.allow_unverified)
+    source = results_of(args.experiment, args.results)
+    folder = write_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
     print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
     return 0

@@ -31,7 +31,94 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--gpu-check", metavar="PATH",
                         help="gpu_check.json with a measured MFU (default: ./gpu_check.json, else the repository's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    power = parser.add_argument_group("how many seeds (needs an experiment that declares hypotheses=)")
+    power.add_argument("--power", action="store_true",
+                       help="seeds a paired t-test needs per tier and declared comparison, and their GPU-hours")
+    power.add_argument("--effect", type=float, metavar="E", help="--power: the true mean difference to detect, nats")
+    power.add_argument("--sd", type=float, metavar="S",
+                       help="--power: the seed-to-seed sd of the paired differences, nats (with --pilot: for "
+                            "comparisons the pilot lacks)")
+    power.add_argument("--pilot", metavar="SOURCE",
+                       help="--power: a results folder, experiment or CSV of a few seeds whose sd per comparison is used")
+    power.add_argument("--alpha", type=float, default=0.05, help="family-wise error (default 0.05)")
+    power.add_argument("--target-power", type=float, default=0.8, help="--power: wanted power (default 0.8)")
+    power.add_argument("--sequential", action="store_true",
+                       help="a group-sequential design: looks, |t| boundaries and alpha spent")
+    power.add_argument("--looks", type=int, metavar="K", help="--sequential: number of looks")
+    power.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
+    power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS or ./results)")
     parser.set_defaults(func=_plan)
+
+
+def _needs(args, flag: str, *names: str) -> None:
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise AblateError(f"{flag} needs {' and '.join(missing)}; e.g. `ablate plan sink_vs_filter "
+                          + ("--power --effect 0.002 --sd 0.004`" if flag == "--power" else "--sequential --looks 3 --max-seeds 12`"))
+
+
+def _power(args, experiment) -> int:
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+    from ablate.plan import power_plan, throughput
+
+    _needs(args, "--power", "effect")
+    if args.sd is None and args.pilot is None:
+        raise AblateError("--power needs --sd S (an assumed seed sd of the paired differences, nats) or --pilot SOURCE")
+    pilots = _pilots(args, experiment) if args.pilot else None
+    plan = power_plan(experiment, args.effect, sd=args.sd, pilots=pilots, alpha=args.alpha,
+                      target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check))
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    print(f"experiment {experiment.name}: seeds for a paired t-test to detect {args.effect:g} nats at "
+          f"alpha {args.alpha:g}/m (Bonferroni over the declared family) with power {args.target_power:g}")
+    print(f"{'tier':<6} {'comparison':<20} {'sd':>9} {'m':>3} {'seeds':>6} {'conserv.':>8} {'GPU-h':>9}")
+    for r in plan["power"]:
+        conservative = "–" if r["seeds_conservative"] is None else str(r["seeds_conservative"])
+        print(f"{r['tier']:<6} {r['comparison']:<20} {r['sd']:>9.5f} {r['family_size']:>3} {r['seeds']:>6} "
+              f"{conservative:>8} {r['gpu_hours']:>9.1f}")
+    for t in plan["tiers"]:
+        print(f"tier {t['tier']}: {t['seeds']} seeds cover every declared comparison, {t['gpu_hours']:.1f} GPU-hours "
+              f"(the fixed design: {t['fixed_seeds']} seeds, {t['fixed_gpu_hours']:.1f} GPU-hours)")
+    print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
+    for warning in plan["warnings"]:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _pilots(args, experiment) -> dict:
+    from ablate.analysis.hypotheses import Declared, pilot_differences  # the library loads in the handler
+    from ablate.analysis.load import load_runs
+    from ablate.experiment import results_of
+    from ablate.power import Pilot
+
+    runs = load_runs(results_of(args.pilot, args.results))
+    differences = pilot_differences(runs, Declared.of(experiment.hypotheses, experiment.family))
+    return {key: Pilot.from_differences(values) for key, values in differences.items() if len(values) >= 2}
+
+
+def _sequential(args, experiment) -> int:
+    from ablate.plan import sequential_plan  # the library loads in the handler: see ablate.cli
+
+    _needs(args, "--sequential", "looks", "max_seeds")
+    plan = sequential_plan(experiment, args.looks, args.max_seeds, args.alpha)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    print(sequential_text(experiment.name, plan["sequential"]))
+    return 0
+
+
+def sequential_text(name: str, design: dict) -> str:
+    lines = [f"experiment {name}: sequential design, {len(design['looks'])} looks, O'Brien–Fleming-type alpha "
+             f"spending; each declared comparison at alpha {design['alpha']:g}/{design['family_size']} = "
+             f"{design['alpha_per_comparison']:.4g}; |t| boundaries calibrated by simulation",
+             f"{'look':>4} {'seeds':>6} {'|t| boundary':>13} {'alpha spent':>12}"]
+    lines += [f"{k:>4} {look['seeds']:>6} {look['t_boundary']:>13.4g} {look['alpha_spent']:>12.3g}"
+              for k, look in enumerate(design["looks"], start=1)]
+    return "\n".join(lines)
 
 
 def _plan(args) -> int:
@@ -43,6 +130,14 @@ def _plan(args) -> int:
     if args.profile and not gpu:
         gpu = load_profile(args.profile).get("gpu") or None
     experiment = load_experiment(args.experiment) if args.experiment else None
+    if args.power or args.sequential:
+        from ablate.errors import AblateError
+
+        if experiment is None or (args.power and args.sequential):
+            raise AblateError("--power and --sequential each plan an experiment's declared comparisons: give one "
+                              "experiment and one of them, e.g. `ablate plan sink_vs_filter --power --effect 0.002 --sd 0.004`")
+        args.gpu = gpu
+        return _power(args, experiment) if args.power else _sequential(args, experiment)
     plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
                      match_params=args.match_params, speed=throughput(gpu, args.gpu_check))
     if args.json:

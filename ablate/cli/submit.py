@@ -30,6 +30,14 @@ def add_commands(subparsers) -> None:
                              "after training, or now for completed runs")
     parser.add_argument("--eval-limit", type=int, help="--eval: documents per task (default: all)")
     parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
+    sequential = parser.add_argument_group("sequential seeds (an experiment that declares hypotheses=)")
+    sequential.add_argument("--sequential", action="store_true",
+                            help="queue seeds look by look: the first submit records the design in the ledger and "
+                                 "queues the first look; each later one queues the next look only for tiers with a "
+                                 "declared comparison still undecided")
+    sequential.add_argument("--looks", type=int, metavar="K", help="--sequential: looks (first submit only)")
+    sequential.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
+    sequential.add_argument("--alpha", type=float, default=None, help="--sequential: family-wise error (default 0.05)")
     parser.set_defaults(func=_submit_cli)
 
 
@@ -59,17 +67,73 @@ def _submit_cli(args) -> int:
         return 130
 
 
+def sequential_record(experiment, folder, looks, max_seeds, alpha) -> tuple[dict, bool]:
+    """(the design's ledger record, whether it is new): the one the ledger holds, or a new one from the options."""
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import SEQUENTIAL, recorded_sequential
+    from ablate.power import sequential_design
+
+    record = recorded_sequential(folder)
+    if record is not None:
+        given = {"looks": looks, "max_seeds": max_seeds, "alpha": alpha}
+        changed = [f"--{k.replace('_', '-')} {v} (recorded: {record[k]})" for k, v in given.items()
+                   if v is not None and v != record[k]]
+        if changed:
+            raise AblateError(f"{folder}/ledger records a sequential design; a design cannot change once seeds are "
+                              f"queued: {', '.join(changed)}; submit again without them, or use another --results")
+        return record, False
+    if not experiment.hypotheses:
+        raise AblateError(f"experiment {experiment.name!r} declares no comparisons, so nothing decides when to stop; "
+                          "add hypotheses=[Comparison(name, minuend, subtrahend), …] to its file")
+    if looks is None or max_seeds is None:
+        raise AblateError("the first `submit --sequential` needs --looks K and --max-seeds N (e.g. --looks 3 "
+                          "--max-seeds 12; `ablate plan EXPERIMENT --sequential` shows the design)")
+    alpha = 0.05 if alpha is None else alpha
+    design = sequential_design(alpha, experiment.family_size(), looks, max_seeds)
+    return {"kind": SEQUENTIAL, "design": design, "looks": looks, "max_seeds": max_seeds, "alpha": alpha,
+            "family": experiment.family,
+            "comparisons": [[c.name, c.minuend, c.subtrahend] for c in experiment.hypotheses]}, True
+
+
+def sequential_counts(record: dict, folder, tiers) -> dict[str, int]:
+    """Per tier the seeds the design needs queued now, from the completed runs in `folder`."""
+    from ablate.analysis.hypotheses import Declared, seeds_to_queue  # the library loads in the handler
+    from ablate.analysis.load import load_runs
+    from ablate.store import iter_run_dirs
+
+    runs = load_runs(folder) if Path(folder).is_dir() and next(iter_run_dirs(folder), None) else None
+    declared = Declared.of(record["comparisons"], record["family"], record["design"])
+    return seeds_to_queue(runs, declared, tiers)
+
+
 def _submit_and_tell(args) -> int:
-    from ablate.dispatch import submit  # the library loads in the handler: see ablate.cli
+    import dataclasses  # the library loads in the handler: see ablate.cli
+
+    from ablate.dispatch import submit
 
     experiment, file, results = _resolve(args)
+    sequential = None
+    if args.sequential:
+        if args.seeds:
+            from ablate.errors import AblateError
+
+            raise AblateError("--sequential chooses the seeds look by look; drop --seeds")
+        record, new = sequential_record(experiment, results / experiment.name, args.looks, args.max_seeds, args.alpha)
+        counts = sequential_counts(record, results / experiment.name, args.tiers or experiment.tiers)
+        experiment = dataclasses.replace(experiment, seeds=int(record["max_seeds"]))
+        sequential = {"record": record if new else None, "counts": counts}
+        print(f"{experiment.name}: sequential design ({'new' if new else 'recorded'}): looks at "
+              + ", ".join(str(look["seeds"]) for look in record["design"]["looks"]) + " seeds; "
+              + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
+                          for tier, n in counts.items()))
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
                     tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
                     options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
                              **({"match_params": args.match_params} if args.match_params is not None else {})},
                     eval_tasks=args.eval_tasks,
                     eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
-                                  if v is not None})
+                                  if v is not None},
+                    **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "

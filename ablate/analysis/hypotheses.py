@@ -1,0 +1,201 @@
+"""Declared comparisons: the family p is adjusted over, the sequential decisions, a pilot's differences.
+
+An experiment declares the comparisons it exists for (`ablate.experiment.Comparison`: a name and two
+arms, Δ = L_minuend − L_subtrahend per seed, positive: the subtrahend lowers the loss). The analysis
+gets them as plain values (`Declared`), never the experiment file. With declarations:
+
+* the `declared` table has one row per (tier, comparison) with the paired statistics and p_holm,
+  Holm over the family only: a tier's declared comparisons (`family="tier"`) or all of the
+  experiment's (`"experiment"`, pipeline-check tiers kept apart);
+* every other table takes p_holm of a row from that family when the row is a declared comparison
+  (same tier, same two arms) and marks every other row `exploratory`: unadjusted p, p_holm empty,
+  never called supported;
+* with a sequential design (`ablate.power.sequential_design`, recorded by `submit --sequential`) each
+  row also says the look reached, the decision and the interval valid for that design, and a
+  comparison is supported only when the design decided "effect" (the fixed-sample p ignores the looks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import polars as pl
+
+from ablate.analysis.runs import Runs, sort_runs
+from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
+from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, Table, _skip_note, _table, add_mark,
+                                    is_pipeline_check)
+from ablate.errors import AblateError
+from ablate.power import sequential_decision
+
+DECLARED = "declared"
+ALPHA = 0.05
+SEQUENTIAL_COLUMNS = {"look": pl.Int64, "seeds_used": pl.Int64, "decision": pl.String, "sign": pl.Int64,
+                      "t_boundary": pl.Float64, "seq_ci_low": pl.Float64, "seq_ci_high": pl.Float64,
+                      "next_seeds": pl.Int64}
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The declared comparisons as (name, minuend, subtrahend), the family they are adjusted in, and
+    the sequential design the study follows (None: a fixed design)."""
+
+    comparisons: tuple[tuple[str, str, str], ...]
+    family: str = "tier"
+    design: dict | None = None
+
+    @classmethod
+    def of(cls, comparisons, family: str = "tier", design: dict | None = None) -> Declared:
+        """From `Comparison`s (anything with name, minuend, subtrahend) or triples."""
+        triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
+                        for c in comparisons)
+        if family not in ("tier", "experiment"):
+            raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+        return cls(triples, family, design)
+
+    @property
+    def pairs(self) -> dict[tuple[str, str], str]:
+        """(minuend, subtrahend) → the comparison's name."""
+        return {(a, b): name for name, a, b in self.comparisons}
+
+    def describe(self, tiers: int | None = None) -> str:
+        names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
+        if self.family == "tier":
+            return f"each tier's declared comparisons: {names}; m = {len(self.comparisons)} per tier"
+        size = f"; m = {len(self.comparisons) * tiers}" if tiers else ""
+        return f"the experiment's declared comparisons at every tier together: {names}{size}"
+
+
+def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
+    """Per (tier, comparison, seed) the paired difference L_minuend − L_subtrahend; notes on skipped ones."""
+    parts, notes = [], []
+    for name, minuend, subtrahend in declared.comparisons:
+        absent = [a for a in (minuend, subtrahend) if a not in runs.arm_order]
+        if absent:
+            notes.append(_skip_note(f"declared comparison {name}", (minuend, subtrahend), absent))
+            continue
+        diffs = paired_differences(runs.completed, [subtrahend], minuend)
+        parts.append(diffs.select("tier", pl.lit(name).alias("comparison"), "seed", "diff", "scale"))
+    schema = {"tier": pl.String, "comparison": pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64}
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    return frame.cast(schema), notes
+
+
+def declared_table(runs: Runs, declared: Declared) -> Table:
+    """tier, comparison, minuend, subtrahend, STAT_COLUMNS, p_holm (over the family), the sequential
+    columns when a design is recorded, marks."""
+    diffs, notes = comparison_differences(runs, declared)
+    order = [name for name, _, _ in declared.comparisons]
+    frame = sort_runs(summarise(diffs, ["tier", "comparison"]), order, arm_column="comparison")
+    arms_of = {name: (a, b) for name, a, b in declared.comparisons}
+    frame = frame.with_columns(
+        minuend=pl.col("comparison").replace_strict({k: v[0] for k, v in arms_of.items()}, return_dtype=pl.String),
+        subtrahend=pl.col("comparison").replace_strict({k: v[1] for k, v in arms_of.items()}, return_dtype=pl.String),
+    )
+    frame = frame.select("tier", "comparison", "minuend", "subtrahend", *STAT_COLUMNS)
+    frame = frame.with_columns(_family_holm(frame, declared.family))
+    if declared.design is not None:
+        frame = frame.with_columns(**_sequential_columns(frame, diffs, declared.design))
+    used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
+    arms = [a for a in runs.arm_order if a in used]
+    table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
+    return dataclasses.replace(table, family=declared.describe(len(runs.tiers)))
+
+
+def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
+    """Holm of p within each family: a tier, or every tier that can carry evidence together."""
+    groups = [t if family == "tier" else ("pipeline-check" if is_pipeline_check(t) else "all")
+              for t in frame["tier"].to_list()]
+    out: list[float | None] = [None] * frame.height
+    p = frame["p"].to_list()
+    for group in dict.fromkeys(groups):
+        rows = [i for i, g in enumerate(groups) if g == group]
+        for row, value in zip(rows, holm([p[i] for i in rows])):
+            out[row] = value
+    return pl.Series("p_holm", out, dtype=pl.Float64)
+
+
+def _sequential_columns(frame: pl.DataFrame, diffs: pl.DataFrame, design: dict) -> dict:
+    values = {column: [] for column in SEQUENTIAL_COLUMNS}
+    for tier, name in frame.select("tier", "comparison").iter_rows():
+        part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)).sort("seed")
+        decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+        for column, key in (("look", "look"), ("seeds_used", "seeds"), ("decision", "decision"), ("sign", "sign"),
+                            ("t_boundary", "t_boundary"), ("seq_ci_low", "ci_low"), ("seq_ci_high", "ci_high"),
+                            ("next_seeds", "next_seeds")):
+            values[column].append(decision[key])
+    return {column: pl.Series(column, values[column], dtype=dtype) for column, dtype in SEQUENTIAL_COLUMNS.items()}
+
+
+def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
+    """(minuend, subtrahend) of a row: the reference and the arm, an increment's two arms, or None."""
+    if table.kind == "paired":
+        return table.reference, row["arm"]
+    if table.kind == "increments":
+        return INCREMENTS[row["quantity"]]
+    if table.kind == DECLARED:
+        return row["minuend"], row["subtrahend"]
+    return None
+
+
+def adjust_over_family(table: Table, family: Table) -> Table:
+    """The table with p_holm from the declared family for its declared rows; every other row exploratory."""
+    adjusted = {(r["tier"], r["minuend"], r["subtrahend"]): r["p_holm"] for r in family.frame.iter_rows(named=True)}
+    p_holm, declared = [], []
+    for row in table.frame.iter_rows(named=True):
+        key = row_pair(table, row)
+        found = key is not None and (row["tier"], *key) in adjusted
+        declared.append(found)
+        p_holm.append(adjusted[(row["tier"], *key)] if found else None)
+    columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
+    frame = table.frame.with_columns(pl.Series("p_holm", p_holm, dtype=pl.Float64),
+                                     pl.Series("_declared", declared, dtype=pl.Boolean))
+    frame = add_mark(frame, ~pl.col("_declared"), EXPLORATORY).select(*columns, "p_holm", "marks")
+    return dataclasses.replace(table, frame=frame, family=family.family)
+
+
+def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
+    """(tier, minuend, subtrahend) → whether that declared comparison is supported: p_holm < α in a
+    fixed design, the design's decision "effect" in a sequential one; never in a pipeline-check tier."""
+    out = {}
+    for row in family.frame.iter_rows(named=True):
+        if "decision" in row:
+            verdict = row["decision"] == "effect"
+        else:
+            verdict = row["p_holm"] is not None and row["p_holm"] < alpha
+        out[(row["tier"], row["minuend"], row["subtrahend"])] = verdict and not is_pipeline_check(row["tier"])
+    return out
+
+
+def pilot_differences(runs: Runs, declared: Declared) -> dict[tuple[str, str], list[float]]:
+    """(tier, comparison) → the pilot's paired differences in seed order (what `plan --pilot` plans with)."""
+    diffs, _ = comparison_differences(runs, declared)
+    out = {}
+    for (tier, name), part in diffs.sort("seed").group_by("tier", "comparison", maintain_order=True):
+        out[(tier, name)] = part["diff"].to_list()
+    return out
+
+
+def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, int]:
+    """Per tier, how many seeds (0..n−1) a sequential study needs queued now: the next look's count
+    while one of its declared comparisons is undecided, 0 once every one is decided (an effect, or
+    the last look passed). A tier with no completed pairs yet needs the first look's seeds."""
+    design = declared.design
+    if design is None:
+        raise AblateError("no sequential design recorded; start one with `ablate submit EXPERIMENT --sequential "
+                          "--looks K --max-seeds N`")
+    diffs = comparison_differences(runs, declared)[0] if runs is not None else None
+    first = int(design["looks"][0]["seeds"])
+    out = {}
+    for tier in tiers:
+        needed = []
+        for name, _, _ in declared.comparisons:
+            part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)) if diffs is not None else None
+            if part is None or part.is_empty():
+                needed.append(first)
+                continue
+            decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+            needed.append(decision["next_seeds"] or 0)
+        out[tier] = max(needed, default=0)
+    return out

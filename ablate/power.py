@@ -1,0 +1,347 @@
+"""How many seeds: power planning for declared comparisons, and group-sequential seeds that stop early.
+
+Torch-free (numpy, scipy.special; statsmodels only inside `seeds_needed`). Inputs are plain numbers,
+mappings and sequences, outputs are dicts with the fields `ablate plan --power/--sequential --json`
+prints, so the command line, the ledger and the tables only pass values through.
+
+A comparison is a paired difference of two arms over seeds; its test is the two-sided one-sample t on
+the per-seed differences. Each of a family of m comparisons is run at α/m (Bonferroni, which Holm never
+does worse than), so the family's error stays ≤ α. The method is described in docs/power.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import chdtri, nctdtr, ndtr, ndtri, stdtrit
+
+from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
+
+SPENDING = "obrien-fleming"
+SD_LEVEL = 0.8  # the upper confidence limit a pilot's sd is planned with
+SMALL_PILOT = 3  # a pilot of this many seeds or fewer gets a warning
+CALIBRATION_SEED = 20240521  # the numpy Generator seed the sequential boundaries are calibrated with
+# Monte-Carlo paths per unit of 1/α': the calibrated error's binomial sd is √(α'/paths), so with
+# paths = 4000/α' the error is within 5% of α' at 3 sd (3·√(α'²/4000) ≈ 0.047 α').
+PATHS_PER_INVERSE_ALPHA = 4000
+MIN_PATHS = 200_000
+MAX_PATHS = 5_000_000
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_unit(name: str, value: float) -> float:
+    if not _is_number(value) or not 0 < value < 1:
+        raise AblateError(f"{name} {value!r} must be strictly between 0 and 1 (e.g. 0.05 for alpha, 0.8 for power)")
+    return float(value)
+
+
+def _check_positive(name: str, value: float, hint: str) -> float:
+    if not _is_number(value) or value <= 0:
+        raise AblateError(f"{name} {value!r} must be a positive number; {hint}")
+    return float(value)
+
+
+def _check_count(name: str, value: int, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise AblateError(f"{name} {value!r} must be a whole number ≥ {least}")
+    return int(value)
+
+
+# ---------------------------------------------------------------- power
+
+
+def _power(d: float, n: int, alpha: float) -> float:
+    """statsmodels' two-sided power; where it is nan (its lower tail, P(T < −t_crit), fails for a large
+    noncentrality at 1 df) the same sum with the lower tail taken by symmetry as P(T' > t_crit), T' ~ nct(−δ)."""
+    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
+
+    power = float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided"))
+    if math.isnan(power):
+        critical, delta = stdtrit(n - 1, 1 - alpha / 2), d * math.sqrt(n)
+        power = float(2 - nctdtr(n - 1, delta, critical) - nctdtr(n - 1, -delta, critical))
+    return power
+
+
+def seeds_needed(effect: float, sd: float, alpha: float = 0.05, family_size: int = 1, target_power: float = 0.8) -> int:
+    """Seeds a two-sided paired t-test needs to detect a true mean difference `effect` at α/m.
+
+    The smallest whole n ≥ 2 whose power — the noncentral t with n − 1 degrees of freedom and
+    noncentrality (effect/sd)·√n, as statsmodels' `TTestPower` computes it — reaches `target_power`.
+    `TTestPower().solve_power` gives the real-valued n; it is rounded up and then checked on whole
+    numbers, because the solver can fail (return nan) when two or three seeds would do.
+    """
+    effect = _check_positive("effect", effect, "give the smallest mean difference worth detecting, in nats (e.g. --effect 0.002)")
+    sd = _check_positive("sd", sd, "give the seed-to-seed sd of the paired differences, in nats (e.g. --sd 0.002), or a pilot")
+    alpha = _check_unit("alpha", alpha)
+    family_size = _check_count("family size", family_size, 1)
+    target_power = _check_unit("target power", target_power)
+    d, level = effect / sd, alpha / family_size
+    if _power(d, 2, level) >= target_power:
+        return 2
+    import warnings  # only the solver's warnings are silenced, here
+
+    import statsmodels.tools.sm_exceptions  # noqa: F401  its import adds an "always" filter; done before ours
+    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a failed solve returns nan; the search below takes over
+        guess = TTestPower().solve_power(effect_size=d, alpha=level, power=target_power, alternative="two-sided")
+    n = max(2, math.ceil(guess)) if guess is not None and math.isfinite(guess) else _search(d, level, target_power)
+    while n > 2 and _power(d, n - 1, level) >= target_power:
+        n -= 1
+    while _power(d, n, level) < target_power:
+        n += 1
+    return n
+
+
+def _search(d: float, level: float, target_power: float) -> int:
+    """The smallest n with enough power by doubling then bisection (power rises with n)."""
+    low, high = 2, 4
+    while _power(d, high, level) < target_power:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if _power(d, mid, level) < target_power else (low, mid)
+    return high
+
+
+def pilot_sd(differences: Sequence[float]) -> float:
+    """The sd (ddof 1) of a pilot's paired differences of one comparison, one value per seed."""
+    values = np.asarray(list(differences), dtype=float)
+    if values.size < 2:
+        raise AblateError(f"a pilot needs at least 2 seeds of a comparison to give an sd, got {values.size}; run more seeds or pass --sd")
+    if not np.all(np.isfinite(values)):
+        raise AblateError(f"pilot differences {values.tolist()} are not all finite numbers; check the pilot's runs finished")
+    return float(np.std(values, ddof=1))
+
+
+def sd_upper_limit(sd: float, n0: int, level: float = SD_LEVEL) -> float:
+    """The one-sided `level` upper confidence limit of a normal sd estimated from n0 seeds:
+    sd·√((n0 − 1)/χ²_{1−level}(n0 − 1)), χ²_q the lower q quantile (level 0.8: the lower 20%)."""
+    if not _is_number(sd) or sd < 0:
+        raise AblateError(f"sd {sd!r} must be a finite number ≥ 0")
+    n0 = _check_count("pilot seed count n0", n0, 2)
+    level = _check_unit("confidence level", level)
+    return float(sd * math.sqrt((n0 - 1) / chdtri(n0 - 1, level)))
+
+
+def pilot_warning(n0: int, level: float = SD_LEVEL) -> str | None:
+    """The warning a pilot of SMALL_PILOT seeds or fewer gets, None for a larger one."""
+    if n0 > SMALL_PILOT:
+        return None
+    factor = sd_upper_limit(1.0, n0, level)
+    return (f"a {n0}-seed pilot's sd is unreliable: its {level:.0%} upper limit is {factor:.1f}× the estimate, "
+            f"so plan with seeds_conservative or run a larger pilot")
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """A pilot's spread of one comparison: the sd of its paired differences and the seeds it came from."""
+
+    sd: float
+    n0: int
+
+    @classmethod
+    def from_differences(cls, differences: Sequence[float]) -> Pilot:
+        values = list(differences)
+        return cls(pilot_sd(values), len(values))
+
+
+def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str = "tier") -> dict[str, int]:
+    """m per tier: its declared comparisons (`family="tier"`) or all of the experiment's ("experiment")."""
+    if family not in ("tier", "experiment"):
+        raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+    total = sum(len(names) for names in comparisons.values())
+    return {tier: (len(names) if family == "tier" else total) for tier, names in comparisons.items()}
+
+
+def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hours_per_seed: Mapping[str, float],
+               sd: float | None = None, pilots: Mapping[tuple[str, str], Pilot] | None = None, alpha: float = 0.05,
+               target_power: float = 0.8, family: str = "tier") -> list[dict]:
+    """One `plan --power --json` row per (tier, declared comparison), in the order given.
+
+    `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more
+    seed costs at that tier (every arm the experiment runs there), and `gpu_hours` = seeds × that.
+    The sd is the pilot's for that (tier, comparison) when `pilots` has it, else `sd`; with a pilot,
+    `seeds_conservative` is planned with the sd's 80% upper limit (else None). A pilot of SMALL_PILOT
+    seeds or fewer is logged as a warning (`pilot_warning`).
+    """
+    pilots = pilots or {}
+    rows = []
+    for tier, m in family_sizes(comparisons, family).items():
+        if tier not in gpu_hours_per_seed:
+            raise AblateError(f"no GPU-hours per seed for tier {tier!r}; known tiers: {', '.join(map(str, gpu_hours_per_seed))}")
+        for name in comparisons[tier]:
+            pilot = pilots.get((tier, name))
+            spread = pilot.sd if pilot else sd
+            if spread is None:
+                raise AblateError(f"no sd for comparison {name!r} at tier {tier!r}: the pilot lacks it; pass --sd or a pilot that ran it")
+            if pilot and pilot_warning(pilot.n0):
+                log.warning("%s at tier %s: %s", name, tier, pilot_warning(pilot.n0))
+            if pilot and pilot.sd == 0:
+                raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} are all equal (sd 0); pass --sd")
+            seeds = seeds_needed(effect, spread, alpha, m, target_power)
+            conservative = seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power) if pilot else None
+            rows.append({"tier": tier, "comparison": name, "sd": spread, "effect": effect, "alpha": alpha,
+                         "family_size": m, "target_power": target_power, "seeds": seeds,
+                         "seeds_conservative": conservative, "gpu_hours": seeds * float(gpu_hours_per_seed[tier])})
+    return rows
+
+
+# ---------------------------------------------------------------- sequential seeds
+
+
+def look_seeds(looks: int, max_seeds: int) -> list[int]:
+    """Seed counts of `looks` evenly spaced looks ending at `max_seeds` (k·N/K rounded half up), each ≥ 2."""
+    looks = _check_count("--looks", looks, 1)
+    max_seeds = _check_count("--max-seeds", max_seeds, 2)
+    counts = [math.floor(k * max_seeds / looks + 0.5) for k in range(1, looks + 1)]
+    if counts[0] < 2:
+        raise AblateError(f"--looks {looks} with --max-seeds {max_seeds} puts {counts[0]} seed(s) at the first look, "
+                          f"and a paired t needs ≥ 2: use --max-seeds ≥ {math.ceil(1.5 * looks)} "
+                          f"or --looks ≤ {2 * max_seeds // 3}")
+    return counts
+
+
+def obrien_fleming_spent(fraction: float, alpha: float) -> float:
+    """Lan–DeMets O'Brien–Fleming-type cumulative α spent at information fraction t: 2·(1 − Φ(z_{1−α/2}/√t))."""
+    return float(2 * (1 - ndtr(ndtri(1 - alpha / 2) / math.sqrt(fraction))))
+
+
+def default_paths(alpha_per_comparison: float) -> int:
+    """Enough paths that the calibrated error over all looks is within 5% of α' (see PATHS_PER_INVERSE_ALPHA)."""
+    paths = max(MIN_PATHS, math.ceil(PATHS_PER_INVERSE_ALPHA / alpha_per_comparison))
+    if paths > MAX_PATHS:
+        raise AblateError(f"alpha per comparison {alpha_per_comparison:.3g} is too small to calibrate by simulation "
+                          f"(it needs {paths} paths, more than {MAX_PATHS}); use a larger --alpha or fewer comparisons")
+    return paths
+
+
+def sequential_design(alpha: float, family_size: int, looks: int, max_seeds: int, paths: int | None = None,
+                      seed: int = CALIBRATION_SEED) -> dict:
+    """A group-sequential design for each comparison of a family: the `plan --sequential --json` object.
+
+    Each comparison is tested at α' = α/m. The cumulative α spent by look k, at information fraction
+    t_k = n_k/N, is the O'Brien–Fleming-type α'(t_k); `alpha_spent` is that cumulative value (the last
+    look's equals α'). The |t| boundary of look k is calibrated by simulation: the paired t statistic
+    is pivotal under a normal null, so `paths` sequences of N standard normal differences (numpy
+    Generator `seed`) stand for any sd; the first boundary is the exact Student-t quantile, each later
+    one the |t| that makes the simulated paths crossing by that look (never earlier) α'(t_k) of all.
+    """
+    alpha = _check_unit("alpha", alpha)
+    family_size = _check_count("family size", family_size, 1)
+    counts = look_seeds(looks, max_seeds)
+    level = alpha / family_size
+    spent = [obrien_fleming_spent(n / counts[-1], level) for n in counts]
+    paths = default_paths(level) if paths is None else _check_count("paths", paths, 1000)
+    boundaries = _calibrate(counts, spent, paths, seed)
+    return {"alpha": alpha, "family_size": family_size, "alpha_per_comparison": level, "spending": SPENDING,
+            "looks": [{"seeds": n, "t_boundary": c, "alpha_spent": a} for n, c, a in zip(counts, boundaries, spent)]}
+
+
+def t_statistics(total: np.ndarray, squares: np.ndarray, n: int) -> np.ndarray:
+    """|t| of paired differences from their running sum and sum of squares after n seeds."""
+    mean = total / n
+    variance = np.maximum(squares - n * mean * mean, 0.0) / (n - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.abs(mean) * math.sqrt(n) / np.sqrt(variance)
+
+
+def _calibrate(counts: Sequence[int], spent: Sequence[float], paths: int, seed: int) -> list[float]:
+    """The |t| boundaries: look 1 exact, later looks by the simulated crossing counts (see sequential_design)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    total, squares = np.zeros(paths), np.zeros(paths)
+    alive = np.ones(paths, dtype=bool)
+    boundaries, previous = [], 0
+    for k, (n, cumulative) in enumerate(zip(counts, spent)):
+        for _ in range(n - previous):  # one seed at a time: memory stays a few vectors of `paths`
+            draw = rng.standard_normal(paths)
+            total += draw
+            squares += draw * draw
+        previous = n
+        t = t_statistics(total, squares, n)
+        if k == 0:
+            boundary = float(stdtrit(n - 1, 1 - cumulative / 2))
+        else:
+            boundary = _boundary(t[alive], round(cumulative * paths) - (paths - int(alive.sum())))
+        boundaries.append(boundary)
+        alive &= ~(t >= boundary)
+    return boundaries
+
+
+def _boundary(t: np.ndarray, crossings: int) -> float:
+    """The |t| above which exactly `crossings` of the surviving paths lie (midway between order statistics)."""
+    if crossings <= 0:
+        return float(np.max(t)) if t.size else math.inf
+    if crossings >= t.size:
+        return 0.0
+    ordered = np.sort(t)
+    return float((ordered[-crossings - 1] + ordered[-crossings]) / 2)
+
+
+def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[float], design: Mapping) -> dict:
+    """Where a comparison stands in a `sequential_design`, from its paired differences so far.
+
+    `differences_by_seed` maps seed → difference (taken in seed order) or is a sequence in seed order.
+    Looks are taken in order on the first n_k differences; the first whose |t| reaches its boundary
+    decides "effect" (`sign` +1 or −1, the sign of the mean) and later seeds are not used. Otherwise
+    the decision is "continue" (`next_seeds` says how many the next look needs) or, once the last
+    look is passed, "max seeds reached". The interval is the repeated confidence interval
+    mean ± t_boundary·sd/√n at the look reached: since the boundaries hold the chance of any null
+    crossing to α', these intervals cover the true mean at every look at once with probability
+    ≥ 1 − α', so the one at the look where the design stopped is valid whatever stopped it (and it
+    excludes 0 exactly when the decision is "effect"). Before the first look there is no interval.
+    """
+    values = _ordered_values(differences_by_seed)
+    looks = list(design["looks"])
+    result = {"look": 0, "seeds": 0, "decision": "continue", "sign": None, "mean": None, "t": None,
+              "t_boundary": None, "ci_low": None, "ci_high": None, "next_seeds": looks[0]["seeds"],
+              "alpha_per_comparison": design["alpha_per_comparison"]}
+    for k, look in enumerate(looks, start=1):
+        n = int(look["seeds"])
+        if values.size < n:
+            break
+        sample = values[:n]
+        mean, half = float(sample.mean()), float(look["t_boundary"]) * float(sample.std(ddof=1)) / math.sqrt(n)
+        t = _signed_t(sample)
+        crossed = abs(t) >= float(look["t_boundary"])
+        last = k == len(looks)
+        result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]), ci_low=mean - half,
+                      ci_high=mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
+                      decision="effect" if crossed else ("max seeds reached" if last else "continue"),
+                      sign=int(np.sign(mean)) if crossed else None)
+        if crossed:
+            break
+    return result
+
+
+def _ordered_values(differences_by_seed: Mapping[int, float] | Sequence[float]) -> np.ndarray:
+    if isinstance(differences_by_seed, Mapping):
+        pairs = sorted(differences_by_seed.items())
+    else:
+        pairs = list(enumerate(differences_by_seed))
+    for seed, value in pairs:
+        if not _is_number(value):
+            raise AblateError(f"the difference of seed {seed} is {value!r}, not a finite number; check that run finished")
+    return np.asarray([value for _, value in pairs], dtype=float)
+
+
+def _signed_t(sample: np.ndarray) -> float:
+    """The one-sample t of the differences (±inf when they are all equal and nonzero, 0 when all zero)."""
+    mean, sd = float(sample.mean()), float(sample.std(ddof=1))
+    if sd == 0:
+        return 0.0 if mean == 0 else math.copysign(math.inf, mean)
+    return mean * math.sqrt(sample.size) / sd
