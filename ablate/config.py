@@ -17,6 +17,9 @@ from ablate.identity import WATCH_KEYS
 from ablate.sizing import model_config
 from ablate.tiers import get_tier
 
+# Device-dependent options: None in a resolved config means "the device's default", filled in by the run
+# (`with_device_defaults`) before its config.json is written, so the file says what the run did.
+CHOICES = {"precision": ("32-true", "bf16-mixed"), "host_sync": ("step", "log")}
 POSITIVE_OPTIONS = ("max_steps", "checkpoint_interval", "devices", "steps", "global_batch", "seq_len", "micro_batch",
                     "val_interval", "val_tokens", "final_val_tokens", "log_interval", "warmup_steps")
 
@@ -38,7 +41,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         "eps": 1e-8, "grad_clip": tier.grad_clip, "val_interval": tier.val_interval, "val_tokens": tier.val_tokens,
         "final_val_tokens": tier.final_val_tokens, "log_interval": tier.log_interval,
         "checkpoint_interval": tier.checkpoint_interval, "devices": 1, "compile": False, "match_params": False,
-        "loss_chunk": None,
+        "loss_chunk": None, "precision": None, "host_sync": None,
         "progress": True, "logger": "none", "threads": None,
     }
     for key, value in chosen.items():
@@ -50,6 +53,9 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             name = f"--{key.replace('_', '-')}" if options.get(key) is not None else f"run option {key!r}"
             raise AblateError(f"{name} must be a positive integer, not {value!r}")
+    for key, valid in CHOICES.items():
+        if config[key] is not None and config[key] not in valid:
+            raise AblateError(f"run option {key!r} must be one of {', '.join(valid)}, not {config[key]!r}")
     if max_steps is not None:
         config["steps"] = min(int(max_steps), config["steps"])
     matching = {"match_params": True} if config["match_params"] else {}
@@ -64,9 +70,20 @@ def valid_options() -> list[str]:
     """Every key `resolve_config` accepts as an override or option (`model` takes GPTConfig fields)."""
     keys = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
             "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
-            "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "progress", "logger", "threads",
-            "data_seed", "data_dir", "max_steps", "model"]
+            "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "precision", "host_sync",
+            "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model"]
     return sorted(keys)
+
+
+def device_defaults(cuda: bool) -> dict:
+    """bf16 autocast and a read-back every log_interval steps on a GPU; float32 and every step on a CPU."""
+    return {"precision": "bf16-mixed" if cuda else "32-true", "host_sync": "log" if cuda else "step"}
+
+
+def with_device_defaults(config: dict, cuda: bool) -> dict:
+    """The config with every device-dependent option that is unset (None, or absent from a config.json
+    written before the option existed, when the device chose it) set to the device's default."""
+    return {**config, **{k: v for k, v in device_defaults(cuda).items() if config.get(k) is None}}
 
 
 def semantic(config: dict) -> dict:

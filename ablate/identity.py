@@ -5,13 +5,19 @@ init and data fingerprints cover the initial weights and the batches; the *confi
 every other setting of the run (optimiser, schedule, budget, shape, tokenizer, evaluation sets), with
 the arm taken out, and the keys that change only how a run is executed or watched:
 
-* watching: progress, logger, threads, val_interval, checkpoint_interval, log_interval;
+* watching: progress, logger, threads, val_interval, checkpoint_interval, log_interval, host_sync (when the
+  host reads the device's losses back: the same numbers, read at other times);
 * executing: devices, micro_batch, compile, loss_chunk (the same global batches and the same
   mathematics: they change float summation order, not the experiment), data_dir (a path; the data's identity is the
   data fingerprint and `data_id`).
 
 With `match_params` the MLP width is a function of the arm (it is narrowed to match the baseline's
 parameter count), so it leaves the fingerprint as well; `match_params` itself stays in.
+
+`precision` (float32, or bf16 autocast) changes the numbers, so it is part of the fingerprint: a float32
+run and a bf16 one never pair. At its float32 value it is left out of the fingerprint's text, so that the
+runs recorded before the option existed (float32: none ran on a GPU) keep their fingerprint, and a
+config.json without it reads as float32 (`IMPLIED`).
 
 The runs of one row of a table (one tier, every seed) must share even more: everything but the arm and
 the seed (`shared_config`, which also leaves out `data_seed`, the seed of the batch order). A run trained
@@ -25,12 +31,13 @@ import hashlib
 import json
 
 IDENTITY_KEYS = ("experiment", "arm")
-# May differ between two runs that are paired (and between the two halves of a resumed run, for the first six).
-WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_interval", "log_interval")
+# May differ between two runs that are paired, and between the two halves of a resumed run (the next line may not).
+WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_interval", "log_interval", "host_sync")
 EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir", "loss_chunk")
 ARM_DERIVED_MODEL_KEYS = ("arm",)
 MATCHED_MODEL_KEYS = ("mlp_hidden",)  # set per arm when match_params is on
 SEED_KEYS = ("seed", "data_seed")  # differ between the seeds of one row, and only there
+IMPLIED = {"precision": "32-true"}  # the value of a key absent from a config, left out of the fingerprints
 
 
 def matching_config(config: dict) -> dict:
@@ -47,12 +54,17 @@ def matching_config(config: dict) -> dict:
                     shared[f"model.{sub}"] = sub_value
         elif value is not None:
             shared[key] = value
-    return shared
+    return {**IMPLIED, **shared}
+
+
+def _fingerprint(shared: dict) -> str:
+    kept = {k: v for k, v in shared.items() if k not in IMPLIED or v != IMPLIED[k]}
+    canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def config_fingerprint(config: dict) -> str:
-    canonical = json.dumps(matching_config(config), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _fingerprint(matching_config(config))
 
 
 def shared_config(config: dict) -> dict:
@@ -61,8 +73,7 @@ def shared_config(config: dict) -> dict:
 
 
 def shared_fingerprint(config: dict) -> str:
-    canonical = json.dumps(shared_config(config), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _fingerprint(shared_config(config))
 
 
 def config_differences(a: dict, b: dict, across_seeds: bool = False) -> list[tuple[str, object, object]]:

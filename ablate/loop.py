@@ -13,7 +13,9 @@ import io
 import json
 import logging
 import math
+import queue
 import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -80,6 +82,67 @@ def windows_fingerprint(windows, seq_len: int) -> str:
     digest = hashlib.sha256(f"ablate-val;seq_len={int(seq_len)};shape={tuple(windows.shape)};".encode())
     digest.update(windows.contiguous().numpy().astype("<i8").tobytes())
     return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- input path
+def copy_in(batch: torch.Tensor, device, pin: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.pin_memory):
+    """The batch on the device. To a GPU it is copied from pinned (page-locked) host memory with
+    non_blocking=True, so the copy overlaps the work already queued (from pageable memory `non_blocking`
+    does nothing); to the CPU it is the batch itself, as before. `pin` is a parameter for the tests."""
+    if torch.device(device).type != "cuda":
+        return batch.to(device)
+    return pin(batch).to(device, non_blocking=True)
+
+
+def chain_fingerprint(previous: str, batch: torch.Tensor) -> str:
+    """sha256(previous hex digest + the batch's bytes): the data fingerprint after one more global batch."""
+    digest = hashlib.sha256(previous.encode())
+    digest.update(memoryview(batch.contiguous().numpy()).cast("B"))  # the bytes of .tobytes(), not copied
+    return digest.hexdigest()
+
+
+class DataFingerprint:
+    """The data fingerprint, chained over every global batch trained on, computed in a background thread.
+
+    Why a thread: hashing the 124M tier's global batch (512 × 1025 int64 tokens, 4.2 MB) takes about 1%
+    of its planned H100 step (BENCHMARKS.md); hashlib releases the GIL, so the step goes on meanwhile.
+    `value` waits for the batches added so far: the fingerprint is the same as hashing them in the loop.
+    """
+
+    def __init__(self, start: str):
+        self._value, self._error = start, None
+        self._queue: queue.Queue = queue.Queue(maxsize=16)  # a bound on the batches held in memory
+        self._thread: threading.Thread | None = None
+
+    def add(self, batch: torch.Tensor) -> None:
+        """Hash `batch` (not changed afterwards) into the fingerprint, in the background."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="data-fingerprint", daemon=True)
+            self._thread.start()
+        self._queue.put(batch)
+
+    def _work(self):
+        while True:
+            batch = self._queue.get()
+            try:
+                if self._error is None:
+                    self._value = chain_fingerprint(self._value, batch)
+            except Exception as err:  # raised to the loop by `value`
+                self._error = err
+            finally:
+                self._queue.task_done()
+
+    @property
+    def value(self) -> str:
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    @value.setter
+    def value(self, start: str) -> None:
+        self._queue.join()
+        self._value, self._error = start, None
 
 
 # ---------------------------------------------------------------------------------------------- optimisation
@@ -268,9 +331,18 @@ class RunState:
     forward_model: object = None
     optimizer: object = None
     step: int = 0
-    data_fp: str = field(default_factory=lambda: hashlib.sha256(b"ablate-data").hexdigest())
     wall: float = 0.0  # training seconds before this process's start (`t_resume`)
     t_resume: float = 0.0
+    data: DataFingerprint = field(default_factory=lambda: DataFingerprint(hashlib.sha256(b"ablate-data").hexdigest()))
+
+    @property
+    def data_fp(self) -> str:
+        """The data fingerprint of the batches trained on so far (waits for the background hashing)."""
+        return self.data.value
+
+    @data_fp.setter
+    def data_fp(self, value: str) -> None:
+        self.data.value = value
 
     def wall_seconds(self) -> float:
         return self.wall + time.time() - self.t_resume

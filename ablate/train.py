@@ -26,15 +26,15 @@ import torch
 from lightning.fabric import Fabric
 
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
-from ablate.config import lr_at, resolve_config, semantic
+from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, validation_windows
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
 from ablate.lock import FileLock, held_by_parent
-from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, load_state, log_to_file,
-                         make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
+from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
+                         log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
@@ -66,7 +66,8 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
         if held:
             raise AblateError(f"{folder} is damaged: it holds {', '.join(held)} but no {CONFIG}; {way_out}")
         return "fresh"
-    previous, current = semantic(read_json_file(config_path, way_out)), semantic(config)
+    previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
+    current = semantic(config)
     summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
     if previous != current:
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
@@ -129,7 +130,7 @@ def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | Non
 def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
     """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
     reports nothing: its parent does)."""
-    config = resolve_config(spec, data_dir, **options)
+    config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
     if launched_child(folder):
         return Trainer(folder, config).fit(), True
@@ -159,7 +160,7 @@ def check_data_folder(data_dir: str) -> None:
 
 class Trainer:
     def __init__(self, folder: Path, config: dict):
-        self.folder, self.config = folder, config
+        self.folder, self.config = folder, with_device_defaults(config, torch.cuda.is_available())
         self.summary_path = folder / SUMMARY
         self.state_path = folder / CHECKPOINTS / STATE
 
@@ -171,7 +172,7 @@ class Trainer:
         atomic_write_json(self.summary_path, summary)
 
     def fit(self) -> dict:
-        """Launch Fabric (DDP over `devices`, bf16 autocast on CUDA, the loggers) and train; a divergence or
+        """Launch Fabric (DDP over `devices`, the run's precision, the loggers) and train; a divergence or
         a failure is written to the summary before it is reported."""
         # Fabric warns whenever `srun` exists on PATH; one run per task is how we use SLURM on purpose.
         warnings.filterwarnings("ignore", message=".*`srun` command is available")
@@ -183,7 +184,7 @@ class Trainer:
         devices = int(config["devices"])
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-            precision="bf16-mixed" if cuda else "32-true", loggers=self._loggers())
+            precision=config["precision"], loggers=self._loggers())
         fabric.launch()
         to_file = fabric.global_rank == 0 and not os.environ.get("ABLATE_LOG_TO_STDERR_ONLY")
         handler = log_to_file(self.folder / RUN_LOG) if to_file else None
@@ -271,7 +272,7 @@ class Trainer:
             tokens=run.step * config["global_batch"] * config["seq_len"],
             init_fingerprint=run.init_fingerprint, init_fingerprint_common=init_common,
             data_fingerprint=run.data_fp, config_fingerprint=config_fingerprint(config),
-            loss_read_every=1 if on_cpu else config["log_interval"],
+            loss_read_every=1 if config["host_sync"] == "step" else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
@@ -282,7 +283,7 @@ class Trainer:
         evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
                            world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"))
         run.t_resume = time.time()
-        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu)
+        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
         return self._finish(run, evaluate(final_windows), final_windows)
 
@@ -297,9 +298,11 @@ class Trainer:
         log.info("%s: resuming at step %d of %d", self.folder, run.step, config["steps"])
         return True
 
-    def _train(self, run: RunState, evaluate, curve_windows, micro: int, local_rows: int, on_cpu: bool):
+    def _train(self, run: RunState, evaluate, curve_windows, micro: int, local_rows: int, on_cpu: bool,
+               every_step: bool):
         """The steps from `run.step` to the end: evaluate every val_interval, read back every log_interval
-        (every step on a CPU), checkpoint every checkpoint_interval and at a signal (then stop if asked)."""
+        (every step with host_sync "step"), checkpoint every checkpoint_interval and at a signal (then stop if
+        asked)."""
         config, fabric, total_steps = self.config, self.fabric, self.config["steps"]
         device, rank, world = fabric.device, fabric.global_rank, fabric.world_size
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
@@ -311,7 +314,7 @@ class Trainer:
                                                        error_if_nonfinite=False),
                     backward=fabric.backward, no_sync=lambda enabled: fabric.no_backward_sync(model, enabled=enabled),
                     all_reduce=(lambda loss: fabric.all_reduce(loss, reduce_op="mean")) if world > 1 else None,
-                    halt_on_nonfinite=on_cpu)  # on a CPU a read costs nothing: a bad loss stops before its update
+                    halt_on_nonfinite=every_step)  # read every step anyway: a bad loss stops before its update
         bar = progress_bar(total_steps, run.step, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
             rank == 0 and config["progress"]) else None
         requests = StopRequests().install()
@@ -323,13 +326,13 @@ class Trainer:
                 readback.begin_step()
                 lr = lr_at(run.step, config)
                 global_batch = run.stream.global_batch(run.step)
-                run.data_fp = hashlib.sha256(run.data_fp.encode() + global_batch.numpy().tobytes()).hexdigest()
-                local = global_batch[rank * local_rows:(rank + 1) * local_rows].to(device, non_blocking=True)
+                run.data.add(global_batch)  # hashed into the data fingerprint in the background
+                local = copy_in(global_batch[rank * local_rows:(rank + 1) * local_rows], device)
                 loss, grad_norm = step(run.step + 1, lr, [(c[:, :-1], c[:, 1:]) for c in local.split(micro)], device)
                 run.step += 1
                 run.stream.step = run.step  # the position a checkpoint records
                 readback.add(run.step, lr, loss, grad_norm)
-                self._boundary(run, evaluate, curve_windows, readback, requests, on_cpu)
+                self._boundary(run, evaluate, curve_windows, readback, requests, every_step)
             readback.flush(run.step)
         finally:
             requests.restore()
@@ -337,7 +340,7 @@ class Trainer:
                 bar.close()
 
     def _boundary(self, run: RunState, evaluate, curve_windows, readback: ReadBack, requests: StopRequests,
-                  on_cpu: bool):
+                  every_step: bool):
         """After a step: evaluate, read back, checkpoint, each when due; a signal's stop comes last."""
         config, step = self.config, run.step
         evaluate_now = step % config["val_interval"] == 0 or step == config["steps"]
@@ -348,7 +351,7 @@ class Trainer:
             log.info("%s: step %d/%d val_loss %.4f", self.folder, step, config["steps"], val_loss)
             if not math.isfinite(val_loss):
                 raise Diverged(step, val_loss, detected_at=step)
-        if on_cpu or checkpoint_now or step % config["log_interval"] == 0:
+        if every_step or checkpoint_now or step % config["log_interval"] == 0:
             readback.flush(step)
         if checkpoint_now:
             self._checkpoint(run)
