@@ -119,17 +119,21 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
       DDP's buckets); the activations kept for the backward pass, per token and layer: RMSNorm inputs 2 × 4·d
       (float32 residual stream), the inputs of the four matmuls 4 × a·d, q, k, v before and after RoPE
       2 × 3a·d, the attention output a·d, the MLP's two hidden tensors 2 × a·m: 8·d + a·(11·d + 2·m); flash
-      attention keeps no T×T tensor; the output layer, 16·V per token (logits, their float32 copy, the
-      saved log-softmax, its gradient, the compute-dtype gradient) for every token of the micro-batch, or
-      for `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`).
+      attention keeps no T×T tensor; the output layer, per token, the saved float32 log-softmax, its
+      gradient and the logits' gradient, 12·V, plus the compute-dtype logits and gradient when they are
+      not float32 (2·V each at a = 2): 16·V under bf16, for every token of the micro-batch, or for
+      `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`); the tied output and
+      embedding weights' gradients before they are accumulated, 2 × 4·V·d.
     * evaluation (every val_interval) and final_evaluation (the same micro-batch over the final windows):
       the states; no graph, so one layer's tensors at a time, per token 8·d + a·(6·d + 2·m); the output
       layer's logits, their float32 copy and cross-entropy's log-softmax, (a + 4 + 4)·V per token (no copy
       at a = 4), for the micro-batch's tokens, or for `loss_chunk` of them (`ablate.loop.mean_token_loss`).
     * eval_scoring (`ablate eval`, another process, float32): P × 4 bytes of weights; one layer's tensors
-      for eval_batch × seq_len tokens; float32 logits 4·V for every token and one row's log-softmax, or
-      (4 + 4)·V for `loss_chunk` tokens (`ablate.evals.lm.AblateLM`).
-    Activations are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
+      for eval_batch × seq_len tokens; float32 logits 4·V for every token and, for a row of seq_len, its
+      contiguous copy, its log-softmax and the last row's, 3 × 4·V; or (4 + 4)·V for `loss_chunk` tokens
+      (`ablate.evals.lm.AblateLM`).
+    Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
+    again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
     (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
     """
     tier = get_tier(tier) if isinstance(tier, str) else tier
@@ -149,11 +153,12 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
 
     tokens, scored = micro_batch * seq, eval_batch * seq
     saved = tokens * layers * (8 * d + a * (11 * d + 2 * m)) * ACTIVATION_SAFETY
-    working = (8 * d + a * (6 * d + 2 * m)) * ACTIVATION_SAFETY  # per token: one layer at a time, no graph
-    evaluation = states + tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))
-    scoring = (params * 4 + scored * (8 * d + 4 * (6 * d + 2 * m)) * ACTIVATION_SAFETY
-               + (output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + seq)))
-    phases = {"train_step": states + saved + output(tokens, 16), "evaluation": evaluation,
+    working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
+    evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
+    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
+                            + (output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
+    train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
+    phases = {"train_step": train, "evaluation": evaluation,
               "final_evaluation": evaluation, "eval_scoring": scoring}
     return {phase: value / 1e9 + reserved_gb for phase, value in phases.items()}
 
