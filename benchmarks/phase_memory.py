@@ -105,6 +105,80 @@ def measure(phase: str, chunk: int, seq: int, micro: int, eval_batch: int) -> di
             "ratio": round(estimate / measured, 3) if measured > 0 else None}
 
 
+def cuda_phases(tier_name: str, gpu_gb: float, device, eval_batch: int) -> dict:
+    """On a GPU: the micro-batch `micro_batch_for` picks for `tier_name` (loss chunked by LOSS_CHUNK, as a
+    GPU run is), and each phase's peak reserved memory (torch.cuda.max_memory_reserved; the CUDA context is
+    not in it) against its estimate; a phase that runs out of memory is measured as None."""
+    import torch  # reason: the parent process only launches children
+
+    from ablate.evals.lm import AblateLM  # reason: as above (and lm-eval is the `eval` extra)
+    from ablate.loop import Step, make_optimizer, mean_token_loss  # reason: as above
+    from ablate.model import GPT  # reason: as above
+    from ablate.sizing import LOSS_CHUNK, memory_phases_gb, micro_batch_for, model_config  # reason: as above
+    from ablate.tiers import get_tier  # reason: as above
+
+    tier, chunk = get_tier(tier_name), LOSS_CHUNK
+    micro = micro_batch_for(tier, gpu_gb, loss_chunk=chunk, eval_batch=eval_batch)
+    estimate = memory_phases_gb(tier, micro, loss_chunk=chunk, eval_batch=eval_batch)
+    model = GPT(model_config(tier, "baseline"))
+    model.init_weights(0)
+    model.to(device)
+    windows = torch.randint(0, tier.vocab_size, (max(micro, eval_batch), tier.seq_len + 1), device=device)
+    optimizer = make_optimizer(model, 0.1, 1e-4, (0.9, 0.95), 1e-8, cuda=True)
+
+    def bf16(fn):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return fn()
+
+    def peak(fn):
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            fn()
+            torch.cuda.synchronize(device)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        return torch.cuda.max_memory_reserved(device) / 1e9
+
+    step = Step(optimizer, loss_of=lambda i, t: bf16(lambda: model(i, t, loss_chunk=chunk).loss),
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    measured = {"train_step": peak(lambda: step(1, 1e-4, [(windows[:micro, :-1], windows[:micro, 1:])]))}
+    evaluate = lambda w: bf16(lambda: mean_token_loss(model, w, micro, device, loss_chunk=chunk))  # noqa: E731
+    measured["evaluation"] = peak(lambda: evaluate(windows[:micro]))
+    measured["final_evaluation"] = peak(lambda: evaluate(torch.cat([windows[:micro]] * 2)))
+    optimizer.state.clear()  # `ablate eval` is another process: the weights only
+    lm = AblateLM(model, batch_size=eval_batch, device=str(device), loss_chunk=chunk)
+    requests = [(None, w[:1].tolist(), w[1:].tolist()) for w in windows[:eval_batch].cpu()]
+    measured["eval_scoring"] = peak(lambda: lm._loglikelihood_tokens(requests, disable_tqdm=True))
+    return {"micro_batch": micro, "loss_chunk": chunk, "eval_batch": eval_batch,
+            "phases": {p: {"measured_gb": measured[p], "estimate_gb": estimate[p]} for p in PHASES}}
+
+
+def cpu_phases(seq: int, micro: int, eval_batch: int, chunk: int) -> dict:
+    """The same report at a reduced smoke shape on CPU (`main`'s children; peaks as in the module docstring)."""
+    cmd = [sys.executable, __file__, "--json", "--chunks", str(chunk), "--seq", str(seq), "--micro", str(micro),
+           "--eval-batch", str(eval_batch)]
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    return {"micro_batch": micro, "loss_chunk": chunk, "eval_batch": eval_batch, "seq_len": seq,
+            "phases": {r["phase"]: {"measured_gb": r["measured_mb"] / 1e3, "estimate_gb": r["estimate_mb"] / 1e3}
+                       for r in rows}}
+
+
+def judge(tiers: dict, gpu_gb: float | None) -> bool:
+    """Marks every phase: `fits` when it ran (no out-of-memory), its measured peak is within its estimate,
+    and (on a GPU) the estimate is within the usable 90% of the GPU's memory. True when all fit."""
+    from ablate.sizing import USABLE_FRACTION  # reason: as above
+
+    ok = all("error" not in row for row in tiers.values())
+    for row in tiers.values():
+        for phase in row["phases"].values():
+            m, e = phase["measured_gb"], phase["estimate_gb"]
+            phase["fits"] = m is not None and m <= e and (gpu_gb is None or e <= USABLE_FRACTION * gpu_gb)
+            ok = ok and phase["fits"]
+    return ok
+
+
 def wide_run(results: str, data: str) -> None:
     from ablate.experiment import RunSpec  # reason: as above
     from ablate.train import run  # reason: as above

@@ -15,7 +15,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-import ablate.model as model_module
 from ablate.arms import list_arms
 from ablate.data.tokenizer import VOCAB_SIZE
 from ablate.errors import AblateError
