@@ -109,9 +109,7 @@ def train_synthetic(
     run = SyntheticRun(model=model, task=task, config=asdict(config))
     steps_iter = range(steps)
     if progress:
-        from tqdm.auto import (
-            tqdm,  # reason: start-up time, only a run with a progress bar needs it
-        )
+        from tqdm.auto import tqdm  # reason: start-up time, only a run with a progress bar needs it
 
         steps_iter = tqdm(steps_iter, desc=f"synthetic {arm} seed {seed}", unit="step")
     model.train()
