@@ -206,12 +206,16 @@ class Step:
 
 # ---------------------------------------------------------------------------------------------- evaluation
 def mean_token_loss(model, windows: torch.Tensor, micro: int, device, rank: int = 0, world: int = 1,
-                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, loss_chunk: int = 0) -> float:
     """Mean token loss over fixed windows, summed in float64 in a fixed order (batches of `micro`).
 
     Why float64 and a fixed order: the final val_loss is compared across arms and resumes bit for bit, so it
     must not depend on how the sum was split. Rank r evaluates batches r, r + world, …; `all_reduce` sums
     the ranks' (loss, tokens). The model is left in training mode.
+
+    loss_chunk > 0: each batch's loss is the training step's chunked loss (`GPT(..., loss_chunk=)`), so no
+    more than `loss_chunk` tokens' logits exist at once; it equals the whole batch's to float32 rounding.
+    0: the whole batch's logits at once (a CPU run's default: the sums tests/recorded_smoke_run.json holds).
     """
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)
@@ -220,9 +224,13 @@ def mean_token_loss(model, windows: torch.Tensor, micro: int, device, rank: int 
             if i % world != rank:
                 continue
             batch = batch.to(device)
-            logits = model(batch[:, :-1]).logits.float()
-            losses = torch.nn.functional.cross_entropy(
-                logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+            if loss_chunk > 0:  # the mean over the batch's tokens (none ignored), back to their sum
+                losses = model(batch[:, :-1], batch[:, 1:], loss_chunk=loss_chunk).loss.double() * batch[:, 1:].numel()
+            else:
+                logits = model(batch[:, :-1]).logits.float()
+                losses = torch.nn.functional.cross_entropy(
+                    logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+                del logits
             total += torch.stack([losses.double(), torch.tensor(batch[:, 1:].numel(), dtype=torch.float64,
                                                                  device=device)])
     model.train()

@@ -165,6 +165,7 @@ class Block(nn.Module):
 class ModelOutput:
     logits: torch.Tensor | None  # (B, T, padded vocab): text positions only; None with a chunked loss
     loss: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None  # (B, T, d) final-norm output, with head=False (then no logits)
     records: list[AttentionRecord] = field(default_factory=list)  # per layer, when asked for
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer output, when asked for
 
@@ -277,11 +278,13 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, idx, targets=None, *, record: bool = False, cache: KVCache | None = None,
-                loss_chunk: int = 0) -> ModelOutput:
+                loss_chunk: int = 0, head: bool = True) -> ModelOutput:
         """idx (B, T) token ids → logits for the T text positions (the sink token's position is dropped).
 
         loss_chunk > 0 (with targets): the loss is computed `loss_chunk` tokens at a time and no logits
         are returned, so the float32 logits of the whole micro-batch never exist (`chunked_cross_entropy`).
+        head=False: no output layer at all; `hidden` is the final norm's output, for a caller that scores
+        a few positions, or every position in chunks (`chunked_log_probs`).
         """
         B, T = idx.shape
         x = self.wte(idx)  # (B, T, C)
@@ -304,6 +307,9 @@ class GPT(nn.Module):
             cache.length += length
         if prepend:
             x = x[:, 1:]  # the sink token's position predicts nothing
+        if not head:
+            out.hidden = self.ln_f(x)
+            return out
         if targets is not None and loss_chunk > 0:
             out.loss = chunked_cross_entropy(self.ln_f(x), self.lm_head.weight, targets, loss_chunk)
             return out
@@ -398,3 +404,26 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     total = sum(checkpoint(_chunk_loss_sum, h, weight, t, use_reentrant=False)
                 for h, t in zip(flat.split(chunk), flat_targets.split(chunk)))
     return total / (flat_targets != -100).sum()  # cross_entropy's default ignore_index, like its mean
+
+
+def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+                      vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token (flattened): the float32 log-probability of its target under softmax(hidden @ weight.T)
+    over the first `vocab` rows of `weight` (all when None), and whether the target is the argmax;
+    computed `chunk` tokens at a time, so at most one chunk's logits exist (no graph is kept: scoring).
+
+    Equals `log_softmax(logits.float())` gathered at the targets to float32 rounding (`ablate eval`'s
+    whole path): only the matmul's blocking can differ.
+    """
+    if chunk < 1:
+        raise ValueError(f"loss chunk must be at least 1 token, got {chunk}")
+    flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    weight = weight if vocab is None else weight[:vocab]
+    scores, greedy = [], []
+    for h, t in zip(flat.split(chunk), flat_targets.split(chunk)):
+        log_probs = F.log_softmax(F.linear(h, weight).float(), dim=-1)
+        scores.append(log_probs.gather(1, t[:, None]).squeeze(1))
+        greedy.append(log_probs.argmax(dim=-1) == t)
+        del log_probs
+    empty = flat.new_zeros(0, dtype=torch.float32)
+    return (torch.cat(scores), torch.cat(greedy)) if scores else (empty, empty.bool())

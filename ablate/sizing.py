@@ -96,54 +96,102 @@ DDP_BYTES = 4  # per parameter with more than one process: DDP's float32 gradien
 ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
 RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
 USABLE_FRACTION = 0.9
+EVAL_BATCH = 16  # `ablate eval --batch-size`'s default
+PHASES = ("train_step", "evaluation", "final_evaluation", "eval_scoring")
 
 
-def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
-                       mlp_hidden: int | None = None) -> float:
-    """Estimated peak GPU memory (GB) of one training process of `tier` in bf16 autocast.
+def loss_chunk_for(setting: int | None, device) -> int:
+    """The loss chunk of every phase of a run (training step, evaluations, probes, `ablate eval`): the run's
+    `loss_chunk` when set (0: never chunk), else LOSS_CHUNK on a GPU and 0 (the whole micro-batch) on a CPU,
+    where the whole loss is what tests/recorded_smoke_run.json recorded."""
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    return int(setting) if setting is not None else (0 if kind == "cpu" else LOSS_CHUNK)
 
-    * States: 16 bytes per parameter (float32 weights and gradients, AdamW's two moments), 4 more with
-      DDP (gradient buckets); parameters counted for the baseline shape.
-    * Activations kept for the backward pass, per token and layer, in bytes: RMSNorm inputs 2 × 4·d
-      (float32 residual stream), the bf16 inputs of the four matmuls 4 × 2·d, q, k, v before and after
-      RoPE 2 × 6·d, the attention output 2·d, and the MLP's two hidden tensors 2 × 2·m (m the MLP
-      width): (28·d + 4·m), times 1.25 for arm gates, autocast copies and fragmentation. Flash
-      attention keeps no T×T tensor.
-    * Output layer, per token: bf16 logits (2·V), their float32 copy (4·V), the saved log-softmax
-      (4·V), its float32 gradient (4·V) and the bf16 gradient (2·V) = 16·V bytes for every token of the
-      micro-batch, or for `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`).
-    This is an estimate for choosing a micro-batch, not a measurement.
+
+def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
+                     mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, precision: str = "bf16-mixed",
+                     reserved_gb: float = RESERVED_GB) -> dict[str, float]:
+    """Estimated peak memory (GB) of each phase of a run of `tier`: {phase: GB} for PHASES.
+
+    a = 2 bytes per activation under "bf16-mixed" autocast (a GPU's default), 4 under "32-true" (a CPU's);
+    d the width, m the MLP width, V the padded vocabulary, P the parameters (the baseline's shape).
+    * train_step: the states, P × 16 bytes (float32 weights and gradients, AdamW's two moments; 4 more with
+      DDP's buckets); the activations kept for the backward pass, per token and layer: RMSNorm inputs 2 × 4·d
+      (float32 residual stream), the inputs of the four matmuls 4 × a·d, q, k, v before and after RoPE
+      2 × 3a·d, the attention output a·d, the MLP's two hidden tensors 2 × a·m: 8·d + a·(11·d + 2·m); flash
+      attention keeps no T×T tensor; the output layer, per token, the saved float32 log-softmax, its
+      gradient and the logits' gradient, 12·V, plus the compute-dtype logits and gradient when they are
+      not float32 (2·V each at a = 2): 16·V under bf16, for every token of the micro-batch, or for
+      `loss_chunk` tokens only with the chunked loss (`GPT(..., loss_chunk=)`); the tied output and
+      embedding weights' gradients before they are accumulated, 2 × 4·V·d.
+    * evaluation (every val_interval) and final_evaluation (the same micro-batch over the final windows):
+      the states; no graph, so one layer's tensors at a time, per token 8·d + a·(6·d + 2·m); the output
+      layer's logits, their float32 copy and cross-entropy's log-softmax, (a + 4 + 4)·V per token (no copy
+      at a = 4), for the micro-batch's tokens, or for `loss_chunk` of them (`ablate.loop.mean_token_loss`).
+    * eval_scoring (`ablate eval`, another process, float32): P × 4 bytes of weights; one layer's tensors
+      for eval_batch × seq_len tokens; float32 logits 4·V for every token and, for a row of seq_len, its
+      contiguous copy, its log-softmax and the last row's, 3 × 4·V; or (4 + 4)·V for `loss_chunk` tokens
+      (`ablate.evals.lm.AblateLM`).
+    Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
+    again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
+    (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
     """
     tier = get_tier(tier) if isinstance(tier, str) else tier
-    d, layers = tier.d_model, tier.n_layer
+    if precision not in ("bf16-mixed", "32-true"):
+        raise AblateError(f"precision {precision!r}: valid precisions are bf16-mixed, 32-true")
+    a = 2 if precision == "bf16-mixed" else 4
+    d, layers, seq = tier.d_model, tier.n_layer, tier.seq_len
     m = mlp_hidden or 4 * d
     vocab = math.ceil(tier.vocab_size / 64) * 64
     head_dim = d // tier.n_head
     per_layer = (tier.n_head + 2 * tier.n_kv_head) * head_dim * d + d * d + 2 * d * m + 2 * d
     params = vocab * d + layers * per_layer + d
     states = params * (OPTIMIZER_BYTES + (DDP_BYTES if world_size > 1 else 0))
-    tokens = micro_batch * tier.seq_len
-    activations = tokens * layers * (28 * d + 4 * m) * ACTIVATION_SAFETY
-    output = 16 * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
-    return (states + activations + output) / 1e9 + RESERVED_GB
+
+    def output(tokens: int, per_token: int) -> int:  # bytes of the output layer, whole or in chunks
+        return per_token * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
+
+    tokens, scored = micro_batch * seq, eval_batch * seq
+    saved = tokens * layers * (8 * d + a * (11 * d + 2 * m)) * ACTIVATION_SAFETY
+    working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
+    evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
+    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
+                            + (output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
+    train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
+    phases = {"train_step": train, "evaluation": evaluation,
+              "final_evaluation": evaluation, "eval_scoring": scoring}
+    return {phase: value / 1e9 + reserved_gb for phase, value in phases.items()}
+
+
+def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
+                       mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH,
+                       precision: str = "bf16-mixed") -> float:
+    """Estimated peak GPU memory (GB) of a run of `tier`: the largest of its phases (`memory_phases_gb`)."""
+    return max(memory_phases_gb(tier, micro_batch, world_size=world_size, loss_chunk=loss_chunk,
+                                mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision).values())
 
 
 def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
-                    mlp_hidden: int | None = None) -> int:
-    """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and whose
-    `memory_estimate_gb` fits 90% of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps
-    the global batch, and so the optimisation, unchanged; only float summation order differs."""
+                    mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH) -> int:
+    """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and for which every
+    phase's estimate (`memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
+    of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps the global batch, and so the
+    optimisation, unchanged; only float summation order differs."""
     tier = get_tier(tier) if isinstance(tier, str) else tier
     if world_size < 1 or tier.global_batch % world_size:
         raise AblateError(f"world size {world_size} must divide tier {tier.name}'s global batch {tier.global_batch}")
     local = tier.global_batch // world_size
     budget = USABLE_FRACTION * gpu_mem_gb
+    options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch)
     for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
-        if memory_estimate_gb(tier, micro, world_size=world_size, loss_chunk=loss_chunk,
-                              mlp_hidden=mlp_hidden) <= budget:
+        if memory_estimate_gb(tier, micro, **options) <= budget:
             return micro
-    raise AblateError(f"tier {tier.name} does not fit {gpu_mem_gb:g} GB even at micro-batch 1 "
-                      f"(estimate {memory_estimate_gb(tier, 1, world_size=world_size, loss_chunk=loss_chunk):.1f} GB)")
+    phases = memory_phases_gb(tier, 1, **options)
+    worst = max(phases, key=phases.get)
+    way_out = (f"lower `ablate eval --batch-size` (estimated at {eval_batch})" if worst == "eval_scoring"
+               else "use a larger GPU or set loss_chunk")
+    raise AblateError(f"tier {tier.name} does not fit {gpu_mem_gb:g} GB even at micro-batch 1 ({worst} estimated "
+                      f"at {phases[worst]:.1f} GB); {way_out}")
 
 
 def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None) -> list[dict]:

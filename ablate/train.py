@@ -38,7 +38,7 @@ from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopReq
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
-from ablate.sizing import LOSS_CHUNK
+from ablate.sizing import LOSS_CHUNK, loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_dir, run_lock_path)
@@ -281,7 +281,8 @@ class Trainer:
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
         evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
-                           world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"))
+                           world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"),
+                           loss_chunk=loss_chunk_for(config["loss_chunk"], fabric.device))  # as the steps'
         run.t_resume = time.time()
         self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end

@@ -11,6 +11,10 @@ What it measures, per arm (model built by `ablate.tiers.model_config`, weights b
 * speed: training steps (forward, backward, AdamW; fused AdamW on CUDA) timed after warm-up: step
   time, tokens/s and their ratio to the baseline's, MFU (6·N·D + attention FLOPs, as `ablate plan`
   counts them, over the GPU's peak bf16 throughput from `ablate.tiers.GPUS`), peak memory.
+Every phase's memory (`benchmarks/phase_memory.py`): on a GPU, per tier, the micro-batch `micro_batch_for`
+picks for it and the measured peak of a training step, an evaluation, the final evaluation and `ablate eval`
+scoring against `ablate.sizing.memory_phases_gb`; on CPU the same at a reduced smoke shape (host peaks). The
+script exits 1 when a phase does not fit (out of memory, above its estimate, or an estimate above 90% of the GPU).
 Then a 30-step training run of the baseline, eager and `torch.compile`d: a loop over the model itself
 (same batches, same init, bf16 autocast), not `ablate.train.run`, so that it needs no prepared data and
 times the model alone; it reports both loss curves' largest difference and the speed-up. Two-process
@@ -37,13 +41,19 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import phase_memory  # noqa: E402  (benchmarks/phase_memory.py)
 
 from ablate.arms import list_arms  # noqa: E402
 from ablate.model import GPT  # noqa: E402
+from ablate.errors import AblateError  # noqa: E402
 from ablate.plan import training_flops  # noqa: E402
+from ablate.sizing import EVAL_BATCH  # noqa: E402
 from ablate.sizing import model_config  # noqa: E402
 from ablate.tiers import GPUS, get_tier, gpu_key_for  # noqa: E402
 
+PHASE_TIERS = ("10M", "50M", "124M", "350M")
 GOAL_MFU = 0.45
 GOAL_STEP_RATIO = 1.05
 
@@ -210,6 +220,20 @@ def ddp_check(shp: dict, device, force_cpu: bool) -> dict:
     return result
 
 
+def phases_check(device, memory_gb) -> dict:
+    """Every phase of a run inside its memory plan: per tier on a GPU, at a reduced smoke shape on CPU."""
+    if device.type != "cuda":
+        tiers = {"smoke-reduced": phase_memory.cpu_phases(seq=128, micro=4, eval_batch=4, chunk=128)}
+        return {"tiers": tiers, "all_fit": phase_memory.judge(tiers, None)}
+    tiers = {}
+    for tier in PHASE_TIERS:
+        try:
+            tiers[tier] = phase_memory.cuda_phases(tier, memory_gb, device, EVAL_BATCH)
+        except AblateError as err:  # micro_batch_for: not even micro-batch 1 fits
+            tiers[tier] = {"error": str(err), "phases": {}}
+    return {"tiers": tiers, "all_fit": phase_memory.judge(tiers, memory_gb)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Prove the GPU path; writes gpu_check.json and prints a table.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
@@ -252,11 +276,12 @@ def main(argv=None) -> int:
             row["speed"]["tokens_per_s_ratio_to_baseline"] = row["speed"]["tokens_per_s"] / base["tokens_per_s"]
     report["compile"] = compile_check(shp, data, device, args.steps, args.compile_backend)
     report["ddp"] = ddp_check(shp, device, args.ddp)
+    report["phases"] = phases_check(device, memory)
     report["plan_mfu"] = base["mfu"] if base and key else None
     report["goals"] = goals(report)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
-    return 0
+    return 0 if report["phases"]["all_fit"] else 1
 
 
 def goals(report: dict) -> dict:
@@ -271,6 +296,11 @@ def goals(report: dict) -> dict:
     return {"baseline_mfu_at_least_45pct": (report["plan_mfu"] >= GOAL_MFU) if report["plan_mfu"] else None,
             "step_time_within_1.05x_baseline": within,
             "compiled_faster": (report["compile"]["speedup"] > 1) if on_gpu else None}
+
+
+def phase_cell(name: str, phase: dict) -> str:
+    measured = "OOM" if phase["measured_gb"] is None else f"{phase['measured_gb']:.2f}"
+    return f"{name} {measured}/{phase['estimate_gb']:.2f} GB" + ("" if phase["fits"] else " DOES NOT FIT")
 
 
 def print_table(report: dict) -> None:
@@ -289,6 +319,9 @@ def print_table(report: dict) -> None:
     print(f"compile ({c['backend']}): {c['steps']} steps, max loss difference {c['max_loss_difference']:.3g}, "
           f"eager {c['eager_step_s'] * 1e3:.1f} ms, compiled {c['compiled_step_s'] * 1e3:.1f} ms "
           f"(×{c['speedup']:.2f}), first compiled step {c['first_compiled_step_s']:.1f} s")
+    for tier, row in report["phases"]["tiers"].items():
+        print(f"memory {tier}: " + (row["error"] if "error" in row else f"micro-batch {row['micro_batch']}, "
+                                    + ", ".join(phase_cell(name, p) for name, p in row["phases"].items())))
     d = report["ddp"]
     print("ddp: " + (d["skipped"] if "skipped" in d else
                      f"{d['world_size']} processes ({d['backend']}), max relative gradient error "

@@ -33,3 +33,29 @@ def test_gpu_check_runs_on_cpu_and_writes_its_report(tmp_path):
     assert report["gpu_key"] is None and report["plan_mfu"] is None
     assert report["goals"]["compiled_faster"] is None and report["goals"]["baseline_mfu_at_least_45pct"] is None
     assert "max |Δlogit|" in result.stdout and "ddp: 2 processes (gloo)" in result.stdout
+    # every phase inside its memory plan: on CPU at a reduced smoke shape, measured host peaks within their estimates
+    phases = report["phases"]
+    assert phases["all_fit"] and list(phases["tiers"]) == ["smoke-reduced"]
+    row = phases["tiers"]["smoke-reduced"]
+    assert row["micro_batch"] == 4 and row["loss_chunk"] == 128
+    assert set(row["phases"]) == {"train_step", "evaluation", "final_evaluation", "eval_scoring"}
+    for name, phase in row["phases"].items():
+        assert 0 < phase["measured_gb"] <= phase["estimate_gb"] and phase["fits"], (name, phase)
+    assert "memory smoke-reduced: micro-batch 4, train_step" in result.stdout
+
+
+def test_gpu_check_fails_a_phase_that_does_not_fit():
+    """The judge marks (and the script exits 1 on) a phase that ran out of memory, exceeded its estimate, or
+    whose estimate is above 90% of the GPU; a tier that fits no micro-batch fails too."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import phase_memory
+
+    def tiers(measured, estimate, error=None):
+        row = {"phases": {"train_step": {"measured_gb": measured, "estimate_gb": estimate}}}
+        return {"10M": {**row, **({"error": error} if error else {})}}
+
+    assert phase_memory.judge(tiers(30.0, 35.0), 40.0)
+    for bad, gpu in ((tiers(36.0, 35.0), 40.0), (tiers(None, 35.0), 40.0), (tiers(30.0, 37.0), 40.0),
+                     (tiers(36.0, 35.0), None)):
+        assert not phase_memory.judge(bad, gpu) and not bad["10M"]["phases"]["train_step"]["fits"]
+    assert not phase_memory.judge({"350M": {"error": "does not fit", "phases": {}}}, 4.0)

@@ -13,7 +13,10 @@ so the numbers compare with published ones:
 The window is the model's `max_seq_len` text positions for every arm: the sink-token arm's learned
 extra position is prepended inside `GPT.forward`, which allows `max_seq_len + 1` positions for it.
 Log-probabilities are over the 50,257 real tokens (the logits of the padding rows are dropped, as
-`GPT.generate` does), computed in float32.
+`GPT.generate` does), computed in float32. With a loss chunk (the run's `loss_chunk`; by default
+`ablate.sizing.LOSS_CHUNK` on a GPU, none on a CPU) only the continuations' positions are scored, that
+many tokens at a time (`ablate.model.chunked_log_probs`): no batch of logits exists. Whole or chunked,
+the scores agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from tqdm import tqdm
 
 from ablate.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode
 from ablate.errors import AblateError
+from ablate.model import chunked_log_probs
+from ablate.sizing import loss_chunk_for
 
 
 class AblateLM(TemplateLM):
     """Wraps a trained `ablate.model.GPT` (any arm) for `lm_eval.simple_evaluate`."""
 
-    def __init__(self, model, batch_size: int = 16, device: str = "cpu"):
+    def __init__(self, model, batch_size: int = 16, device: str = "cpu", loss_chunk: int | None = None):
         super().__init__()
         if model.config.vocab_size != VOCAB_SIZE:
             raise AblateError(
@@ -45,6 +50,7 @@ class AblateLM(TemplateLM):
         self.batch_size = int(batch_size)
         self.max_length = int(model.config.max_seq_len)
         self._device = torch.device(device)
+        self.loss_chunk = loss_chunk_for(loss_chunk, self._device)
 
     # ------------------------------------------------------------------ tokenizer
     @property
@@ -83,19 +89,33 @@ class AblateLM(TemplateLM):
             batch = torch.zeros(len(inputs), width, dtype=torch.long)
             for row, tokens in enumerate(inputs):
                 batch[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            logits = self.model(batch.to(self._device)).logits
-            for (request, _, continuation), row, (start, end) in zip(chunk, logits, spans):
-                # only the continuation's positions need a softmax (the context's are thrown away)
-                window = F.log_softmax(row[start:end, :VOCAB_SIZE].float(), dim=-1)
-                target = torch.tensor(continuation, dtype=torch.long, device=row.device)
-                score = float(window.gather(1, target[:, None]).sum())
-                greedy = bool((window.argmax(dim=-1) == target).all())
+            scored = self._score(batch.to(self._device), chunk, spans)
+            for (request, _, _), (score, greedy) in zip(chunk, scored):
                 results.append((score, greedy))
                 if request is not None:
                     self.cache_hook.add_partial("loglikelihood", request, (score, greedy))
                 progress.update(1)
         progress.close()
         return collator.get_original(results)
+
+    def _score(self, batch: torch.Tensor, chunk, spans) -> list[tuple[float, bool]]:
+        """(log-prob of the continuation, is greedy) of each row: from the batch's logits (no loss chunk),
+        or from the continuations' hidden states, `loss_chunk` tokens at a time."""
+        targets = [torch.tensor(continuation, dtype=torch.long, device=batch.device) for _, _, continuation in chunk]
+        if self.loss_chunk <= 0:
+            logits, scored = self.model(batch).logits, []
+            for row, target, (start, end) in zip(logits, targets, spans):
+                # only the continuation's positions need a softmax (the context's are thrown away)
+                window = F.log_softmax(row[start:end, :VOCAB_SIZE].float(), dim=-1)
+                scored.append((float(window.gather(1, target[:, None]).sum()),
+                               bool((window.argmax(dim=-1) == target).all())))
+            return scored
+        hidden = self.model(batch, head=False).hidden
+        rows = torch.cat([row[start:end] for row, (start, end) in zip(hidden, spans)])
+        log_probs, greedy = chunked_log_probs(rows, self.model.lm_head.weight, torch.cat(targets), self.loss_chunk,
+                                              vocab=VOCAB_SIZE)
+        sizes = [end - start for start, end in spans]
+        return [(float(lp.sum()), bool(g.all())) for lp, g in zip(log_probs.split(sizes), greedy.split(sizes))]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each document's total log-likelihood, every token predicted once (the harness's rolling windows)."""

@@ -138,8 +138,8 @@ def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, devi
     from ablate.evals.lm import AblateLM  # a subclass of lm-eval's TemplateLM: the `eval` extra
 
     built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
-    model, _, _ = load_run(folder, device or default_device())
-    lm = AblateLM(model, batch_size=batch_size, device=device or default_device())
+    model, config, _ = load_run(folder, device or default_device())
+    lm = AblateLM(model, batch_size=batch_size, device=device or default_device(), loss_chunk=config.get("loss_chunk"))
     start = time.perf_counter()
     results = lm_eval.simple_evaluate(model=lm, tasks=list(built.values()), limit=limit,
                                       bootstrap_iters=bootstrap_iters, log_samples=True,

@@ -153,7 +153,7 @@ def probe_model(model, batches, *, progress: bool = False) -> dict:
         # A few sequences at a time: the records hold a (B, H, T, T) weight tensor per layer, ~0.5 GB
         # per layer for 8 sequences of 1024 at 350M. The figures are sums, so chunking changes nothing.
         for chunk in inputs.split(RECORD_CHUNK):
-            out = model(chunk.to(device), record=True)
+            out = model(chunk.to(device), record=True, head=False)  # the records only: no logits
             for tally, record, residual in zip(tallies, out.records, out.residuals):
                 tally.add(record, residual)
             seq_len = out.records[0].weights.shape[-1]

@@ -39,6 +39,7 @@ import torch
 from ablate.arms.builtin import NormGate, ProjGate, Renorm
 from ablate.errors import AblateError, choice_error
 from ablate.modelio import load_run, split_batch, validation_batches_for_run
+from ablate.sizing import loss_chunk_for
 from ablate.store import INJECT_FILE, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _stream_seed(*parts) -> int:
 
 
 @torch.no_grad()
-def clean_pass(model, inputs, targets, quantile: float) -> tuple[float, list[LayerPlan]]:
+def clean_pass(model, inputs, targets, quantile: float, loss_chunk: int = 0) -> tuple[float, list[LayerPlan]]:
     """Clean loss and each layer's plan (its reads captured by a hook that changes nothing)."""
     captured: list[torch.Tensor] = []
 
@@ -141,7 +142,7 @@ def clean_pass(model, inputs, targets, quantile: float) -> tuple[float, list[Lay
         return v
 
     with read_hooks(model, [look] * len(model.blocks)):
-        loss = model(inputs, targets).loss.item()
+        loss = model(inputs, targets, loss_chunk=loss_chunk).loss.item()
     plans = []
     for reads in captured:
         norms = reads.norm(dim=-1)  # (B, Hkv, T)
@@ -187,8 +188,11 @@ def make_injector(plan: LayerPlan, direction: torch.Tensor | None, eps: float, a
 
 @torch.no_grad()
 def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=JUNK_KINDS, seed: int = 0,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, loss_chunk: int | None = None) -> dict:
     """Loss increase over clean for every (junk kind, ε), averaged over batches. Nothing is written.
+
+    loss_chunk: the run's (`ablate.sizing.loss_chunk_for`: by default chunked on a GPU, whole on a CPU); each
+    loss is then computed that many tokens at a time, as the training step does.
 
     Returns {"cutoff", "clean_loss", "injected_share", "rows": [{junk, eps, loss, increase}],
     "not_applicable": {kind: reason}}; n/a kinds have rows with loss and increase None.
@@ -205,6 +209,7 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
         raise ValueError("inject_model needs at least one batch")
     model.eval()
     device = next(model.parameters()).device
+    loss_chunk = loss_chunk_for(loss_chunk, device)
     arms = [block.attn.arm for block in model.blocks]
     not_applicable = {}
     if "gate-direction" in junk:
@@ -221,7 +226,7 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
         iterator = tqdm(iterator, desc=f"inject ({cutoff})", unit="batch")
     for index, batch in iterator:
         inputs, targets = (t.to(device) for t in split_batch(batch))
-        clean_loss, plans = clean_pass(model, inputs, targets, CUTOFFS[cutoff])
+        clean_loss, plans = clean_pass(model, inputs, targets, CUTOFFS[cutoff], loss_chunk)
         clean_losses.append(clean_loss)
         quiet_counts += sum(int(p.quiet.sum()) for p in plans)
         read_counts += sum(p.quiet.numel() for p in plans)
@@ -233,7 +238,7 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
             for e in eps:
                 hooks = [make_injector(p, u, e, a) for p, u, a in zip(plans, directions, arms)]
                 with read_hooks(model, hooks):
-                    losses[(kind, e)].append(model(inputs, targets).loss.item())
+                    losses[(kind, e)].append(model(inputs, targets, loss_chunk=loss_chunk).loss.item())
     clean = sum(clean_losses) / len(clean_losses)
     rows = []
     for kind in junk:
@@ -285,7 +290,8 @@ def inject_run(run_dir: str | Path, *, cutoff: str = "p25", eps=DEFAULT_EPS, jun
     model, config, identity = load_run(run_dir, device)
     if batches is None:
         batches = validation_batches_for_run(config, n_batches, batch_size)
-    result = inject_model(model, batches, cutoff=cutoff, eps=eps, junk=junk, seed=seed, progress=progress)
+    result = inject_model(model, batches, cutoff=cutoff, eps=eps, junk=junk, seed=seed, progress=progress,
+                          loss_chunk=config.get("loss_chunk"))
     path = Path(run_dir) / INJECT_FILE
     previous = read_json(path) if path.is_file() else {}
     by_cutoff = dict(previous.get("by_cutoff", {}))
