@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.model import GPT, chunked_cross_entropy, common_fingerprint, fingerprint_parameters, shared_shapes
+from ablate.losses import chunked_cross_entropy
+from ablate.model import GPT, common_fingerprint, fingerprint_parameters, shared_shapes
 from ablate.sizing import model_config
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ extra position is prepended inside `GPT.forward`, which allows `max_seq_len + 1`
 Log-probabilities are over the 50,257 real tokens (the logits of the padding rows are dropped, as
 `GPT.generate` does), computed in float32. With a loss chunk (the run's `loss_chunk`; by default
 `ablate.sizing.LOSS_CHUNK` on a GPU, none on a CPU) only the continuations' positions are scored, that
-many tokens at a time (`ablate.model.chunked_log_probs`): no batch of logits exists. Whole or chunked,
+many tokens at a time (`ablate.losses.chunked_log_probs`): no batch of logits exists. Whole or chunked,
 the scores agree to float32 rounding.
 """
 
@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ablate.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode
 from ablate.errors import AblateError
-from ablate.model import chunked_log_probs
+from ablate.losses import chunked_log_probs
 from ablate.sizing import loss_chunk_for
 
 
