@@ -94,8 +94,9 @@ def wandb_env(tmp_path: Path, wandb_dir: Path | None) -> dict:
     return env
 
 
-def interrupted_then_resumed(tmp_path, sample_data, steps, kill_at, how, wandb_dir, *extra) -> tuple[Path, dict]:
-    """A smoke run logging to W&B, stopped by `how` once step `kill_at` is logged, then run again to the end."""
+def interrupted_then_resumed(tmp_path, sample_data, steps, kill_at, how, wandb_dir, *extra) -> tuple[Path, dict, int]:
+    """A smoke run logging to W&B, stopped by `how` once step `kill_at` is logged, then run again to the end.
+    Returns the run folder, its summary and the last step metrics.jsonl held when the run was stopped."""
     results, cwd = tmp_path / "results", tmp_path / "cwd"
     cwd.mkdir()
     args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", steps, "--data", sample_data,
@@ -107,17 +108,18 @@ def interrupted_then_resumed(tmp_path, sample_data, steps, kill_at, how, wandb_d
     process.send_signal(how)
     process.communicate(timeout=300)
     assert read_json(folder / "summary.json")["status"] == "running"  # stopped, not finished
+    stopped_at = max(r["step"] for r in read_metrics(folder / "metrics.jsonl"))
     resumed = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=cwd, env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming at step" in resumed.stderr
     assert not (cwd / "wandb").exists()  # nothing written into the working folder
-    return folder, read_json(folder / "summary.json")
+    return folder, read_json(folder / "summary.json"), stopped_at
 
 
 def test_sigterm_requeue_path_logs_both_segments_into_one_run_id(tmp_path, sample_data):
     """SIGTERM (like SLURM's warning signal): checkpoint at the step boundary, stop; the rerun resumes."""
-    folder, summary = interrupted_then_resumed(tmp_path, sample_data, 30, 6, signal.SIGTERM, tmp_path / "wb")
+    folder, summary, _ = interrupted_then_resumed(tmp_path, sample_data, 30, 6, signal.SIGTERM, tmp_path / "wb")
     assert summary["status"] == "completed" and summary["logger_run_id"]
     parts = segments(tmp_path / "wb" / "wandb")
     assert len(parts) == 2, parts  # offline: one folder per segment
@@ -133,13 +135,19 @@ def test_sigterm_requeue_path_logs_both_segments_into_one_run_id(tmp_path, sampl
 
 def test_sigkill_after_a_checkpoint_sends_no_step_twice(tmp_path, sample_data):
     """SIGKILL two steps past the checkpoint at 12: the resumed run computes 13 and 14 again, and the logger,
-    which had them, is not sent them a second time. Without WANDB_DIR, W&B's files go to the run folder."""
-    folder, summary = interrupted_then_resumed(tmp_path, sample_data, 24, 14, signal.SIGKILL, None,
-                                               "--checkpoint-interval", "6")
-    assert summary["status"] == "completed"
+    which was sent them, is not sent them a second time. Without WANDB_DIR, W&B's files go to the run folder.
+
+    What W&B kept of the killed segment is up to W&B (offline, its core had not always flushed: the killed
+    segment's log held only its header in one of our tries); metrics.jsonl holds every step.
+    """
+    folder, summary, stopped_at = interrupted_then_resumed(tmp_path, sample_data, 24, 14, signal.SIGKILL, None,
+                                                           "--checkpoint-interval", "6")
+    assert summary["status"] == "completed" and stopped_at >= 14
     parts = segments(folder / "wandb")
-    assert len(parts) == 2 and all(p["runs"][0][0] == summary["logger_run_id"] for p in parts), parts
+    assert len(parts) == 2, parts
     first, second = parts[0]["steps"], parts[1]["steps"]
-    assert max(first) >= 14 and min(second) == max(first) + 1, (first, second)
-    assert first + second == list(range(0, 25))
+    assert parts[1]["runs"] == [(summary["logger_run_id"], folder.as_posix(), "ablate")]
+    assert parts[0]["runs"] in ([], parts[1]["runs"])  # the killed segment: the same id, if W&B wrote it down
+    assert second == list(range(stopped_at + 1, 25))  # steps 13..stopped_at were sent before the kill
+    assert set(first) <= set(range(0, stopped_at + 1)) and len(set(first)) == len(first)
     assert [r["step"] for r in read_metrics(folder / "metrics.jsonl")] == list(range(0, 25))
