@@ -16,7 +16,8 @@ removed
       older results that nothing can rebuild.
 never removed
     summary.json, metrics.jsonl, config.json, run.log, eval.json, the final weights, TensorBoard and
-    SLURM logs, the ledger: none of them can be rebuilt.
+    SLURM logs, the ledger: none of them can be rebuilt. The result lists the final weights it kept
+    (`kept_weights`: they are most of what remains) and what the folder holds after the clean (`left`).
 
 A run whose lock is live is skipped and reported; the real clean holds each run's lock while it
 deletes (the same lock a training process takes), so a run cannot start under it.
@@ -59,7 +60,10 @@ class CleanResult:
     removed: list[Item] = field(default_factory=list)  # in a dry run: what would be removed
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # (run folder or link, why it was left alone)
     kept_aside: list[Item] = field(default_factory=list)  # folders kept aside, left because aside=False
+    kept_weights: list[Item] = field(default_factory=list)  # the final weights of the runs it looked at: kept
+    left: int = 0  # bytes the experiment's folder holds after the clean (in a dry run: would hold)
     dry_run: bool = False
+    root: Path | None = None  # the experiment's folder
 
     @property
     def total(self) -> int:
@@ -153,7 +157,7 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
                           "the results folder: give --results the folder that holds the experiment itself")
     if not root.is_dir():
         raise AblateError(f"no results for this experiment: {root} does not exist (check --results)")
-    result = CleanResult(dry_run=dry_run)
+    result = CleanResult(dry_run=dry_run, root=root)
     whole = not tiers and not arms and seeds is None
     links_seen: set[Path] = set()
 
@@ -198,6 +202,10 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
             act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
         except AblateError as err:  # a damaged summary: say so, clean the other runs
             result.skipped.append((folder, str(err)))
+        weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+        if _plain_file(weights) and first_link(weights, root) is None:
+            result.kept_weights.append(Item(weights, size_of(weights), "final weights (probe, inject and eval read "
+                                                                       "them; nothing rebuilds them)"))
 
     for folder in sorted(p for p in root.glob("*/*/seed*.old-*") if p.is_dir()):
         match = ASIDE_DIR.fullmatch(folder.name)
@@ -220,6 +228,7 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
         if not dry_run:
             _remove(report)
         result.removed.append(item)
+    result.left = size_of(root) - (result.total if dry_run else 0)
     return result
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -205,11 +206,30 @@ def experiment_file(spec: str | os.PathLike) -> Path:
 
 
 def load_experiment(spec: str | os.PathLike) -> Experiment:
-    """`demo` or `experiments/demo.py` → the Experiment that file defines (arms it registers included)."""
+    """`demo` or `experiments/demo.py` → the Experiment that file defines (arms it registers included).
+
+    The file's folder is on the import path while it loads, so it may import modules that lie beside it
+    (`from scalar_gate import ScalarGate` with `scalar_gate.py` in the same folder). Every command, the
+    SLURM task and the local worker load it through here. An import that fails is one line naming the file
+    and the missing module.
+    """
     path = experiment_file(spec)
     module_spec = importlib.util.spec_from_file_location(f"ablate_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        module_spec.loader.exec_module(module)
+    except ImportError as err:
+        missing = err.name or str(err)
+        raise AblateError(
+            f"{path} cannot import {missing!r} ({err}); a module of your own goes beside the experiment file "
+            f"(in {folder}), an installed one into this Python ({sys.executable})") from err
+    finally:
+        try:
+            sys.path.remove(folder)  # the first occurrence: the one put there above
+        except ValueError:  # the file took it off itself
+            pass
     experiment = getattr(module, "EXPERIMENT", None)
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")

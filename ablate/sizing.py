@@ -194,19 +194,32 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
                       f"at {phases[worst]:.1f} GB); {way_out}")
 
 
-def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None) -> list[dict]:
-    """One row per arm (default: every registered arm); parameter counts are measured on a real 1-layer
-    model of that width."""
+def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None, *, tier: str | None = None,
+              model: dict | None = None) -> list[dict]:
+    """One row per arm (default: every registered arm); parameter counts are measured on the real model
+    (meta device), one layer of that width for the count per layer.
+
+    tier: count at that tier's shape instead (its width, heads and key/value heads, with `model`: GPTConfig
+    fields an experiment overrides), and add `extra_params_total`, the arm's parameters in the whole model.
+    """
     rows = []
     for name in list_arms() if arms is None else arms:
         cls = get_arm(name)
-        model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=n_head, d_model=d_model, max_seq_len=8, arm=name))
-        extra = model.param_counts()["arm_extra"]
+        if tier is None:
+            config = GPTConfig(vocab_size=64, n_layer=1, n_head=n_head, d_model=d_model, max_seq_len=8, arm=name)
+            where = {}
+        else:
+            full = model_config(tier, name, **(model or {}))
+            config = replace(full, vocab_size=64, n_layer=1, max_seq_len=8)
+            where = {"tier": get_tier(tier).name, "n_layer": full.n_layer, "n_kv_head": full.n_kv_head,
+                     "extra_params_total": _meta_counts(full)["arm_extra"]}
+        extra = _meta_counts(config)["arm_extra"]
         rows.append({
             "arm": name,
             "slots": list(cls.slots()) or (["sequence"] if cls.sequence_token else []),
             "extra_params_per_layer": 0 if cls.sequence_token else extra,
             "extra_params_once": extra if cls.sequence_token else 0,
             "description": cls.description,
+            "d_model": config.d_model, "n_head": config.n_head, **where,
         })
     return rows

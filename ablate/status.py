@@ -23,11 +23,13 @@ from ablate.evals.results import valid_evals
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import live_holder
 from ablate.store import (
+    CONFIG,
     METRICS,
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
     finished,
+    iter_run_dirs,
     read_json_file,
     read_ledger,
     read_metrics,
@@ -301,10 +303,13 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
     return "not-submitted", None, False
 
 
-def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
-    folder = experiment_dir(results, experiment)
+def status(experiment: Experiment | str, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
+    """One row per run (`run_status`): of the experiment's grid (or `specs`, a part of it); given a name
+    instead of an Experiment (ad-hoc runs), of `specs`, which the caller lists (`folder_runs`)."""
+    name = experiment if isinstance(experiment, str) else experiment.name
+    folder = Path(results) / name
     ledger = read_ledger(folder)
-    specs = specs or experiment.runs()
+    specs = specs if specs is not None or isinstance(experiment, str) else experiment.runs()
     keys = [s.key for s in specs] + [f"eval:{s.key}" for s in specs]
     job_ids = [ledger["runs"][k].get("job_id") for k in keys
                if k in ledger["runs"] and ledger["runs"][k].get("executor") == "slurm"]
@@ -314,6 +319,17 @@ def status(experiment: Experiment, results: Path, specs: list[RunSpec] | None = 
     for spec, row in zip(specs, rows):
         row["eval"] = eval_state(results, spec, ledger.get("runs", {}).get(f"eval:{spec.key}"), slurm)
     return rows
+
+
+def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> list[RunSpec]:
+    """The runs found in RESULTS/<name> without an experiment file (`ablate run`'s ad-hoc runs, or any
+    `--experiment NAME` of it): every run folder with its config.json (written as a run starts), filtered."""
+    specs = []
+    for folder in iter_run_dirs(Path(results) / name, holding=CONFIG):
+        tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
+        if (not tiers or tier in tiers) and (not arms or arm in arms) and (seeds is None or seed in seeds):
+            specs.append(RunSpec(name, tier, arm, seed))
+    return specs
 
 
 def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmView) -> str | None:

@@ -224,7 +224,9 @@ class Trainer:
         if kind == "wandb":
             from lightning.pytorch.loggers import WandbLogger  # reason: optional extra (wandb)
 
-            return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow")]
+            # one id for every segment of the run; files in $WANDB_DIR, else the run folder (not the working one)
+            return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow",
+                                save_dir=os.environ.get("WANDB_DIR") or str(self.folder))]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
     def _fit(self, fabric) -> dict:
@@ -262,7 +264,9 @@ class Trainer:
         forward_model = torch.compile(model) if config["compile"] else model
         run.forward_model, run.optimizer = fabric.setup(forward_model, optimizer)
         resumed = self._resume(run)
-        metrics = MetricsLog(self.folder / METRICS, fabric.log_dict)
+        # the loggers got the rows up to `sent` before this resume: they get only later ones (no step twice)
+        sent = max((r["step"] for r in read_metrics(self.folder / METRICS) if "step" in r), default=-1)
+        metrics = MetricsLog(self.folder / METRICS, lambda row, step: step > sent and fabric.log_dict(row, step=step))
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)

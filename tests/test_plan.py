@@ -67,8 +67,10 @@ def test_custom_arm_experiment_in_arms_and_plan(tmp_path, capsys):
     assert main(["arms", str(path), "--d-model", "64", "--n-head", "2"]) == 0
     out = capsys.readouterr().out
     assert "experiment plan_test: 2 arms" in out and "plan-test-arm" in out and "sink-logit" not in out
-    rows = cli_json(capsys, "arms", path)
-    assert [r["arm"] for r in rows] == ["baseline", "plan-test-arm"] and rows[1]["extra_params_per_layer"] == 1
+    rows = cli_json(capsys, "arms", path)  # one row per (tier, arm): counted at the experiment's tiers
+    assert [(r["tier"], r["arm"]) for r in rows] == [("smoke", "baseline"), ("smoke", "plan-test-arm"),
+                                                     ("10M", "baseline"), ("10M", "plan-test-arm")]
+    assert rows[1]["extra_params_per_layer"] == 1 and rows[3]["extra_params_total"] == 8  # one per layer, 8 layers
     plan = cli_json(capsys, "plan", path)  # the same file loaded again in this process
     assert plan["total_runs"] == 2 * 2 + 2 * 3
     assert {(r["tier"], r["arm"], r["params_arm_extra"]) for r in plan["runs"]} >= {("10M", "plan-test-arm", 8)}

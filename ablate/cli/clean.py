@@ -45,8 +45,23 @@ def _clean_cli(args) -> int:
               f"({human(sum(i.size for i in result.kept_aside))}, older results; --aside removes them):")
         for item in result.kept_aside:
             print(f"  {human(item.size):>10}  {item.path}")
+    keep = "would keep" if args.dry_run else "kept"
+    weights = sum(item.size for item in result.kept_weights)
+    if result.kept_weights:
+        print(f"{keep} the final weights of {len(result.kept_weights)} run(s), {human(weights)} "
+              f"(checkpoints/model.pt: probe, inject and eval read them, and nothing rebuilds them):")
+        for item in result.kept_weights:
+            print(f"  {human(item.size):>10}  {item.path}")
     if args.dry_run:
         print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed (dry run: nothing removed)")
     else:
         print(f"total: freed {human(result.total)} in {len(result.removed)} item(s)")
+    remain = f"{'would remain' if args.dry_run else 'remaining'}: {human(result.left)} in {result.root}"
+    if args.tiers or args.arms or args.seeds is not None:  # the breakdown covers the runs cleaned, not the folder
+        print(f"{remain} (every run of the experiment)")
+        return 0
+    aside = sum(item.size for item in result.kept_aside)
+    records = max(0, result.left - weights - aside)
+    print(f"{remain} (final weights {human(weights)}" + (f", folders set aside {human(aside)}" if aside else "")
+          + f", records and logs {human(records)}: summaries, metrics, configs, run logs, evaluations, the ledger)")
     return 0

@@ -49,8 +49,8 @@ def add_commands(subparsers) -> None:
     prep.add_argument("--path", nargs="+", help="parquet/jsonl: files, folders or globs")
     prep.add_argument("--text-column", help="parquet/jsonl: the column holding the text (default text)")
     prep.add_argument("--id-column", help="parquet/jsonl: a column of stable document ids (default: the text's hash)")
-    prep.add_argument("--source-arg", action="append", type=_source_arg, default=[], metavar="KEY=VALUE",
-                      help="any other argument of the source (repeatable)")
+    prep.add_argument("--source-arg", nargs="+", action="extend", type=_source_arg, default=[], metavar="KEY=VALUE",
+                      help="any other arguments of the source, space-separated (the option may be repeated)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     prep.set_defaults(func=run_prepare)
 

@@ -16,17 +16,19 @@ def add_commands(subparsers) -> None:
     inject = subparsers.add_parser("inject", help="junk injection into quiet reads: loss increase over clean")
     inject.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
     inject.add_argument("--cutoff", default="p25", help="quiet reads: below the head's median or p25 norm (default p25)")
-    inject.add_argument("--eps", default="0.2,0.4,0.8,1.6", help="doses ε, comma-separated (default 0.2,0.4,0.8,1.6)")
-    inject.add_argument("--junk", default="structural,gaussian,random,gate-direction",
-                        help="junk kinds, comma-separated (default: all four)")
+    inject.add_argument("--eps", nargs="+", default=["0.2", "0.4", "0.8", "1.6"], metavar="EPS",
+                        help="doses ε, space-separated (default 0.2 0.4 0.8 1.6)")
+    inject.add_argument("--junk", nargs="+", default=["structural", "gaussian", "random", "gate-direction"],
+                        metavar="KIND", help="junk kinds, space-separated (default: all four)")
     inject.add_argument("--seed", type=int, default=0, help="seed of the junk draws (default 0)")
     _batch_options(inject)
     inject.set_defaults(func=_inject)
 
     synthetic = subparsers.add_parser(
         "synthetic", help="train tiny models on the synthetic abstention task and probe them (a CPU demo)")
-    synthetic.add_argument("--arms", default="baseline,sink-logit", help="comma-separated arms (default baseline,sink-logit)")
-    synthetic.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    synthetic.add_argument("--arms", nargs="+", default=["baseline", "sink-logit"], metavar="ARM",
+                           help="arms, space-separated (default baseline sink-logit)")
+    synthetic.add_argument("--seeds", nargs="+", default=["0"], metavar="K", help="seeds, space-separated (default 0)")
     synthetic.add_argument("--steps", type=int, default=None, help="training steps (default 600: neither arm saturates, about 25 s each on one CPU core)")
     synthetic.add_argument("--answer-noise", type=float, default=None,
                            help="share of stored-key answers drawn at random, a loss floor so the task cannot "
@@ -44,18 +46,21 @@ def _batch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
 
 
-def _comma_list(text: str, what: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
+def _listed(values: list[str], what: str) -> list[str]:
+    """The values of a list option, given space-separated (`--eps 0.2 0.4`) or, as before, comma-separated
+    (`--eps 0.2,0.4`)."""
+    items = [item.strip() for value in values for item in value.split(",") if item.strip()]
     if not items:
         raise AblateError(f"--{what} is empty")
     return items
 
 
-def _floats(text: str, what: str) -> list[float]:
+def _numbers(values: list[str], what: str, kind=float) -> list:
     try:
-        return [float(item) for item in _comma_list(text, what)]
+        return [kind(item) for item in _listed(values, what)]
     except ValueError as err:
-        raise AblateError(f"--{what} {text!r} is not a comma-separated list of numbers") from err
+        noun = "numbers" if kind is float else "integers"
+        raise AblateError(f"--{what} {' '.join(values)!r} is not a list of {noun} (e.g. --{what} 0 1)") from err
 
 
 def _probe(args) -> int:
@@ -84,8 +89,8 @@ def _inject(args) -> int:
     from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
     from ablate.modelio import default_device
 
-    result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_floats(args.eps, "eps"),
-                        junk=_comma_list(args.junk, "junk"), seed=args.seed, n_batches=args.batches,
+    result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_numbers(args.eps, "eps"),
+                        junk=_listed(args.junk, "junk"), seed=args.seed, n_batches=args.batches,
                         batch_size=args.batch_size, device=args.device or default_device(), progress=True)
     print(injection_table(result))
     print(f"\nwrote {args.run_dir}/{INJECT_FILE}")
@@ -96,14 +101,11 @@ def _synthetic(args) -> int:
     from ablate.arms import list_arms
     from ablate.errors import choice_error
 
-    arms = _comma_list(args.arms, "arms")
+    arms = _listed(args.arms, "arms")
     for arm in arms:
         if arm not in list_arms():
             raise choice_error("arm", arm, list_arms())
-    try:
-        seeds = [int(s) for s in _comma_list(args.seeds, "seeds")]
-    except ValueError as err:
-        raise AblateError(f"--seeds {args.seeds!r} is not a comma-separated list of integers") from err
+    seeds = _numbers(args.seeds, "seeds", int)
     from ablate.probes.synthetic import DEMO_ANSWER_NOISE, SyntheticTask, run_synthetic
 
     noise = DEMO_ANSWER_NOISE if args.answer_noise is None else args.answer_noise
