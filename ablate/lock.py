@@ -278,3 +278,30 @@ class FileLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+RANK_VARIABLES = ("LOCAL_RANK", "RANK")
+
+
+def claimed_rank() -> int:
+    """The non-zero process rank the environment claims (LOCAL_RANK, else RANK), or 0."""
+    for name in RANK_VARIABLES:
+        try:
+            rank = int(os.environ.get(name) or 0)
+        except ValueError:
+            continue
+        if rank:
+            return rank
+    return 0
+
+
+def launched_child(lock_path: Path) -> bool:
+    """True only in a data-parallel child of the process that holds the run (it handed down the run lock's
+    token, `FileLock.handed_down`). Anything else that claims a rank is an ordinary run, with every guard."""
+    if not claimed_rank():
+        return False
+    if held_by_parent(lock_path):
+        return True
+    log.warning("the environment claims rank %d, but this process's parent does not hold %s: running it as an "
+                "ordinary run", claimed_rank(), lock_path)
+    return False

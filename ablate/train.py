@@ -32,7 +32,7 @@ from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
-from ablate.lock import FileLock, held_by_parent
+from ablate.lock import FileLock, launched_child
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
@@ -90,31 +90,6 @@ def took_a_step(folder: Path, summary: dict) -> bool:
     return any(row.get("step") for row in read_metrics(folder / METRICS) if isinstance(row, dict))
 
 
-RANK_VARIABLES = ("LOCAL_RANK", "RANK")
-
-
-def claimed_rank() -> int:
-    """The non-zero process rank the environment claims (LOCAL_RANK, else RANK), or 0."""
-    for name in RANK_VARIABLES:
-        try:
-            rank = int(os.environ.get(name) or 0)
-        except ValueError:
-            continue
-        if rank:
-            return rank
-    return 0
-
-
-def launched_child(folder: Path) -> bool:
-    """True only in a data-parallel child of the process that holds the run (it handed down the run lock's
-    token, `FileLock.handed_down`). Anything else that claims a rank is an ordinary run, with every guard."""
-    if not claimed_rank():
-        return False
-    if held_by_parent(run_lock_path(folder)):
-        return True
-    log.warning("the environment claims rank %d, but this process's parent does not hold %s: running it as an "
-                "ordinary run", claimed_rank(), folder)
-    return False
 
 
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
@@ -132,7 +107,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
-    if launched_child(folder):
+    if launched_child(run_lock_path(folder)):
         return Trainer(folder, config).fit(), True
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
         state = prepare_run_dir(folder, config, force)
