@@ -91,7 +91,6 @@ def took_a_step(folder: Path, summary: dict) -> bool:
 
 
 
-
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
         **options) -> dict:
     """Train one run to completion (or resume it); return its summary. A completed run is a no-op.

@@ -68,7 +68,7 @@ def main() -> int:
         start = time.perf_counter()
         from ablate.analysis.load import load_runs  # timed: the import cost is part of the figure
         from ablate.analysis.report import write_report
-        from ablate.analysis.tables import build_table
+        from ablate.analysis.build import build_table
 
         print(f"import ablate.analysis: {time.perf_counter() - start:.2f} s")
         load_s, runs = timed(lambda: load_runs(folder), args.repeat)

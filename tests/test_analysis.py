@@ -16,7 +16,8 @@ from ablate.experiment import results_of
 from ablate.analysis.load import load_runs
 from ablate.analysis.render import render
 from ablate.analysis.stats import holm, summarise
-from ablate.analysis.tables import (PIPELINE_CHECK, add_mark, build_table, increments_table, losses_table, overlap_table,
+from ablate.analysis.build import build_table
+from ablate.analysis.tables import (PIPELINE_CHECK, add_mark, increments_table, losses_table, overlap_table,
                                     paired_table)
 from ablate.errors import AblateError
 

@@ -7,7 +7,8 @@ import pytest
 from ablate.analysis.load import load_runs
 from ablate.analysis.render import PADDED_VOCAB, REAL_VOCAB, VAL_LOSS_FOOTER, render
 from ablate.analysis.report import write_report
-from ablate.analysis.tables import build_table, losses_table
+from ablate.analysis.build import build_table
+from ablate.analysis.tables import losses_table
 from analysis_fixtures import write_csv, write_run, write_store
 from test_eval_table import ACC, PPL, write_eval
 

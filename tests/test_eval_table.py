@@ -9,7 +9,7 @@ from scipy import stats
 
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.errors import AblateError
 from analysis_fixtures import write_run
 from datafix import ablate_cli

@@ -20,7 +20,7 @@ import pytest
 
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.cli import main
 from ablate.errors import AblateError
 from ablate.evals.results import eval_problem, read_metric, valid_evals

@@ -13,7 +13,7 @@ from statsmodels.stats.multitest import multipletests
 from ablate.analysis.hypotheses import Declared
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.cli import main
 from ablate.errors import AblateError
 from ablate.experiment import Comparison, Experiment, load_experiment

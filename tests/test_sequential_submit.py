@@ -8,7 +8,7 @@ import pytest
 from ablate.analysis.hypotheses import Declared, seeds_to_queue
 from ablate.analysis.load import load_runs
 from ablate.analysis.render import render
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.cli import main
 from ablate.errors import AblateError
 from ablate.experiment import SEQUENTIAL, recorded_sequential

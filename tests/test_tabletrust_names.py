@@ -14,7 +14,8 @@ from datafix import ablate_cli
 from ablate.analysis.load import RUN_SCHEMA, load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.render import render
-from ablate.analysis.tables import build_table, losses_table
+from ablate.analysis.build import build_table
+from ablate.analysis.tables import losses_table
 from ablate.errors import AblateError
 from ablate.analysis.probes import summarise_injections, summarise_probes
 

@@ -8,7 +8,7 @@ from analysis_fixtures import write_run
 from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
 
 from ablate.analysis.load import load_runs
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.train import run

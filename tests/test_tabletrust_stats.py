@@ -9,7 +9,8 @@ from analysis_fixtures import write_run
 from ablate.analysis.crossover import find_crossover
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
-from ablate.analysis.tables import Table, build_table
+from ablate.analysis.build import build_table
+from ablate.analysis.tables import Table
 
 
 def _csv(tmp_path, rows) -> pl.DataFrame:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ablate.analysis.load import load_runs
-from ablate.analysis.tables import build_table
+from ablate.analysis.build import build_table
 from ablate.errors import AblateError
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock, LockHeld

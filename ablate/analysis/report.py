@@ -33,7 +33,8 @@ from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import DESCRIPTIONS, decision_text, effect_cells, format_p, render
 from ablate.analysis.stats import holm_by
 from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
-from ablate.analysis.tables import KINDS, Table, build_table, is_pipeline_check, losses_table, pipeline_check_text
+from ablate.analysis.build import build_table
+from ablate.analysis.tables import KINDS, Table, is_pipeline_check, losses_table, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ablate.errors import AblateError, choice_error
+from ablate.errors import AblateError
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
 from ablate.tiers import TIERS, tier_rank
@@ -119,33 +119,6 @@ def add_mark(frame: pl.DataFrame, condition: pl.Expr, mark: str) -> pl.DataFrame
     """Append `mark` to the `marks` cell of the rows where `condition` holds (the hook for row caveats)."""
     joined = pl.when(pl.col("marks").is_null()).then(pl.lit(mark)).otherwise(pl.col("marks") + "," + mark)
     return frame.with_columns(marks=pl.when(condition).then(joined).otherwise(pl.col("marks")))
-
-
-def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table:
-    """The one entry point the CLI and the report use; `reference` applies to the paired table only.
-
-    `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
-    over that family only, every other row marked exploratory; kind "declared" is the family's own table.
-    """
-    from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table  # it builds on this module
-
-    if kind not in (*KINDS, DECLARED):
-        raise choice_error("kind", kind, (*KINDS, DECLARED))
-    family = declared_table(runs, declared) if declared is not None and declared.comparisons else None
-    if kind == DECLARED:
-        if family is None:
-            raise AblateError(f"{runs.name!r} has no declared comparisons: give an experiment whose file declares "
-                              "hypotheses=[Comparison(...)], or use --kind paired/increments/overlap")
-        return family
-    if kind == "paired":
-        table = paired_table(runs, reference or "baseline")
-    elif reference is not None:
-        raise AblateError(
-            f"--reference applies to --kind paired only; the {kind} table has fixed arms ({_fixed_arms(kind)})"
-        )
-    else:
-        table = increments_table(runs) if kind == "increments" else overlap_table(runs)
-    return adjust_over_family(table, family) if family is not None else table
 
 
 def paired_table(runs: Runs, reference: str = "baseline") -> Table:

@@ -72,7 +72,7 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
     from ablate.analysis.render import render
-    from ablate.analysis.tables import build_table
+    from ablate.analysis.build import build_table
 
     if args.by_item:
         return _by_item(args)

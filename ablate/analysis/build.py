@@ -1,0 +1,35 @@
+"""`build_table`: the one entry point the commands and the report use, a kind's table from a source's
+runs, with p adjusted over the experiment's declared comparisons when it declares them
+(`ablate.analysis.hypotheses`)."""
+
+from __future__ import annotations
+
+from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table
+from ablate.analysis.runs import Runs
+from ablate.analysis.tables import KINDS, Table, _fixed_arms, increments_table, overlap_table, paired_table
+from ablate.errors import AblateError, choice_error
+
+
+def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table:
+    """The one entry point the CLI and the report use; `reference` applies to the paired table only.
+
+    `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
+    over that family only, every other row marked exploratory; kind "declared" is the family's own table.
+    """
+    if kind not in (*KINDS, DECLARED):
+        raise choice_error("kind", kind, (*KINDS, DECLARED))
+    family = declared_table(runs, declared) if declared is not None and declared.comparisons else None
+    if kind == DECLARED:
+        if family is None:
+            raise AblateError(f"{runs.name!r} has no declared comparisons: give an experiment whose file declares "
+                              "hypotheses=[Comparison(...)], or use --kind paired/increments/overlap")
+        return family
+    if kind == "paired":
+        table = paired_table(runs, reference or "baseline")
+    elif reference is not None:
+        raise AblateError(
+            f"--reference applies to --kind paired only; the {kind} table has fixed arms ({_fixed_arms(kind)})"
+        )
+    else:
+        table = increments_table(runs) if kind == "increments" else overlap_table(runs)
+    return adjust_over_family(table, family) if family is not None else table
