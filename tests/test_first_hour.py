@@ -95,7 +95,7 @@ def test_a_failing_import_is_one_line_naming_the_file_and_the_module(tmp_path, c
 # ---------------------------------------------------------------------------------------------- 2. lists
 SCALAR_PLURALS = {  # plural names that hold one value: counts, a folder
     "tokens", "shard_tokens", "val_tokens", "workers", "max_steps", "results", "devices", "threads", "batches",
-    "steps", "bootstrap_iters"}
+    "steps", "bootstrap_iters", "looks", "max_seeds"}  # looks, max_seeds: counts of a sequential design
 SINGULAR_LISTS = {"eps", "junk", "source_arg"}  # list options whose name is not plural
 
 
