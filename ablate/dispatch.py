@@ -238,6 +238,5 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
 def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
     """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
     the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
-
     fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)
     return int(chosen) if chosen else fit

@@ -338,7 +338,6 @@ def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmVie
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
-
     valid, stale = valid_evals(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed))
     wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
     if wanted and wanted <= set(valid):
