@@ -56,3 +56,34 @@ def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes
     assert f"resuming at step {summary['steps']} of 40" in (first / "run.log").read_text()
     rows = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]
     assert [r["state"] for r in rows] == ["completed", "completed"] and all(r["steps"] == 40 for r in rows)
+
+
+def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sample_data):
+    """A bare `ablate run` (no submit around it): SIGINT stops it at a step boundary with a checkpoint, the
+    command says so in one line (exit 130, no traceback), and the same command resumes it."""
+    results = tmp_path / "results"
+    folder = run_dir(results, "adhoc", "smoke", "baseline", 0)
+    command = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "40", "--data", sample_data,
+               "--no-progress", "--threads", "1", "--results", results]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, command)], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not [r for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]:
+            assert process.poll() is None and time.time() < deadline, "the run took no step"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    told = [line for line in err.splitlines() if line.startswith("ablate:")]
+    assert told == ["ablate: interrupted"], err[-3000:]
+    steps = read_json(folder / "summary.json")["steps"]
+    assert (folder / "checkpoints" / "state.pt").exists() and 1 <= steps < 40
+    again = ablate_cli(*command)
+    assert json.loads(again.stdout)["status"] == "completed"
+    assert f"resuming at step {steps} of 40" in (folder / "run.log").read_text()

@@ -80,8 +80,8 @@ def _power(args, experiment) -> int:
         print(f"{r['tier']:<6} {r['comparison']:<20} {r['sd']:>9.5f} {r['family_size']:>3} {r['seeds']:>6} "
               f"{conservative:>8} {r['gpu_hours']:>9.1f}")
     for t in plan["tiers"]:
-        print(f"tier {t['tier']}: {t['seeds']} seeds cover every declared comparison, {t['gpu_hours']:.1f} GPU-hours "
-              f"(the fixed design: {t['fixed_seeds']} seeds, {t['fixed_gpu_hours']:.1f} GPU-hours)")
+        print(f"tier {t['tier']}: {_seeds(t['seeds'])} cover every declared comparison, {t['gpu_hours']:.1f} GPU-hours "
+              f"(the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours)")
     print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
     for warning in plan["warnings"]:
         print(f"warning: {warning}")
@@ -167,3 +167,6 @@ def _print_tier(plan: dict) -> None:
               f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
     print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
 
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
