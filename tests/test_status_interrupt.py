@@ -11,6 +11,25 @@ from ablate.store import read_json, read_metrics, run_dir
 from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
 
 
+def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
+    """Run `ablate ARGS` in its own process group (a shell's foreground job), press Ctrl-C (SIGINT to the
+    whole group) once the run in `folder` has taken a step; (exit code, stderr)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not [r for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]:
+            assert process.poll() is None and time.time() < deadline, "the run took no step"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return process.returncode, err
+
+
 def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes_it(tmp_path, sample_data):
     file = tmp_path / "stopme.py"
     file.write_text(
@@ -19,23 +38,9 @@ def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes
         f"    overrides={{'max_steps': 40, 'data_dir': {str(sample_data)!r}}})\n")
     results = tmp_path / "results"
     first, second = (run_dir(results, "stopme", "smoke", arm, 0) for arm in ("baseline", "sink-logit"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    submit = [sys.executable, "-m", "ablate.cli", "submit", str(file), "--executor", "local", "--parallel", "1",
-              "--results", str(results)]
-    # its own process group, as a shell's foreground job: Ctrl-C sends SIGINT to the whole group
-    process = subprocess.Popen(submit, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while not [r for r in read_metrics(first / "metrics.jsonl") if "train_loss" in r]:
-            assert process.poll() is None and time.time() < deadline, "the first run took no step"
-            time.sleep(0.1)
-        os.killpg(process.pid, signal.SIGINT)
-        _, err = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, err[-3000:]
+    code, err = ctrl_c_after_first_step(["submit", file, "--executor", "local", "--parallel", "1", "--results",
+                                         results], first)
+    assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
     assert len(told) == 1 and told[0].startswith("ablate: interrupted: 1 run(s) stopped at a step boundary"), err
@@ -65,20 +70,8 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     folder = run_dir(results, "adhoc", "smoke", "baseline", 0)
     command = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "40", "--data", sample_data,
                "--no-progress", "--threads", "1", "--results", results]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, command)], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while not [r for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]:
-            assert process.poll() is None and time.time() < deadline, "the run took no step"
-            time.sleep(0.1)
-        os.killpg(process.pid, signal.SIGINT)
-        _, err = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, err[-3000:]
+    code, err = ctrl_c_after_first_step(command, folder)
+    assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
     assert told == ["ablate: interrupted"], err[-3000:]
