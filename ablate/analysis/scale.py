@@ -39,6 +39,7 @@ from scipy.special import stdtr, stdtrit
 from ablate.analysis.tables import DESCRIPTIONS, INCREMENTS, is_pipeline_check
 from ablate.tiers import TIERS, tier_rank
 
+SCALE = "scale"
 CONFIDENCE = 0.95
 ZERO_OPTION = "zero_option"
 GAPS = {"gap_norm": "filtering_norm", "gap_proj": "filtering_proj"}  # gap name → its filtering increment
@@ -121,6 +122,13 @@ def replicated_bracket(log_sizes: np.ndarray, counts: np.ndarray, root: np.ndarr
     return inside
 
 
+def identified_crossings(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray):
+    """(root, low, high, identified) of the line's crossing: Fieller's set bounded and the root between two
+    adjacent tiers that both have two or more seeds (vectorised like `fieller`)."""
+    root, low, high, bounded = fieller(fit)
+    return root, low, high, bounded & replicated_bracket(log_sizes, counts, root)
+
+
 # ------------------------------------------------------------------------------ the table
 @dataclass(frozen=True)
 class ScaleTable:
@@ -132,7 +140,7 @@ class ScaleTable:
     crossings: pl.DataFrame
     confounders: pl.DataFrame
     notes: tuple[str, ...] = ()
-    kind: str = "scale"
+    kind: str = SCALE
 
     @property
     def warnings(self) -> list[str]:
@@ -179,7 +187,9 @@ def crossing_of(fit: LineFit | None, tiers: list[str], counts: np.ndarray) -> tu
     """The crossing row (CROSSING_COLUMNS less quantity) and, when not identified, why."""
     if fit is None:
         return {"params": None, "ci_low": None, "ci_high": None, "identified": False}, "fewer than two tiers"
-    root, low, high, bounded = (np.asarray(v) for v in fieller(fit))
+    sizes = np.log10([tier_rank(t) for t in tiers])
+    root, low, high, identified = (np.asarray(v) for v in identified_crossings(fit, sizes, counts))
+    bounded = np.isfinite(low)
     row = {"params": float(10**root) if np.isfinite(root) else None, "ci_low": None, "ci_high": None,
            "identified": False}
     if fit.df == 0 or not fit.s2 > 0:
@@ -187,7 +197,7 @@ def crossing_of(fit: LineFit | None, tiers: list[str], counts: np.ndarray) -> tu
     if not bounded:
         return row, ("the slope is not significant at 5%, so Fieller's 95% set is not one bounded interval "
                      "(the whole axis or two rays)")
-    if not replicated_bracket(np.log10([tier_rank(t) for t in tiers]), counts, root):
+    if not identified:
         single = [t for t, n in zip(tiers, counts) if n < 2]
         return row, (f"the fitted crossing ({_params(10**root)}) is not between two adjacent tiers that both have two "
                      f"or more seeds (it is outside {tiers[0]}–{tiers[-1]}"
