@@ -186,20 +186,3 @@ def test_confounders_stand_beside_every_scale_result(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "Scale is confounded" in captured.err
     assert pl.read_csv(source).height and "gap_proj,10M/50M/124M/350M,3/3/3/1" in captured.out
-
-
-def test_the_report_headlines_come_from_the_scale_table(tmp_path):
-    from ablate.analysis.report import write_report
-
-    out = write_report(write_store(tmp_path, curve_points=2))
-    summary = (out / "summary.md").read_text()
-    section = summary.split("## Scale")[1].split("\n## ")[0]
-    table = json.loads((out / "scale.json").read_text())
-    zero = next(r for r in table["rows"] if r["quantity"] == "zero_option")
-    assert f"zero_option (baseline − sink-logit) shrinks with scale: {zero['slope_per_decade']:+.4f} nats" in section
-    assert "filtering_proj (sink-logit − combo2) grows with scale" in section
-    proj = next(c for c in table["crossings"] if c["quantity"] == "gap_proj")
-    assert f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters" in section
-    assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
-    assert "Scale is confounded" in section and "tokens per parameter" in section
-    assert "Scale is confounded" in summary.split("## Crossover")[1]

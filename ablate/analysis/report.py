@@ -300,7 +300,7 @@ def downstream_section(ctx: ReportContext) -> str:
             f"({', '.join(names)}), positive = the arm is better{items}.")
 
 
-SECTIONS: list[Section] = [overview_section, tables_section, scale_section, crossover_section, declared_section,
+SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, scale_section, declared_section,
                            flags_section,
                            curves_section,
                            downstream_section, probes_section, synthetic_section]
