@@ -96,3 +96,4 @@ def test_every_sign_change_of_the_means_is_reported():
     assert "between 10M and 50M" in result.message and "between 124M and 350M" in result.message
     assert "falls back to or below the zero option at 124M" in result.message
     assert "The fitted line of the gap" in result.message  # the scale model's place is stated beside the means'
+    assert "the tier means depart from a line (lack-of-fit p" in result.message  # a zig-zag is no line

@@ -131,6 +131,9 @@ def find_crossover(increments: Table, form: str) -> Crossover:
         what = (f"overtakes the zero option {len(crossings)} times (the means): {places}. Several sign changes: "
                 "the increments do not order the tiers one way")
     row, fit, fitted_tiers, counts = fit_quantity(_gap_per_seed(increments, form, tiers, means))
+    misfit = row.get("_lack_of_fit")
+    if misfit is not None and misfit < 0.05:
+        tail += f"; the tier means depart from a line (lack-of-fit p {misfit:.2g})"
     crossing, reason = crossing_of(fit, fitted_tiers, counts)
     params, below, above, fitted = _fitted_place(crossing, row, fitted_tiers)
     if crossing["identified"] and params is not None:

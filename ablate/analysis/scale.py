@@ -164,8 +164,23 @@ def per_tier(per_seed: pl.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray,
     return tiers, np.array(counts), np.array(means), within, biggest
 
 
+def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray) -> float | None:
+    """p of the lack-of-fit F test (tier means about the line against the pooled seed spread; df T − 2 and
+    fit.df); None with fewer than three tiers or no spread. A small p says the means are not on a line:
+    the slope is then the trend of the least-squares line, not a description of every tier."""
+    from scipy.special import fdtrc
+
+    tiers = len(log_sizes)
+    if tiers < 3 or fit.df == 0 or not fit.s2 > 0:
+        return None
+    line = fit.level + fit.slope * (np.asarray(log_sizes) - fit.center)
+    statistic = float((counts * (means - line) ** 2).sum()) / (tiers - 2) / float(fit.s2)
+    return float(fdtrc(tiers - 2, fit.df, statistic))
+
+
 def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str], np.ndarray]:
-    """One row of the table (ROW_COLUMNS less quantity) and its fit (None when fewer than two tiers)."""
+    """One row of the table (ROW_COLUMNS less quantity) and its fit (None when fewer than two tiers); the
+    row's private `_lack_of_fit` is the p of `lack_of_fit` (not a table column)."""
     from ablate.analysis.stats import RESOLUTION
 
     tiers, counts, means, within, biggest = per_tier(per_seed)
@@ -178,6 +193,7 @@ def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str
     fit = fit_lines(np.log10([tier_rank(t) for t in tiers]), counts, means, within)
     low, high, p = slope_interval(fit)
     row["slope_per_decade"] = float(fit.slope)
+    row["_lack_of_fit"] = lack_of_fit(fit, np.log10([tier_rank(t) for t in tiers]), counts, means)
     if np.isfinite(p):
         row.update(ci_low=float(low), ci_high=float(high), p=float(p))
     return row, fit, tiers, counts
@@ -262,6 +278,10 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
     for quantity, per_seed in quantities(increments, comparisons).items():
         row, fit, tiers, counts = fit_quantity(per_seed)
         used.update(tiers)
+        misfit = row.pop("_lack_of_fit", None)
+        if misfit is not None and misfit < 0.05:
+            why.append(f"{quantity}: the tier means depart from a line (lack-of-fit F test p {_p(misfit)}): the "
+                       "slope is the trend of the least-squares line through them, not a description of every tier")
         rows.append({"quantity": quantity, **row})
         if row["p"] is None:
             why.append(f"{quantity}: no slope interval (" + ("fewer than two tiers of known size" if fit is None else
