@@ -16,7 +16,6 @@ from analysis_fixtures import reference_losses, write_run, write_store
 from ablate.cli import analysis as analysis_cli
 from ablate.experiment import results_of
 from ablate.analysis.load import load_curves, load_runs
-import numpy as np
 
 from ablate.analysis.plots import find_crossover
 from ablate.analysis.report import SECTIONS, write_report

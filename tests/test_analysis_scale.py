@@ -20,7 +20,8 @@ import pytest
 from analysis_fixtures import reference_losses, write_csv, write_store
 from ablate.analysis.crossover import find_crossover
 from ablate.analysis.load import load_runs
-from ablate.analysis.scale import (fit_lines, identified_crossings, render_scale, scale_table, slope_interval)
+from ablate.analysis.scale import fit_lines, identified_crossings, scale_table, slope_interval
+from ablate.analysis.scale_text import render_scale
 from ablate.analysis.tables import increments_table
 from ablate.cli import main
 

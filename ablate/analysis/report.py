@@ -25,8 +25,8 @@ import polars as pl
 
 from ablate.analysis.hypotheses import DECLARED, Declared, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
-from ablate.analysis.scale import (ScaleTable, confounder_sentence, crossing_sentence, render_scale, scale_table,
-                                   trend_sentence)
+from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
+from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.runs import Runs

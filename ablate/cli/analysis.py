@@ -86,7 +86,7 @@ def table_command(args: argparse.Namespace) -> int:
     else:
         table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
     if args.kind == "scale":
-        from ablate.analysis.scale import render_scale
+        from ablate.analysis.scale_text import render_scale
 
         text = render_scale(table, args.format)
     else:
