@@ -284,7 +284,8 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                        "slope is the trend of the least-squares line through them, not a description of every tier")
         rows.append({"quantity": quantity, **row})
         if row["p"] is None:
-            why.append(f"{quantity}: no slope interval (" + ("fewer than two tiers of known size" if fit is None else
+            why.append(f"{quantity}: no slope interval (" + ("fewer than two real tiers of known size; pipeline-check "
+                                                             "tiers never enter" if fit is None else
                        "no tier has two or more seeds with a spread") + ")")
         if quantity in GAPS:
             crossing, reason = crossing_of(fit, tiers, counts)
