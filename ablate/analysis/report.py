@@ -144,7 +144,7 @@ def scale_section(ctx: ReportContext) -> str:
              "of its paired difference against log10 of the tier's nominal non-embedding parameters (per decade, "
              "95% interval, seeds pooled within tiers); a trend is called shrinking or growing only when its "
              "interval excludes 0.", ""]
-    lines += [f"- {trend_sentence(row)}" for row in table.rows.iter_rows(named=True)]
+    lines += [f"- {trend_sentence(row, table.unit)}" for row in table.rows.iter_rows(named=True)]
     lines += [f"- {crossing_sentence(table, c)}" for c in table.crossings.iter_rows(named=True)]
     lines += ["", f"{confounder_sentence(table)}."]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ gives the measured coverage (tests/test_analysis_scale.py simulates it with the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -141,6 +142,7 @@ class ScaleTable:
     confounders: pl.DataFrame
     notes: tuple[str, ...] = ()
     kind: str = SCALE
+    unit: str = "nats"  # of the differences: nats of val_loss, or the `ablate eval` metric's own units
 
     @property
     def warnings(self) -> list[str]:
@@ -267,7 +269,8 @@ def scale_table(runs, declared=None) -> ScaleTable:
 
     increments = increments_table(runs)
     comparisons = comparison_differences(runs, declared)[0] if declared is not None and declared.comparisons else None
-    return scale_from_differences(runs.name, increments.differences, comparisons, increments.notes)
+    table = scale_from_differences(runs.name, increments.differences, comparisons, increments.notes)
+    return table if runs.metric is None else dataclasses.replace(table, unit=f"units of {runs.metric}")
 
 
 def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.DataFrame | None = None,

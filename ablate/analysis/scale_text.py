@@ -15,12 +15,12 @@ def describe(quantity: str) -> str:
     return f"{quantity} ({DESCRIPTIONS[quantity]})" if quantity in DESCRIPTIONS else quantity
 
 
-def trend_sentence(row: dict) -> str:
+def trend_sentence(row: dict, unit: str = "nats") -> str:
     """The row in words: shrinks or grows with scale only when its 95% interval excludes 0."""
     what = describe(row["quantity"])
     if row["slope_per_decade"] is None:
         return f"{what}: no trend (fewer than two tiers of known size)"
-    slope = f"{row['slope_per_decade']:+.4f} nats per decade of parameters"
+    slope = f"{row['slope_per_decade']:+.4f} {unit} per decade of parameters"
     if row["p"] is None:
         return f"{what}: {slope}, with no interval (no tier has two or more seeds with a spread)"
     stats = (f"{slope} (95% CI [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}], df {row['df']}, "
@@ -45,8 +45,8 @@ def crossing_sentence(table: ScaleTable, crossing: dict) -> str:
     return f"where filtering ({form}) overtakes the zero option is not identified{point}: {reason}"
 
 
-CAPTION = ("Slope of each paired difference (positive: the quantity lowers the loss) against log10 of the tier's "
-           "nominal non-embedding parameters, in nats per decade: least squares over seeds (tier means weighted "
+CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 of the tier's "
+           "nominal non-embedding parameters, per decade: least squares over seeds (tier means weighted "
            "by their seeds), spread pooled within tiers (df = Σ(n_t − 1)), 95% Student-t interval; pipeline-check "
            "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval, or not "
            "identified (slope not significant, or the crossing beyond the tiers with two or more seeds or next "
@@ -95,7 +95,8 @@ def _markdown(table: ScaleTable) -> str:
     def line(cells) -> str:
         return "| " + " | ".join(markdown_cell(str(c)) for c in cells) + " |"
 
-    lines = [f"## Scale model — {markdown_text(table.name)}", "", markdown_text(CAPTION), "",
+    lines = [f"## Scale model — {markdown_text(table.name)}", "",
+             markdown_text(f"{CAPTION} Slopes in {table.unit} per decade of parameters."), "",
              line(("quantity", "tiers (seeds)", "slope per decade", "df", "95% CI", "p")), "|---|---|---|---|---|---|"]
     lines += [line(row) for row in _text_rows(table)]
     lines += ["", line(("crossing", "params", "95% interval", "identified")), "|---|---|---|---|"]
