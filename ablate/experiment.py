@@ -8,6 +8,7 @@ file (`experiments/demo.py`) or its name (`demo`), looked up in `./experiments/`
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, read_ledger
+from ablate.store import check_name, lr_folder, read_ledger, run_dir
 from ablate.tiers import get_tier
 
 
@@ -29,10 +30,66 @@ class RunSpec:
     arm: str
     seed: int
     overrides: Mapping = field(default_factory=dict)
+    lr_factor: float | None = None  # a run at a multiple of the tier's lr (an LR sweep's, or a confirmatory one)
 
     @property
     def key(self) -> str:
-        return f"{self.tier}/{self.arm}/seed{self.seed}"
+        if self.lr_factor is None:
+            return f"{self.tier}/{self.arm}/seed{self.seed}"
+        return f"{self.tier}/{self.arm}/{lr_folder(self.lr_factor)}/seed{self.seed}"
+
+    def folder(self, results: str | os.PathLike) -> Path:
+        """The run's folder in the store (`ablate.store.run_dir`)."""
+        return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
+
+
+SWEEP_FIRST_SEED = 1000  # the sweep's seeds start here: far above any grid's, so confirmatory seeds never reuse them
+
+
+@dataclass(frozen=True)
+class LRSweep:
+    """A learning-rate sweep: every arm of `tiers` at each of `factors` × the tier's lr, `seeds` seeds each.
+
+    The sweep's seeds are first_seed, first_seed + 1, …: seeds the grid does not use, so the confirmatory
+    runs at each arm's best LR (the grid's seeds) are independent of the runs that chose it. Every sweep
+    run evaluates, at its end, `selection_tokens` tokens of a selection split disjoint from the validation
+    windows (default: the tier's val_tokens); the best LR is chosen on that loss only (docs/method.md).
+    margin: the largest stable LR ends within `margin` nats of the best; delta: the width of the LR range
+    within `delta` nats of the best.
+    """
+
+    factors: Sequence[float]
+    seeds: int = 1
+    tiers: Sequence[str] = ()
+    first_seed: int = SWEEP_FIRST_SEED
+    selection_tokens: int | None = None
+    margin: float = 0.05
+    delta: float = 0.02
+
+    def __post_init__(self):
+        factors = self.factors
+        if isinstance(factors, (str, int, float)) or not factors or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0 for f in factors):
+            raise AblateError(f"LRSweep factors must be a list of positive numbers (multiples of the tier's lr), "
+                              f"not {factors!r}")
+        if len(set(float(f) for f in factors)) != len(factors):
+            raise AblateError(f"LRSweep factors {list(factors)} name one factor twice")
+        object.__setattr__(self, "factors", tuple(sorted(float(f) for f in factors)))
+        if isinstance(self.tiers, str) or not self.tiers:
+            raise AblateError(f"LRSweep tiers must be a list of tier names, not {self.tiers!r}")
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        for name, value in (("seeds", self.seeds), ("first_seed", self.first_seed + 1),
+                            ("selection_tokens", 1 if self.selection_tokens is None else self.selection_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise AblateError(f"LRSweep {name} must be a positive integer, not {getattr(self, name)!r}")
+        for name in ("margin", "delta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise AblateError(f"LRSweep {name} must be a positive number of nats, not {value!r}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
 FAMILIES = ("tier", "experiment")
@@ -83,6 +140,7 @@ class Experiment:
     match_params: bool = False  # narrow the MLP of arms that add parameters to the baseline's count
     hypotheses: Sequence[Comparison] = ()
     family: str = "tier"
+    lr_sweep: LRSweep | None = None  # every arm at its own learning rate (`submit --sweep`, `table --kind lr`)
 
     def __post_init__(self):
         check_name("experiment", self.name)
@@ -93,6 +151,23 @@ class Experiment:
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 raise AblateError(f"experiment {self.name!r}: seed counts must be positive integers, not {count!r}")
         self._check_hypotheses()
+        self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        """The sweep's tiers are the experiment's, and its seeds are none of the grid's."""
+        sweep = self.lr_sweep
+        if sweep is None:
+            return
+        if not isinstance(sweep, LRSweep):
+            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), not {sweep!r}")
+        for tier in sweep.tiers:
+            if tier not in self.tiers:
+                raise AblateError(f"experiment {self.name!r}: the LR sweep names tier {tier!r}, which the experiment "
+                                  f"does not run; its tiers: {', '.join(self.tiers)}")
+            if sweep.first_seed < self.seed_count(tier):
+                raise AblateError(f"experiment {self.name!r}: the LR sweep's first seed {sweep.first_seed} is one of "
+                                  f"the grid's seeds at tier {tier!r} (0..{self.seed_count(tier) - 1}); the sweep's "
+                                  "seeds must be others, so that the confirmatory runs use seeds the sweep did not")
 
     def _check_hypotheses(self) -> None:
         """Comparisons of two of the experiment's arms, each name once; the family a known one."""
@@ -187,6 +262,51 @@ class Experiment:
                 for seed in tier_seeds:
                     specs.append(RunSpec(self.name, tier, arm, seed, self.tier_overrides(tier)))
         return specs
+
+
+    def base_lr(self, tier: str) -> float:
+        """The lr the grid trains `tier` at (its overrides' `lr`, else the tier's): what sweep factors multiply."""
+        return float(self.tier_overrides(tier).get("lr", get_tier(tier).lr))
+
+    def sweep_runs(self, tiers: Sequence[str] | None = None, arms: Sequence[str] | None = None) -> list[RunSpec]:
+        """The LR sweep's runs: tiers × arms × factors × sweep seeds, each with its lr and selection split."""
+        sweep = self._sweep()
+        chosen = list(dict.fromkeys(tiers or sweep.tiers))
+        for tier in chosen:
+            if tier not in sweep.tiers:
+                raise AblateError(f"tier {tier!r} is not in the LR sweep of {self.name!r}; its tiers: "
+                                  f"{', '.join(sweep.tiers)}")
+        self.runs(chosen, arms, seeds=[])  # checks the tiers and arms like `submit`
+        arm_names = list(dict.fromkeys(arms)) if arms else self.arm_names()
+        specs = []
+        for tier in chosen:
+            selection = sweep.selection_tokens or get_tier(tier).val_tokens
+            for arm in arm_names:
+                for factor in sweep.factors:
+                    overrides = {**self.tier_overrides(tier), "lr": self.base_lr(tier) * factor,
+                                 "selection_tokens": selection}
+                    specs += [RunSpec(self.name, tier, arm, seed, overrides, factor) for seed in sweep.seed_list]
+        return specs
+
+    def confirmatory_runs(self, best_factors: Mapping[str, Mapping[str, float]]) -> list[RunSpec]:
+        """The grid's seeds at each arm's best LR factor ({tier: {arm: factor}}); at factor 1 the grid's own
+        run is the confirmatory one (the same config), so it is not run twice."""
+        specs = []
+        for tier, arms in best_factors.items():
+            for spec in self.runs([tier], list(arms)):
+                factor = float(arms[spec.arm])
+                if factor == 1.0:
+                    specs.append(spec)
+                else:
+                    overrides = {**spec.overrides, "lr": self.base_lr(tier) * factor}
+                    specs.append(RunSpec(self.name, tier, spec.arm, spec.seed, overrides, factor))
+        return specs
+
+    def _sweep(self) -> LRSweep:
+        if self.lr_sweep is None:
+            raise AblateError(f"experiment {self.name!r} declares no LR sweep; add lr_sweep=LRSweep(factors=(0.25, "
+                              "0.5, 1, 2, 4, 8), seeds=1, tiers=(...)) to its file (see experiments/sink_vs_filter.py)")
+        return self.lr_sweep
 
 
 def available_experiments() -> list[str]:

@@ -27,7 +27,7 @@ from lightning.fabric import Fabric
 
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
-from ablate.data import BatchStream, TokenShards, validation_windows
+from ablate.data import BatchStream, TokenShards, selection_windows, validation_windows
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
@@ -41,7 +41,7 @@ from ablate.provenance import git_commit, now, versions
 from ablate.sizing import LOSS_CHUNK, loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
-                          run_dir, run_lock_path)
+                          run_lock_path)
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
-    folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
+    folder = spec.folder(results or default_results())
     if launched_child(run_lock_path(folder)):
         return Trainer(folder, config).fit(), True
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
@@ -222,6 +222,8 @@ class Trainer:
         # Which windows are evaluated depends on the data, seq_len and the token count only (not micro/world).
         curve_windows = validation_windows(config["data_dir"], config["seq_len"], config["val_tokens"])
         final_windows = validation_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"])
+        chosen_windows = selection_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"],
+                                           config["selection_tokens"]) if config.get("selection_tokens") else None
 
         torch.manual_seed(config["seed"])
         model = GPT(GPTConfig(**config["model"]))
@@ -264,7 +266,8 @@ class Trainer:
         run.t_resume = time.time()
         self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
-        return self._finish(run, evaluate(final_windows), final_windows)
+        selection = None if chosen_windows is None else (evaluate(chosen_windows), chosen_windows)
+        return self._finish(run, evaluate(final_windows), final_windows, selection)
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""
@@ -349,13 +352,16 @@ class Trainer:
                                data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
         fabric.barrier()
 
-    def _finish(self, run: RunState, val_loss: float, final_windows) -> dict:
+    def _finish(self, run: RunState, val_loss: float, final_windows, selection=None) -> dict:
         """The final loss is over every prepared validation token up to the cap (a run resumed at its last step
         comes straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run); then
         the final weights, the completed summary, and the resume state removed."""
         config, fabric = self.config, self.fabric
         if not math.isfinite(val_loss):
             raise Diverged(run.step, val_loss)
+        if selection is not None:  # an LR sweep's run: the loss its LR is chosen on, after the trajectory is done
+            self.write_summary(selection_loss=selection[0], selection_fingerprint=windows_fingerprint(
+                selection[1], config["seq_len"]), selection_tokens_evaluated=int(selection[1][:, 1:].numel()))
         val_fingerprint = windows_fingerprint(final_windows, config["seq_len"])
         log.info("%s: final val_loss %.6f over %d tokens", self.folder, val_loss, final_windows[:, 1:].numel())
         weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
