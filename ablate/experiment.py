@@ -270,7 +270,7 @@ class Experiment:
 
     def sweep_runs(self, tiers: Sequence[str] | None = None, arms: Sequence[str] | None = None) -> list[RunSpec]:
         """The LR sweep's runs: tiers × arms × factors × sweep seeds, each with its lr and selection split."""
-        sweep = self._sweep()
+        sweep = self.declared_sweep()
         chosen = list(dict.fromkeys(tiers or sweep.tiers))
         for tier in chosen:
             if tier not in sweep.tiers:
@@ -302,7 +302,8 @@ class Experiment:
                     specs.append(RunSpec(self.name, tier, spec.arm, spec.seed, overrides, factor))
         return specs
 
-    def _sweep(self) -> LRSweep:
+    def declared_sweep(self) -> LRSweep:
+        """The LR sweep the experiment declares, or a one-line error saying how to declare one."""
         if self.lr_sweep is None:
             raise AblateError(f"experiment {self.name!r} declares no LR sweep; add lr_sweep=LRSweep(factors=(0.25, "
                               "0.5, 1, 2, 4, 8), seeds=1, tiers=(...)) to its file (see experiments/sink_vs_filter.py)")

@@ -260,6 +260,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if summary else None)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
+           **({"lr_factor": spec.lr_factor} if spec.lr_factor is not None else {}),
            "job_id": entry.get("job_id") if entry else None, **progress,
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
