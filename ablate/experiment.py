@@ -50,13 +50,11 @@ SWEEP_FIRST_SEED = 1000  # the sweep's seeds start here: far above any grid's, s
 class LRSweep:
     """A learning-rate sweep: every arm of `tiers` at each of `factors` × the tier's lr, `seeds` seeds each.
 
-    The sweep's seeds are first_seed, first_seed + 1, …: seeds the grid does not use, so the confirmatory
-    runs at each arm's best LR (the grid's seeds) are independent of the runs that chose it. Every sweep
-    run evaluates, at its end, `selection_tokens` tokens of a selection split disjoint from the validation
-    windows (default: the tier's val_tokens); the best LR is chosen on that loss only (docs/method.md).
-    margin: the largest stable LR ends within `margin` nats of the best; delta: the width of the LR range
-    within `delta` nats of the best.
-    """
+    Its seeds are first_seed, first_seed + 1, …, none of the grid's: the confirmatory runs at each arm's best
+    LR (the grid's seeds) are independent of the runs that chose it. Each sweep run ends by evaluating
+    `selection_tokens` (default: the tier's val_tokens) of a selection split disjoint from the validation
+    windows; the best LR is chosen on that loss only (docs/method.md). The largest stable LR ends within
+    `margin` nats of the best; the LR range's width is taken within `delta` nats of it."""
 
     factors: Sequence[float]
     seeds: int = 1
@@ -280,7 +278,7 @@ class Experiment:
         arm_names = list(dict.fromkeys(arms)) if arms else self.arm_names()
         specs = []
         for tier in chosen:
-            selection = sweep.selection_tokens or get_tier(tier).val_tokens
+            selection = sweep.selection_tokens or self.tier_overrides(tier).get("val_tokens", get_tier(tier).val_tokens)
             for arm in arm_names:
                 for factor in sweep.factors:
                     overrides = {**self.tier_overrides(tier), "lr": self.base_lr(tier) * factor,

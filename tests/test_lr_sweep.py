@@ -15,7 +15,7 @@ from ablate.errors import AblateError
 from ablate.experiment import Experiment, LRSweep, RunSpec
 from ablate.identity import config_differences
 from ablate.store import atomic_write_json, iter_run_dirs
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
 
 BASE_LR = 3e-3  # the smoke tier's
 
@@ -213,3 +213,41 @@ def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp
     top = [r for r in table["rows"] if r["lr"] > 1][0]
     assert top["diverged"] == 1 and table["best"][0]["max_stable_lr"] == pytest.approx(BASE_LR)
     assert os.path.isdir(tmp_path / "res" / "diverging" / "smoke" / "baseline" / "lr1")
+
+
+# ---------------------------------------------------------------------------------------------- the README
+def test_the_readme_s_lr_costs_are_those_plan_computes():
+    from ablate.experiment import load_experiment
+    from ablate.plan import sweep_plan
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    plan = sweep_plan(load_experiment("sink_vs_filter"))
+    assert (f"**{plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours**" in text
+            and f"**{plan['confirmatory_runs_at_most']} runs, {plan['confirmatory_gpu_hours_at_most']:.2f} GPU-hours**"
+            in text and f"the grid's {plan['grid_runs']} runs, {plan['grid_gpu_hours']:.1f} GPU-hours" in text)
+    assert plan["factors"] == [0.25, 0.5, 1, 2, 4, 8] and plan["seeds"] == [1000]
+
+
+def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
+    import re
+    import subprocess
+    import sys
+
+    block = re.search(r"<!-- example: lr-sweep .*?-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    lines = [line.split("  #", 1)[0].strip() for line in block.group(1).strip().splitlines()]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sample").symlink_to(sample_data)
+    shim = tmp_path / "bin" / "ablate"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = []
+    for line in lines:
+        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, (line, result.stderr[-2000:])
+        out.append(result.stdout)
+    assert "LR sweep:" in out[0] and "smoke/baseline/lr2/seed1000" in out[0]
+    assert "ran 3 runs here, 0 failed" in out[1] and "completed: 3" in out[2]
+    assert out[3].count("| smoke | baseline |") == 4  # a row at each of the 3 LRs, then the best LR's
+    assert len(re.findall(r"\| smoke \| baseline \| 0\.00[0-9]+ \| 1 \|", out[3])) == 3
