@@ -12,11 +12,13 @@ losses of the confirmatory runs (docs/method.md). Torch-free.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from ablate.analysis.load import _exclusion_reason
 from ablate.errors import AblateError
@@ -214,8 +216,6 @@ LR_FORMATS = ("md", "csv", "json")
 
 def render_lr(table: LRTable, fmt: str = "md") -> str:
     """The LR table as markdown (the rows, then the best LRs, with what the columns mean), CSV or JSON."""
-    import json
-
     if fmt not in LR_FORMATS:
         raise AblateError(f"--kind lr is written as {', '.join(LR_FORMATS)}, not --format {fmt}")
     if fmt == "json":
@@ -223,8 +223,6 @@ def render_lr(table: LRTable, fmt: str = "md") -> str:
     best = [{**{k: b[k] for k in BEST_KEYS}, "curvature": table.curvature[(b["tier"], b["arm"])]} for b in table.best]
     rows = [{k: r[k] for k in ROW_KEYS} for r in table.rows]
     if fmt == "csv":
-        import polars as pl
-
         return pl.DataFrame(rows).write_csv() + "\n" + pl.DataFrame(best).write_csv()
     head = (f"LR sweep of {table.name}: the selection loss (nats) at each lr, mean over the sweep's seeds; the "
             f"best LR is chosen on it (val_loss_mean: the validation loss, reported only). max_stable_lr: the "

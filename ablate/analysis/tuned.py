@@ -12,7 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
-from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason
+from ablate.analysis.build import build_table
+from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, load_runs
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
@@ -102,9 +103,6 @@ def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference
                  allow_unverified: bool = False):
     """(the shared-LR table, the tuned table, the survival of each row of the declared comparisons — or, without
     declared ones, of the table's rows) for the tiers the sweep tuned."""
-    from ablate.analysis.build import build_table  # the tables' one entry point
-    from ablate.analysis.load import load_runs
-
     shared_runs = load_runs(folder, allow_unverified=allow_unverified)
     shared_runs = Runs(name=shared_runs.name, frame=shared_runs.frame.filter(pl.col("tier").is_in(list(best))),
                        root=shared_runs.root, notes=shared_runs.notes)
