@@ -20,7 +20,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--tier", nargs="+", dest="tiers", help="EXPERIMENT: only these tiers")
     parser.add_argument("--arms", nargs="+", help="EXPERIMENT: only these arms")
     parser.add_argument("--seeds", nargs="+", type=int, help="EXPERIMENT: only these seeds")
-    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--limit", type=int,
                         help="documents per task (default: all; a limited result pairs only with the same limit)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded with the results as an execution "
@@ -66,8 +66,10 @@ def _targets(args) -> list[Path]:
         if args.tiers or args.arms or args.seeds or args.results:
             raise AblateError("--tier/--arms/--seeds/--results select runs of an EXPERIMENT, not of a run folder")
         return [target]
-    experiment = load_experiment(args.target)
+    from ablate.status import with_queued_seeds
+
     results = results_folder(args.results)
+    experiment = with_queued_seeds(load_experiment(args.target), results)  # seeds a sequential design added
     folders, skipped = runs_to_evaluate(experiment, results, args.tiers, args.arms, args.seeds)
     for line in skipped:
         print(f"skipped {line}")
