@@ -50,9 +50,9 @@ SBATCH_REFUSALS = (
 
 
 def parse_sinfo(text: str) -> dict[str, dict]:
-    """`sinfo -h -o '%P|%G|%m|%c|%l'` lines → {partition: {"gpus", "mem_mb", "cpus", "time_min"}}: per node,
-    the most any node group of the partition offers (time_min None: no limit). `debug*` is the default
-    partition; `4+` means some nodes have more (4 is what every node has: the figure counted)."""
+    """`sinfo -h -o '%P|%G|%m|%c|%l'` lines → {partition: {"gpus", "mem_mb", "cpus", "time_min", "default"}}:
+    per node, the most any node group of the partition offers (time_min None: no limit). `debug*` is the
+    default partition; `4+` means some nodes have more (4 is what every node has: the figure counted)."""
     partitions: dict[str, dict] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split("|")]
@@ -60,7 +60,7 @@ def parse_sinfo(text: str) -> dict[str, dict]:
             continue
         name, gres, mem, cpus, limit = parts[:5]
         seen = {"gpus": gpus_in_gres(gres), "mem_mb": _number(mem), "cpus": _number(cpus),
-                "time_min": slurm_minutes(limit)}
+                "time_min": slurm_minutes(limit), "default": name.endswith("*")}
         known = partitions.setdefault(name.rstrip("*"), seen)
         for key in ("gpus", "mem_mb", "cpus"):
             known[key] = max(known[key], seen[key])
@@ -97,7 +97,7 @@ def _number(text: str) -> int:
 
 def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
     """What the partition `sinfo` describes cannot give a run of the profile, one line per setting (empty: fits)."""
-    name = profile["partition"] or next(iter(partitions), "")
+    name = profile["partition"] or next((p for p, known in partitions.items() if known["default"]), "")
     if name not in partitions:
         return [f"partition = {profile['partition']!r}: no such partition; partitions: {', '.join(partitions) or '(none)'}"]
     part = partitions[name]

@@ -19,9 +19,9 @@ def test_sinfo_lines_give_each_partition_s_most_per_node():
             "gpu|gpu:h100:8(S:0-1)|1024000+|96+|1-12:00:00\n"
             "short|gpu:2|64000|16|30:00\n")
     assert parse_sinfo(text) == {
-        "debug": {"gpus": 0, "mem_mb": 20480, "cpus": 4, "time_min": None},
-        "gpu": {"gpus": 8, "mem_mb": 1024000, "cpus": 96, "time_min": 2880},
-        "short": {"gpus": 2, "mem_mb": 64000, "cpus": 16, "time_min": 30}}
+        "debug": {"gpus": 0, "mem_mb": 20480, "cpus": 4, "time_min": None, "default": True},
+        "gpu": {"gpus": 8, "mem_mb": 1024000, "cpus": 96, "time_min": 2880, "default": False},
+        "short": {"gpus": 2, "mem_mb": 64000, "cpus": 16, "time_min": 30, "default": False}}
     assert gpus_in_gres("(null)") == 0 and gpus_in_gres("gpu:tesla:2,mps:100") == 2
     assert [slurm_minutes(t) for t in ("45", "2:00:00", "1-12", "1-00:30:00", "UNLIMITED")] == [45, 120, 2160, 1470, None]
 
@@ -34,6 +34,9 @@ def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
     assert [m.split(" =")[0] for m in misfits] == ["gpus_per_run", "cpus_per_run", "mem_gb", "time_min"]
     assert misfits[0].startswith("gpus_per_run = 1: partition 'debug' has no GPUs")
     assert "20480 MB" in misfits[2] and "60 minutes" in misfits[3]
+    two = parse_sinfo("gpu|gpu:4|64000|8|infinite\ndebug*|(null)|20480|4|infinite\n")
+    assert profile_misfits({**PROFILE, "partition": "", "gpus_per_run": 1}, two)[0].startswith(
+        "gpus_per_run = 1: partition 'debug'")  # no partition given: SLURM's default one
     assert profile_misfits({**PROFILE, "partition": "gpu"}, debug) == [
         "partition = 'gpu': no such partition; partitions: debug"]
 

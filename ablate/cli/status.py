@@ -94,16 +94,11 @@ def _hints(args, rows, folder, counts, adhoc) -> None:
     """What resumes the failed and cancelled runs: the same `ablate run`, or one `ablate submit` per way they
     were submitted (executor, profile, data folder), narrowed to them."""
     stopped = [r for r in rows if r["state"] in ("failed", "cancelled")]
-    if not stopped:
-        if counts["unknown"]:
-            print("unknown: SLURM could not say (see each run's reason); check `squeue` and `sacct` before submitting")
-        return
     commands = (["the same `ablate run` command (with its --experiment, --tier, --arm, --seed)"] if adhoc else
-                [f"`{command}`" for command in resume_commands(args, rows, stopped, folder)])
-    verb = "resumes" if adhoc else "resubmits"
+                [f"`{command}`" for command in resume_commands(args, rows, stopped, folder)]) if stopped else []
     if counts["failed"]:
         print(f"failed runs keep their traceback in RESULTS/{folder.name}/<tier>/<arm>/seed<k>/run.log; "
-              f"{' or '.join(commands)} {verb} them")
+              f"{' or '.join(commands)} {'resumes' if adhoc else 'resubmits'} them")
     if counts["cancelled"]:
         print(f"cancelled runs resume from their last checkpoint with {' or '.join(commands)}")
     if counts["unknown"]:
