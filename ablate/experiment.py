@@ -210,10 +210,12 @@ def available_experiments() -> list[str]:
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
-    """`demo` or `experiments/demo.py` → the absolute path of the experiment file (one that defines `EXPERIMENT`)."""
+    """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
+    defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
     path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
-    if path is None or not defines_experiment(path):
+    named = path is not None and not text.endswith(".py")
+    if path is None or (named and not defines_experiment(path)):
         why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
         raise AblateError(
             f"unknown experiment {text!r}{why}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"

@@ -297,20 +297,19 @@ def _kinds(ctx: ReportContext) -> list[str]:
 
 
 def cannot_have(arms: list[str]) -> dict[str, str]:
-    """Sections whose arms are absent from the source, with the arms they need: increments and overlap when
-    none of their quantities has its arms, the crossover without zero_option and a filtering increment."""
-    def lacking(needs):  # the needed arms that are absent, for the first alternative that lacks fewest
-        return min(([a for a in need if a not in arms] for need in needs), key=len)
+    """The sections whose arms are absent from the source, each with the arms it needs: increments and overlap
+    when none of their quantities has its arms, the crossover without zero_option and a filtering increment."""
+    def possible(needs) -> bool:
+        return any(all(arm in arms for arm in need) for need in needs)
 
-    out = {}
-    for kind, needs in (("increments", INCREMENTS.values()),
-                        ("overlap", [(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()])):
-        if absent := lacking(list(needs)):
-            out[kind] = f"needs arms {', '.join(absent)}"
     crossover = [(*INCREMENTS["zero_option"], *INCREMENTS[form]) for form in FILTERING_FORMS]
-    if absent := lacking(crossover):
-        out["crossover"] = f"needs arms {', '.join(dict.fromkeys(absent))}"
-    return out
+    sections = {
+        "increments": (INCREMENTS.values(), "needs baseline and sink-logit, or sink-logit with combo or combo2"),
+        "overlap": ([(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()],
+                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and combo2"),
+        "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
+    }
+    return {name: why for name, (needs, why) in sections.items() if not possible(needs)}
 
 
 def _effect_name(table: Table, row: dict) -> str:
