@@ -58,6 +58,8 @@ def test_each_tier_says_which_sds_came_from_the_pilot(tmp_path, capsys):
     code, text, _ = plan_power(capsys, "--pilot", pilot, "--sd", "0.004", json_out=False)
     assert re.search(r"10M\s+zero_option\s+\S+\s+pilot \(3 seeds\)", text)
     assert re.search(r"350M\s+zero_option\s+0\.00400\s+--sd", text)
+    summaries = {line.split(":")[0]: line for line in text.splitlines() if re.match(r"tier \S+: ", line)}
+    assert summaries["tier 10M"].endswith("sd from pilot (3 seeds)") and summaries["tier 350M"].endswith("sd from --sd")
 
 
 def test_a_missing_pilot_folder_says_no_such_folder(tmp_path, capsys):
