@@ -181,7 +181,7 @@ def test_a_report_without_combo_leaves_out_what_it_cannot_have_and_says_so_once(
     assert main(["report", str(folder)]) == 0
     out = capsys.readouterr().out
     summary = (folder / "report" / "summary.md").read_text()
-    assert "## Crossover" not in summary and "skipped: it needs arms" not in summary
+    assert "## Crossover" not in summary and "## Scale" not in summary and "skipped: it needs arms" not in summary
     assert summary.count("Left out") == 1 and "increments (needs baseline and sink-logit" in summary and "crossover (needs" in summary
     assert not (folder / "report" / "increments.md").exists() and not (folder / "report" / "overlap.md").exists()
     assert "the increments of one tier" not in summary and "the arms of one tier against the reference" in summary

@@ -142,6 +142,8 @@ def crossover_section(ctx: ReportContext) -> str:
 def scale_section(ctx: ReportContext) -> str:
     """The scale model (scale.md, scale.json) and the headline sentences, each written from its table only."""
     table = ctx.scale
+    if "scale" in ctx.left_out:
+        return ""
     if table is None or table.rows.is_empty():
         return "## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of known size."
     ctx.write("scale.md", render_scale(table, "md"))
@@ -319,9 +321,10 @@ def _kinds(ctx: ReportContext) -> list[str]:
     return [kind for kind in KINDS if kind not in ctx.left_out]
 
 
-def cannot_have(arms: list[str]) -> dict[str, str]:
+def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
     """The sections whose arms are absent from the source, each with the arms it needs: increments and overlap
-    when none of their quantities has its arms, the crossover without zero_option and a filtering increment."""
+    when none of their quantities has its arms, the crossover without zero_option and a filtering increment,
+    the scale model without increments and without declared comparisons (`declares`)."""
     def possible(needs) -> bool:
         return any(all(arm in arms for arm in need) for need in needs)
 
@@ -332,7 +335,10 @@ def cannot_have(arms: list[str]) -> dict[str, str]:
                     "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and combo2"),
         "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
     }
-    return {name: why for name, (needs, why) in sections.items() if not possible(needs)}
+    out = {name: why for name, (needs, why) in sections.items() if not possible(needs)}
+    if "increments" in out and not declares:
+        out["scale"] = "needs increments or declared comparisons"
+    return out
 
 
 def _effect_name(table: Table, row: dict) -> str:
@@ -375,7 +381,7 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
                         scale=scale_table(runs, declared), allow_unverified=allow_unverified,
-                        left_out=cannot_have(runs.arm_order))
+                        left_out=cannot_have(runs.arm_order, declared is not None))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")
