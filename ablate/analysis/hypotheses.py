@@ -59,12 +59,27 @@ class Declared:
         """(minuend, subtrahend) → the comparison's name."""
         return {(a, b): name for name, a, b in self.comparisons}
 
-    def describe(self, tiers: int | None = None) -> str:
+    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA) -> str:
+        """The family, the m Holm used in each group (the rows with a p: `holm` counts no other), and the
+        study-wide chance of any false "supported" the design allows."""
         names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
+        groups = family_groups(frame, self.family)
+        sizes: dict[str, int] = {}
+        for group, p in zip(groups, frame["p"].to_list()):
+            sizes[group] = sizes.get(group, 0) + (p is not None)
+        untested = frame.height - sum(sizes.values())
+        left = f"; {untested} row(s) without a p (one seed or no spread) are not counted" if untested else ""
+        evidence = [g for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g) and sizes[g]]
         if self.family == "tier":
-            return f"each tier's declared comparisons: {names}; m = {len(self.comparisons)} per tier"
-        size = f"; m = {len(self.comparisons) * tiers}" if tiers else ""
-        return f"the experiment's declared comparisons at every tier together: {names}{size}"
+            per = ", ".join(f"{g}: {sizes[g]}" for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g))
+            k = len(evidence)
+            study = (f"study-wide chance of any false supported: ≤ {min(1.0, k * alpha):.2f} ({k} tier families at "
+                     f"{alpha:g} each; {1 - (1 - alpha) ** k:.2f} if they were independent); declare "
+                     f'family="experiment" to hold it to {alpha:g}') if k > 1 else f"study-wide error ≤ {alpha:g}"
+            return f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}"
+        m = sum(sizes[g] for g in evidence)
+        return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {m}{left} "
+                f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -100,13 +115,20 @@ def declared_table(runs: Runs, declared: Declared) -> Table:
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
-    return dataclasses.replace(table, family=declared.describe(len(runs.tiers)))
+    return dataclasses.replace(table, family=declared.describe(frame))
+
+
+PIPELINE_GROUP = "pipeline-check"
+
+
+def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
+    """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
+    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all") for t in frame["tier"].to_list()]
 
 
 def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
-    """Holm of p within each family: a tier, or every tier that can carry evidence together."""
-    groups = [t if family == "tier" else ("pipeline-check" if is_pipeline_check(t) else "all")
-              for t in frame["tier"].to_list()]
+    """Holm of p within each family (`family_groups`)."""
+    groups = family_groups(frame, family)
     out: list[float | None] = [None] * frame.height
     p = frame["p"].to_list()
     for group in dict.fromkeys(groups):
