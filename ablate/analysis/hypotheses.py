@@ -177,6 +177,18 @@ def adjust_over_family(table: Table, family: Table) -> Table:
     return dataclasses.replace(table, frame=frame, family=family.family)
 
 
+METRIC_NOTE = ("the declared comparisons are on the validation loss, so no row of a downstream metric's table is in a "
+               "family: every row is exploratory (unadjusted p, p_holm empty) and none is called supported")
+
+
+def exploratory_metric_table(table: Table) -> Table:
+    """A downstream metric's table: no family (declarations are on the loss), so every row exploratory."""
+    columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
+    frame = table.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("p_holm"))
+    frame = add_mark(frame, pl.lit(True), EXPLORATORY).select(*columns, "p_holm", "marks")
+    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
+
+
 def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
     """(tier, minuend, subtrahend) → whether that declared comparison is supported: p_holm < α in a
     fixed design, the design's decision "effect" in a sequential one; never in a pipeline-check tier."""
