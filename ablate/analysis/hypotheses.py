@@ -24,7 +24,7 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, Table, _skip_note, _table, add_mark,
+from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision
@@ -189,6 +189,39 @@ def exploratory_metric_table(table: Table) -> Table:
     return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
 
 
+DIVERGED = "diverged"
+MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the row's statistics "
+                                "are over the seeds where both arms finished, and a diverged seed is an outcome of its "
+                                "arm (the note says how many and what dropping them does); a comparison whose better "
+                                "arm diverged is never called supported")
+
+
+def count_diverged(table: Table, runs: Runs) -> Table:
+    """Per row the seeds where one of its two arms diverged (column `diverged`, mark and note): dropping them
+    must not pass unseen, since it removes the unstable arm's worst seeds from its mean."""
+    gone = runs.frame.filter(pl.col("status") == "diverged")
+    if table.kind not in ("paired", "increments", DECLARED) or gone.is_empty():
+        return table
+    counts, arms_gone, notes = [], [], []
+    for row in table.frame.iter_rows(named=True):
+        pair = row_pair(table, row)
+        hit = gone.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair or ())))
+        seeds = sorted(set(hit["seed"].to_list()))
+        counts.append(len(seeds))
+        arms_gone.append(",".join(sorted(set(hit["arm"].to_list()))) or None)
+        if seeds:
+            total = runs.frame.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
+            who = ", ".join(f"{a} seed {s}" for a, s in hit.select("arm", "seed").sort("seed").iter_rows())
+            notes.append(f"{row['tier']} {row.get(table.key)}: {len(seeds)} of {total} seeds diverged ({who}); the row "
+                         f"is over the {row['n']} seed(s) where both arms finished; counting each diverged seed as a "
+                         f"loss of the arm that diverged, {total - len(seeds)} of {total} seeds are left to favour it")
+    columns = [c for c in table.frame.columns if c != "marks"]
+    frame = table.frame.with_columns(pl.Series("diverged", counts, dtype=pl.Int64),
+                                     pl.Series("diverged_arms", arms_gone, dtype=pl.String))
+    frame = add_mark(frame.select(*columns, "diverged", "diverged_arms", "marks"), pl.col("diverged") > 0, DIVERGED)
+    return dataclasses.replace(table, frame=frame, notes=table.notes + tuple(notes))
+
+
 def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
     """(tier, minuend, subtrahend) → whether that declared comparison is supported: p_holm < α in a
     fixed design, the design's decision "effect" in a sequential one; never in a pipeline-check tier."""
@@ -198,7 +231,10 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
             verdict = row["decision"] == "effect"
         else:
             verdict = row["p_holm"] is not None and row["p_holm"] < alpha
-        out[(row["tier"], row["minuend"], row["subtrahend"])] = verdict and not is_pipeline_check(row["tier"])
+        better = row["subtrahend"] if (row["mean"] or 0) > 0 else row["minuend"]
+        unstable = better in (row.get("diverged_arms") or "").split(",")  # its failed seeds left its mean
+        out[(row["tier"], row["minuend"], row["subtrahend"])] = (verdict and not unstable
+                                                                 and not is_pipeline_check(row["tier"]))
     return out
 
 
