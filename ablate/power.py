@@ -390,3 +390,34 @@ def _signed_t(sample: np.ndarray) -> float:
     if sd == 0:
         return 0.0 if mean == 0 else math.copysign(math.inf, mean)
     return mean * math.sqrt(sample.size) / sd
+
+
+OPERATING_PATHS = 20_000  # simulated studies behind a sequential design's power and expected seeds
+OPERATING_SEED = 20261201
+
+
+def sequential_operating(design: Mapping, d: float, paths: int = OPERATING_PATHS, seed: int = OPERATING_SEED) -> dict:
+    """A sequential design's power and expected seeds when the true standardised effect is d = effect/sd.
+
+    `paths` studies of N normal differences (mean d, sd 1; numpy Generator `seed`, all paths at once) run
+    the design's looks: a study stops at the first look whose |t| reaches its boundary, and it found the
+    effect when that t has the sign of d. Power is the fraction that found it; expected seeds the mean
+    seed count at which studies stopped (N for those that never did). The t statistic is pivotal, so
+    d alone decides both. Monte-Carlo error: ±√(p(1−p)/paths), under 0.004 at 20,000 paths.
+    """
+    d = _check_positive("effect/sd", d, "give --effect and --sd")
+    counts = [int(look["seeds"]) for look in design["looks"]]
+    bounds = [float(look["t_boundary"]) for look in design["looks"]]
+    rng = np.random.Generator(np.random.PCG64(seed))
+    values = rng.standard_normal((paths, counts[-1])) + d
+    total, squares = np.cumsum(values, axis=1), np.cumsum(values * values, axis=1)
+    stopped, found, seeds = np.zeros(paths, dtype=bool), np.zeros(paths, dtype=bool), np.full(paths, counts[-1])
+    for n, boundary in zip(counts, bounds):
+        mean = total[:, n - 1] / n
+        t = np.sign(mean) * t_statistics(total[:, n - 1], squares[:, n - 1], n)
+        crossing = ~stopped & (np.abs(t) >= boundary)
+        found |= crossing & (t > 0)
+        seeds[crossing] = n
+        stopped |= crossing
+    return {"effect_over_sd": d, "power": float(found.mean()), "expected_seeds": float(seeds.mean()),
+            "paths": paths, "seed": seed}
