@@ -26,6 +26,7 @@ TITLES = {
     "overlap": "2×2 overlap of sink-logit with each value gate",
     "losses": "Final validation loss per arm",
     "declared": "Declared comparisons",
+    "scale": "Scale model: slopes per decade of parameters and crossings",
 }
 EXPLAIN = {
     "paired": "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
@@ -37,6 +38,8 @@ EXPLAIN = {
     "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
     "declared": "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: "
                 "the subtrahend lowers the loss",
+    "scale": "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per "
+             "decade (ablate.analysis.scale renders it: CAPTION there)",
 }
 # The same definitions for an `ablate eval` metric s, differenced as m = −s when higher is better (so that
 # positive is better, as for a loss): {m} is that m, {s} the metric.
@@ -62,6 +65,8 @@ FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); s
           "t-test of the per-seed differences against 0), empty with one seed or no spread.")
 HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the arms of one tier against {reference} "
                "(the comparisons with a p in that tier); an effect counts as supported only if p_holm < 0.05.")
+QUANTITY_HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the rows of one tier (the quantities with a "
+                        "p in that tier); an effect counts as supported only if p_holm < 0.05.")
 FAMILY_FOOTER = ("p_holm: Holm's step-down adjustment over the declared family only ({family}); an effect counts "
                  "as supported only if p_holm < 0.05. Rows marked exploratory are not in the family: their p is "
                  "unadjusted and they are never called supported.")
@@ -163,7 +168,9 @@ METRIC_FOOTER = ("p_holm: empty, because no declared comparison is on this metri
 def holm_footer(table: Table) -> str:
     if table.metric is not None and "p_holm" in table.columns and table.frame["p_holm"].is_null().all():
         return METRIC_FOOTER
-    return FAMILY_FOOTER.format(family=table.family) if table.family else HOLM_FOOTER.format(reference=table.reference)
+    if table.family:
+        return FAMILY_FOOTER.format(family=table.family)
+    return HOLM_FOOTER.format(reference=table.reference) if table.kind == "paired" else QUANTITY_HOLM_FOOTER
 
 
 def decision_text(row: dict) -> str:
@@ -212,8 +219,12 @@ def _markdown_head(table: Table, head: list[str]) -> list[str]:
 def _markdown_tail(table: Table) -> list[str]:
     lines = _listing("Marks", [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in table.marks_used])
     lines += _listing("Missing seeds (no run; pairs with them are left out)", _missing_lines(table))
-    lines += _listing("Excluded runs (not completed, or no finite val_loss)", [
-        f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.excluded.iter_rows(named=True)
+    lines += _listing("Excluded runs (not completed, or no finite val_loss)" if table.metric is None else
+                      "Excluded runs (not completed, no finite val_loss, or scored on other weights)", [
+        f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.left_out.iter_rows(named=True)
+    ])
+    lines += _listing(f"Not evaluated on {table.metric} (completed runs; `ablate eval` them to count them)", [
+        f"{r['tier']} {r['arm']} seed {r['seed']}" for r in table.unevaluated.iter_rows(named=True)
     ])
     return lines + _listing("Skipped", [note for note in table.notes if note not in table.source_notes])
 
@@ -245,7 +256,8 @@ def to_json(table: Table) -> str:
         "rows": table.frame.to_dicts(),
         **({"family": table.family} if table.family else {}),
         "missing": table.missing.to_dicts(),
-        "excluded": table.excluded.to_dicts(),
+        "excluded": table.left_out.to_dicts(),
+        **({"not_evaluated": table.unevaluated.to_dicts()} if table.metric is not None else {}),
         "warnings": table.warnings,
     }, indent=2) + "\n"
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses", "declared")  # tables.KINDS, losses, declared: kept light
+KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale")  # tables.KINDS, losses, declared, scale
 FORMATS = ("md", "csv", "latex", "json")
 
 
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="paired-seed tables: paired differences, increments, the 2×2 overlap, or the declared comparisons",
+        help="paired-seed tables: paired differences, increments, the 2×2 overlap, the declared comparisons, or the "
+             "scale model (slopes per decade, crossings)",
         description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
@@ -84,7 +85,12 @@ def table_command(args: argparse.Namespace) -> int:
         table = losses_table(runs)
     else:
         table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
-    text = render(table, args.format)
+    if args.kind == "scale":
+        from ablate.analysis.scale_text import render_scale
+
+        text = render_scale(table, args.format)
+    else:
+        text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
@@ -127,10 +133,16 @@ def _emit(args: argparse.Namespace, text: str) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.report import write_report  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.report import make_report  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
 
     source = results_of(args.experiment, args.results)
-    folder = write_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
-    print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
+    names = [path.name for path in report.written]
+    texts = [n for n in names if n.endswith(".md")]
+    others = [n for n in names if not n.endswith(".md")]
+    print(f"report written to {report.out_dir}/: {', '.join(texts)}"
+          + (f" (and {', '.join(others)})" if others else ""))
+    if report.left_out:
+        print("left out: " + "; ".join(f"{what} ({why})" for what, why in report.left_out.items()))
     return 0
