@@ -230,7 +230,7 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
                 log.warning("%s at tier %s: %s", name, tier, pilot_warning(pilot.n0))
             if pilot and pilot.sd <= ROUNDING_SD:
                 raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} spread by "
-                                  f"{pilot.sd:.2g} nats, float rounding (≤ {ROUNDING_SD:g}), not seed noise: they are "
+                                  f"{pilot.sd:.2g} nats, float rounding (≤ {ROUNDING_SD:g}), not seed noise: they are all "
                                   "equal; pass --sd")
             seeds = seeds_needed(effect, spread, alpha, m, target_power)
             conservative = seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power) if pilot else None
