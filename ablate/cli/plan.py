@@ -47,7 +47,7 @@ def add_commands(subparsers) -> None:
                        help="a group-sequential design: looks, |t| boundaries and alpha spent")
     power.add_argument("--looks", type=int, metavar="K", help="--sequential: number of looks")
     power.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
-    power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS or ./results)")
+    power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.set_defaults(func=_plan)
 
 
