@@ -7,8 +7,8 @@ file (`experiments/demo.py`) or its name (`demo`), looked up in `./experiments/`
 
 from __future__ import annotations
 
+import ast
 import importlib.util
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, lr_folder, read_ledger, run_dir
+from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
 from ablate.tiers import get_tier
 
 
@@ -41,53 +42,6 @@ class RunSpec:
     def folder(self, results: str | os.PathLike) -> Path:
         """The run's folder in the store (`ablate.store.run_dir`)."""
         return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
-
-
-SWEEP_FIRST_SEED = 1000  # the sweep's seeds start here: far above any grid's, so confirmatory seeds never reuse them
-
-
-@dataclass(frozen=True)
-class LRSweep:
-    """A learning-rate sweep: every arm of `tiers` at each of `factors` × the tier's lr, `seeds` seeds each.
-
-    Its seeds are first_seed, first_seed + 1, …, none of the grid's: the confirmatory runs at each arm's best
-    LR (the grid's seeds) are independent of the runs that chose it. Each sweep run ends by evaluating
-    `selection_tokens` (default: the tier's val_tokens) of a selection split disjoint from the validation
-    windows; the best LR is chosen on that loss only (docs/method.md). The largest stable LR ends within
-    `margin` nats of the best; the LR range's width is taken within `delta` nats of it."""
-
-    factors: Sequence[float]
-    seeds: int = 1
-    tiers: Sequence[str] = ()
-    first_seed: int = SWEEP_FIRST_SEED
-    selection_tokens: int | None = None
-    margin: float = 0.05
-    delta: float = 0.02
-
-    def __post_init__(self):
-        factors = self.factors
-        if isinstance(factors, (str, int, float)) or not factors or not all(
-                isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0 for f in factors):
-            raise AblateError(f"LRSweep factors must be a list of positive numbers (multiples of the tier's lr), "
-                              f"not {factors!r}")
-        if len(set(float(f) for f in factors)) != len(factors):
-            raise AblateError(f"LRSweep factors {list(factors)} name one factor twice")
-        object.__setattr__(self, "factors", tuple(sorted(float(f) for f in factors)))
-        if isinstance(self.tiers, str) or not self.tiers:
-            raise AblateError(f"LRSweep tiers must be a list of tier names, not {self.tiers!r}")
-        object.__setattr__(self, "tiers", tuple(self.tiers))
-        for name, value in (("seeds", self.seeds), ("first_seed", self.first_seed + 1),
-                            ("selection_tokens", 1 if self.selection_tokens is None else self.selection_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise AblateError(f"LRSweep {name} must be a positive integer, not {getattr(self, name)!r}")
-        for name in ("margin", "delta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise AblateError(f"LRSweep {name} must be a positive number of nats, not {value!r}")
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
 FAMILIES = ("tier", "experiment")
@@ -118,7 +72,8 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Experiment:
-    """`arms="all"` means every registered arm at the time the grid is expanded.
+    """`arms="all"` means every registered arm at the time the grid is expanded, but the registered examples
+    outside the study (`Arm.example`: qk-norm, temperature, alibi; `ablate.arms.study_arms`).
 
     seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
     overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
@@ -211,9 +166,9 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import list_arms  # the arm registry loads torch; status and tables read experiments without it
+        from ablate.arms import study_arms  # the arm registry loads torch; status and tables read experiments without it
 
-        return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
+        return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
 
     def tier_overrides(self, tier: str) -> dict:
         if self.overrides and all(key in self.tiers for key in self.overrides):
@@ -261,7 +216,6 @@ class Experiment:
                     specs.append(RunSpec(self.name, tier, arm, seed, self.tier_overrides(tier)))
         return specs
 
-
     def base_lr(self, tier: str) -> float:
         """The lr the grid trains `tier` at (its overrides' `lr`, else the tier's): what sweep factors multiply."""
         return float(self.tier_overrides(tier).get("lr", get_tier(tier).lr))
@@ -308,17 +262,35 @@ class Experiment:
         return self.lr_sweep
 
 
+def defines_experiment(path: Path) -> bool:
+    """Whether a file assigns a module-level `EXPERIMENT`, read from its syntax tree without running it, so a
+    module of arms that lies beside the experiments is not taken for one (and nothing is executed to tell)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in targets):
+            return True
+    return False
+
+
 def available_experiments() -> list[str]:
-    return names_in("experiments", ".py")
+    """The names of the experiments/*.py files that define an `EXPERIMENT` (`defines_experiment`)."""
+    return [name for name in names_in("experiments", ".py") if defines_experiment(find_file("experiments", f"{name}.py"))]
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
-    """`demo` or `experiments/demo.py` → the absolute path of the experiment file."""
+    """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
+    defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
     path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
-    if path is None:
+    named = path is not None and not text.endswith(".py")
+    if path is None or (named and not defines_experiment(path)):
+        why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
         raise AblateError(
-            f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
+            f"unknown experiment {text!r}{why}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
             " (or a path to an experiments/*.py file)"
         )
     return path.resolve()
@@ -388,6 +360,9 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
             return results_dir / text
         if path.is_dir():
             return path
+        if len(path.parts) > 1:  # a path, not an experiment's name: say what is missing
+            raise AblateError(f"{text}: no such folder; give an experiment folder, a .csv/.parquet table, "
+                              "or an experiment's name")
     name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
     folder = results_dir / name
     if not folder.is_dir():

@@ -24,7 +24,7 @@ def add_commands(subparsers) -> None:
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
@@ -47,7 +47,7 @@ def add_commands(subparsers) -> None:
         "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
-    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     report.add_argument("--allow-unverified", action="store_true",
                         help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)
@@ -179,10 +179,16 @@ def _emit(args: argparse.Namespace, text: str) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.report import write_report  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.report import make_report  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
 
     source = results_of(args.experiment, args.results)
-    folder = write_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
-    print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
+    names = [path.name for path in report.written]
+    texts = [n for n in names if n.endswith(".md")]
+    others = [n for n in names if not n.endswith(".md")]
+    print(f"report written to {report.out_dir}/: {', '.join(texts)}"
+          + (f" (and {', '.join(others)})" if others else ""))
+    if report.left_out:
+        print("left out: " + "; ".join(f"{what} ({why})" for what, why in report.left_out.items()))
     return 0
