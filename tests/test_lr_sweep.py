@@ -241,7 +241,8 @@ def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
     shim.parent.mkdir()
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
     shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "ABLATE_RESULTS": str(tmp_path / "results")}  # the checkout's results/ otherwise
     out = []
     for line in lines:
         result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
