@@ -170,6 +170,14 @@ def test_tuned_pairs_each_arm_at_its_own_best_lr(tmp_path):
     assert mean(tuned) == pytest.approx(((4.00 - 3.90) + (4.02 - 3.91)) / 2)  # baseline ×1 vs sink-logit ×2
     assert survived[0]["sign_kept"] is True
     assert any("pairs differ in the arm and in lr only" in n for n in tuned.notes)
+    from ablate.analysis.report import write_report
+
+    report = write_report(tmp_path / "lrx")  # the LR section: the table, its U-curves, the tuned table beside
+    summary = (report / "summary.md").read_text()
+    assert (report / "lr.png").stat().st_size > 0 and json.loads((report / "lr.json").read_text())["best"]
+    assert "smoke sink-logit: best lr 0.006" in summary
+    assert "tuned +0.1050 (significant); sign kept: does NOT survive tuning" in summary  # significance changed
+    assert "Each arm at its own best LR" in (report / "tuned.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- real runs
