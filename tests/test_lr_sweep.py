@@ -260,3 +260,28 @@ def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
     assert "ran 3 runs here, 0 failed" in out[1] and "completed: 3" in out[2]
     assert out[3].count("| smoke | baseline |") == 4  # a row at each of the 3 LRs, then the best LR's
     assert len(re.findall(r"\| smoke \| baseline \| 0\.00[0-9]+ \| 1 \|", out[3])) == 3
+
+
+LRX_FILE = """
+from ablate.experiment import Experiment, LRSweep
+
+EXPERIMENT = Experiment(name="lrx", tiers=("smoke",), arms=("baseline", "sink-logit"), seeds=2,
+                        lr_sweep=LRSweep(factors=(0.5, 1, 2), tiers=("smoke",)))
+"""
+
+
+def test_submit_tuned_queues_the_grid_seeds_at_each_arm_s_best_lr_once_the_sweep_chose_it(tmp_path, sample_data):
+    (tmp_path / "lrx.py").write_text(LRX_FILE)
+    tuned = ["submit", tmp_path / "lrx.py", "--tuned", "--dry-run", "--data", sample_data, "--results", tmp_path]
+    experiment = sweep_experiment(seeds=1)
+    for spec in experiment.sweep_runs():
+        if not (spec.arm == "sink-logit" and spec.lr_factor == 2.0):  # that one has not run yet
+            write_run(tmp_path, spec, loss=5.0 + abs(spec.lr_factor - (1 if spec.arm == "baseline" else 2)), val=5.0)
+    refused = ablate_cli(*tuned, check=False)
+    assert refused.returncode == 2 and "no best LR yet for smoke/sink-logit" in refused.stderr
+    write_run(tmp_path, [s for s in experiment.sweep_runs() if s.arm == "sink-logit" and s.lr_factor == 2.0][0],
+              loss=5.0, val=5.0)
+    listed = ablate_cli(*tuned).stdout
+    assert "4 of 4 runs would be submitted" in listed
+    for key in ("smoke/baseline/seed0", "smoke/baseline/seed1", "smoke/sink-logit/lr2/seed0", "smoke/sink-logit/lr2/seed1"):
+        assert f"  {key}\n" in listed

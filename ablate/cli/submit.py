@@ -125,13 +125,18 @@ def lr_runs(args, experiment, results):
         raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds or --sequential")
     if args.sweep:
         return experiment.sweep_runs(args.tiers, args.arms)
-    from ablate.analysis.lr import lr_table
+    from ablate.analysis.lr import lr_table, sweep_runs
 
     sweep = experiment.declared_sweep()
-    table = lr_table(results / experiment.name, sweep.margin, sweep.delta)
+    folder = results / experiment.name
+    table = lr_table(folder, sweep.margin, sweep.delta)
     best = table.best_factors()
     wanted = {tier: list(dict.fromkeys(args.arms or experiment.arm_names())) for tier in args.tiers or sweep.tiers}
-    lacking = [f"{tier}/{arm}" for tier, arms in wanted.items() for arm in arms if arm not in best.get(tier, {})]
+    done = {(r.tier, r.arm, r.factor, r.seed) for r in sweep_runs(folder) if r.status in ("completed", "diverged")}
+    unfinished = {f"{s.tier}/{s.arm}" for s in experiment.sweep_runs(args.tiers, args.arms)
+                  if (s.tier, s.arm, s.lr_factor, s.seed) not in done}  # a best LR of part of the sweep is no best
+    lacking = sorted(unfinished | {f"{tier}/{arm}" for tier, arms in wanted.items() for arm in arms
+                                   if arm not in best.get(tier, {})})
     if lacking:
         raise AblateError(f"no best LR yet for {', '.join(lacking)}: their sweep runs are not all finished (see "
                           f"`ablate status {args.experiment} --sweep`, `ablate table {args.experiment} --kind lr`)")
