@@ -28,6 +28,7 @@ from ablate.store import (
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    config_disagreement,
     finished,
     iter_run_dirs,
     read_json_file,
@@ -265,7 +266,8 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
     row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
-                                                       damage(summary, progress["steps"], bool(metrics)), way_out)
+                                                       damage(summary, progress["steps"], bool(metrics))
+                                                       or config_disagreement(folder, summary), way_out)
     if row["state"] != "running":
         row["eta_s"] = None
     return row
