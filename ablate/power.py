@@ -310,7 +310,7 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
     excludes 0 exactly when the decision is "effect"). Before the first look there is no interval.
 
     A spread at float resolution is no spread (sd ≤ RESOLUTION × `scale`, the losses' magnitude, else the
-    largest |difference|): t is then None and never crosses a boundary (equal differences would give
+    largest |difference|): t and the interval are then None, and t never crosses a boundary (equal differences would give
     |t| = ∞, differences equal up to rounding |t| ≈ 4e14, and either would read "effect" on no evidence).
     """
     values = _ordered_values(differences_by_seed)
@@ -328,8 +328,8 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
         t = _signed_t(sample, floor)
         crossed = t is not None and abs(t) >= float(look["t_boundary"])
         last = k == len(looks)
-        result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]), ci_low=mean - half,
-                      ci_high=mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
+        result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]),
+                      ci_low=None if t is None else mean - half, ci_high=None if t is None else mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
                       decision="effect" if crossed else ("max seeds reached" if last else "continue"),
                       sign=int(np.sign(mean)) if crossed else None)
         if crossed:

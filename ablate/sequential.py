@@ -23,6 +23,7 @@ from ablate.power import sequential_design
 from ablate.store import LEDGER, SUMMARY, finished, iter_run_dirs, read_json_file, read_ledger
 
 SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
+FAMILIES = ("tier", "experiment")  # ablate.experiment.FAMILIES (the analysis may not import experiments)
 FIELDS = ("design", "comparisons", "family", "looks", "max_seeds", "alpha")
 BOUNDARY_TOLERANCE = 1e-9  # relative: the same calibration on another platform may differ in the last digits
 
@@ -81,6 +82,8 @@ class SequentialDesign:
         if not isinstance(comparisons, list) or not comparisons or not all(
                 isinstance(c, list) and len(c) == 3 and all(isinstance(p, str) for p in c) for c in comparisons):
             raise _damaged(where, f"its comparisons are {comparisons!r}, not [[name, minuend, subtrahend], …]")
+        if record["family"] not in FAMILIES:
+            raise _damaged(where, f"its family is {record['family']!r}, not one of {', '.join(FAMILIES)}")
         alpha, looks, max_seeds = record["alpha"], record["looks"], record["max_seeds"]
         if not (_is_count(looks) and _is_count(max_seeds) and isinstance(alpha, (int, float))
                 and not isinstance(alpha, bool) and 0 < alpha < 1):

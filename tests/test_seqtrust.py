@@ -108,6 +108,7 @@ def test_equal_differences_are_no_spread_and_never_an_effect():
     for differences in ([0.01, 0.01, 0.01], [0.01, 0.01, 0.01 + 2e-17]):
         decision = sequential_decision(differences, design)
         assert decision["decision"] == "continue" and decision["t"] is None and decision["sign"] is None
+        assert decision["ci_low"] is None  # no spread, no interval (not a zero-width one that excludes 0)
     # differences equal up to the rounding of the losses (|t| ≈ 4e14 without the rule), given their scale
     rounded = [3.9 - 3.8, 4.3 - 4.2, 4.1 - 4.0]
     assert len(set(rounded)) > 1

@@ -28,6 +28,7 @@ from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision
+from ablate.sequential import FAMILIES
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -50,8 +51,8 @@ class Declared:
         """From `Comparison`s (anything with name, minuend, subtrahend) or triples."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
-        if family not in ("tier", "experiment"):
-            raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+        if family not in FAMILIES:
+            raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         return cls(triples, family, design)
 
     @property
