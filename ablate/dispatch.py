@@ -28,10 +28,11 @@ from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.evals.run import EvalJob
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
+from ablate.sequential import recorded_design
 from ablate.sizing import LOSS_CHUNK, micro_batch_for
 from ablate.status import error_line, experiment_dir, status
 from ablate.store import SUBMIT_LOCK, record_ledger
@@ -108,7 +109,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
-    tier it leaves out; `sequential`: the design's ledger record (kind SEQUENTIAL), written once, under
+    tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
     the submit lock, before anything is queued.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
@@ -140,7 +141,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
-        if sequential is not None and recorded_sequential(folder) is None:
+        if sequential is not None and recorded_design(folder) is None:
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]

@@ -20,14 +20,17 @@ from pathlib import Path
 import submitit
 
 from ablate.evals.results import valid_evals
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
+from ablate.errors import AblateError
 from ablate.lock import live_holder
+from ablate.sequential import recorded_design
 from ablate.store import (
     CONFIG,
     METRICS,
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    config_disagreement,
     finished,
     iter_run_dirs,
     read_json_file,
@@ -52,8 +55,11 @@ def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
     the declared seed count look by look, and status, clean, eval and the resume hints must see those runs
     too (else they count 6 of 12 completed runs). No recorded design: the experiment as declared."""
     folder = experiment_dir(results, experiment)
-    if recorded_sequential(folder) is None:
-        return experiment
+    try:
+        if recorded_design(folder) is None:
+            return experiment
+    except AblateError:
+        pass  # a damaged design record: the ledger's runs still say which seeds were queued, and status shows them
     queued: dict[str, int] = {}
     for key in read_ledger(folder)["runs"]:
         tier, _, seed = key.removeprefix("eval:").rpartition("/seed")
@@ -283,7 +289,8 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
            "val_loss_final": summary.get("status") == "completed"}  # else: the last mid-run evaluation
     row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
-                                                       damage(summary, progress["steps"], bool(metrics)), way_out)
+                                                       damage(summary, progress["steps"], bool(metrics))
+                                                       or config_disagreement(folder, summary), way_out)
     if row["state"] != "running":
         row["eta_s"] = None
     return row

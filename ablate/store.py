@@ -17,6 +17,7 @@ This module has no torch dependency: the analysis reads the store through it.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ablate.errors import AblateError
+from ablate.identity import config_fingerprint
 
 CONFIG = "config.json"
 SUMMARY = "summary.json"
@@ -151,6 +153,33 @@ def completed(summary: dict) -> bool:
         and math.isfinite(loss)
 
 
+def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
+    """Why a run's config.json is not the configuration it trained with, or None.
+
+    summary.json's `config_fingerprint` is computed by training from the configuration it ran; config.json
+    is what every reader compares settings with. A hand-edited config.json (`"steps": 2 → 3`) would make a
+    2-step run read as a 3-step one, so every reader (the tables, the report, status) recomputes the
+    fingerprint from config.json and calls a run whose two files disagree damaged. A run recorded before
+    the fingerprint existed, or without a config.json, cannot be checked here: the tables refuse it as
+    unverified (`--allow-unverified` counts it, named in the footer).
+    """
+    recorded = summary.get("config_fingerprint")
+    path = Path(folder) / CONFIG
+    if recorded is None or not path.is_file():
+        return None
+    try:
+        config = read_json_file(path, "")
+    except AblateError:
+        return f"its {CONFIG} is damaged (not a JSON object)"
+    if not isinstance(recorded, str):
+        return f"summary.json's config_fingerprint is {recorded!r}, not a fingerprint"
+    found = config_fingerprint(config)
+    if found != recorded:
+        return (f"its {CONFIG} is not the configuration it trained with (its fingerprint {found[:12]}… differs from "
+                f"summary.json's config_fingerprint {recorded[:12]}…: {CONFIG} was edited after the run?)")
+    return None
+
+
 def finished(summary: dict) -> bool:
     """A run is done when it diverged, or completed with its final loss (a run completed without one
     resumes and evaluates)."""
@@ -226,7 +255,28 @@ def read_ledger(folder: Path) -> dict:
                                   "keep running) and submit again")
     if not isinstance(ledger.get("runs"), dict) or not isinstance(ledger.get("submissions"), list):
         raise AblateError(f"{path} is damaged (no 'runs' or 'submissions'); move it aside and submit again")
+    for key, entry in ledger["runs"].items():
+        why = _entry_damage(entry)
+        if why:
+            raise AblateError(f"{path} is damaged: its entry runs[{key!r}] {why}; move the ledger aside (the runs' own "
+                              "folders keep their results; SLURM jobs it lists keep running) and submit again")
     return ledger
+
+
+def _entry_damage(entry: object) -> str | None:
+    """Why a ledger run entry cannot be read (status and submit read its fields), or None."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an object"
+    if entry.get("executor") == "slurm":
+        absent = [k for k in ("job_id", "folder") if not isinstance(entry.get(k), str)]
+        if absent:
+            return f"is a SLURM job without {' and '.join(absent)}"
+    if "submitted" in entry:
+        try:
+            datetime.datetime.fromisoformat(entry["submitted"])
+        except (TypeError, ValueError):
+            return f"has submitted {entry['submitted']!r}, not a time"
+    return None
 
 
 _LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time

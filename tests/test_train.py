@@ -13,7 +13,7 @@ import torch
 from ablate.arms import Arm, register_arm
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
-from ablate.store import read_json, read_metrics, run_dir
+from ablate.store import config_disagreement, read_json, read_metrics, run_dir
 from ablate.plan import plan_rows
 from ablate.tiers import TIERS, get_tier
 from ablate.config import lr_at
@@ -78,6 +78,8 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
         assert key in summary, key
     assert summary["status"] == "completed" and summary["steps"] == 12 and summary["params_arm_extra"] > 0
     assert read_json(folder / "config.json")["arm"] == "combo2"
+    assert config_disagreement(folder, summary) is None  # what every reader checks holds for what training writes
+    assert a["data_id"] == c["data_id"] and len(a["data_id"]) == 64  # the data's identity, the same for every seed
     metrics = read_metrics(folder / "metrics.jsonl")
     assert [r["step"] for r in metrics if "train_loss" in r] == list(range(1, 13))
     assert {"train_loss", "lr", "grad_norm", "tokens_per_s"} <= set(metrics[-1]) and "val_loss" in metrics[-1]
