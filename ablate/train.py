@@ -12,12 +12,13 @@ is a pure function of (data, seed, global batch, seq len, k) (`ablate.data.Batch
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
+import functools
 import logging
 import math
 import os
 import time
 import traceback
+import uuid
 import warnings
 from functools import partial
 from pathlib import Path
@@ -29,10 +30,10 @@ from ablate import modelio  # the module, not its function: a test stops a run i
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, validation_windows
 from ablate.data.shards import read_manifest
-from ablate.errors import AblateError
+from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
-from ablate.lock import FileLock, launched_child
+from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, held_by_step_sibling, launched_child
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
@@ -82,6 +83,49 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
     return "done" if finished(summary) else "resume"
 
 
+RANK0_WAIT_S = 600.0  # how long a SLURM task of rank > 0 waits for rank 0 to take the run
+
+
+def await_step_rank0(folder: Path, config: dict) -> dict | None:
+    """A task of rank > 0 of a data-parallel SLURM run (srun starts all k side by side): wait until rank 0
+    of this job step holds the run and has written its config (None: join it), or the run is finished
+    (its summary: nothing to do, as rank 0 found too). Refused after RANK0_WAIT_S."""
+    lock, deadline, problem = run_lock_path(folder), time.monotonic() + RANK0_WAIT_S, None
+    while time.monotonic() < deadline:
+        summary = read_json_file(folder / SUMMARY, "rerun it with --force") if (folder / SUMMARY).is_file() else {}
+        if finished(summary):
+            return summary
+        if held_by_step_sibling(lock):
+            try:
+                check_child_run_dir(folder, config)
+                return None
+            except AblateError as err:  # e.g. rank 0 has not written config.json yet
+                problem = err
+        time.sleep(0.5)
+    raise AblateError(f"task {claimed_rank()} of SLURM job {os.environ.get('SLURM_JOB_ID')} waited {RANK0_WAIT_S:.0f} s "
+                      f"for its rank 0 to start run {folder}" + (f" ({problem})" if problem else ""))
+
+
+def check_child_run_dir(folder: Path, config: dict) -> None:
+    """The guards of `prepare_run_dir` for a data-parallel child, which holds no lock and changes nothing: its
+    parent wrote config.json before starting it, and the run is not finished. A child that finds otherwise
+    is refused, so that no process, child or not, trains a finished run or one of other settings."""
+    if int(config["devices"]) < 2:
+        raise AblateError(f"this process claims to be a data-parallel child of run {folder}, but the run has "
+                          f"devices {config['devices']}: only a run with devices >= 2 has children")
+    way_out = "a data-parallel child trains only the run its parent started"
+    if not (folder / CONFIG).is_file():
+        raise AblateError(f"{folder} has no {CONFIG}: {way_out}")
+    previous = semantic(with_device_defaults(read_json_file(folder / CONFIG, way_out), torch.cuda.is_available()))
+    current = semantic(config)
+    if previous != current:
+        diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        raise AblateError(f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); {way_out}")
+    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
+    if finished(summary):
+        raise AblateError(f"{folder} is already {summary.get('status')}: {way_out}, never a finished one")
+
+
 def took_a_step(folder: Path, summary: dict) -> bool:
     """Whether a run folder holds anything of a training step: a checkpoint, weights, a step's metrics."""
     checkpoints = folder / CHECKPOINTS
@@ -106,7 +150,13 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
     folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
+    if int(config["devices"]) > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
+        finished_summary = await_step_rank0(folder, config)
+        if finished_summary is not None:
+            return finished_summary, True
+        return Trainer(folder, config).fit(), True
     if launched_child(run_lock_path(folder)):
+        check_child_run_dir(folder, config)
         return Trainer(folder, config).fit(), True
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
         state = prepare_run_dir(folder, config, force)
@@ -120,7 +170,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config)
-        with lock.handed_down():  # the proof the data-parallel children this process starts show
+        with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
             return Trainer(folder, config).fit(), False
 
 
@@ -169,6 +219,8 @@ class Trainer:
             self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
                                val_loss=None, finished=now(), error=str(err))
             return read_json(self.summary_path)
+        except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
+            raise
         except AblateError as err:  # bad input: one line (the command shows it), no traceback
             self.write_summary(status="failed", finished=now(), error=f"ablate: error: {err}")
             raise
@@ -181,10 +233,15 @@ class Trainer:
                 logging.getLogger("ablate").removeHandler(handler)
                 handler.close()
 
-    @property
+    @functools.cached_property
     def logger_run_id(self) -> str:
-        """The logger's run id: a function of the run folder, so a requeued job logs into the same run."""
-        return hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]
+        """The logger's run id, kept in the run's summary from its first step on, so that a requeued or resumed
+        job logs into the same run. A new run draws a new one: also one that `--force` starts in the folder
+        of a run kept aside (which keeps its own id, in its summary), since one id for two different runs
+        would merge them (`wandb sync --id`)."""
+        summary = read_json(self.summary_path) if self.summary_path.is_file() else {}
+        kept = summary.get("logger_run_id") if isinstance(summary, dict) else None
+        return kept if isinstance(kept, str) and kept else uuid.uuid4().hex[:16]
 
     def _loggers(self):
         kind = self.config["logger"]
