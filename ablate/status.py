@@ -335,7 +335,7 @@ def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> 
     """The runs found in RESULTS/<name> without an experiment file (`ablate run`'s ad-hoc runs, or any
     `--experiment NAME` of it): every run folder with its config.json (written as a run starts), filtered."""
     specs = []
-    for folder in iter_run_dirs(Path(results) / name, holding=CONFIG):
+    for folder in iter_run_dirs(check_results_folder(results) / name, holding=CONFIG):
         tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
         if (not tiers or tier in tiers) and (not arms or arm in arms) and (seeds is None or seed in seeds):
             specs.append(RunSpec(name, tier, arm, seed))

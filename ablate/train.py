@@ -232,6 +232,9 @@ class Trainer:
             if handler is not None:
                 logging.getLogger("ablate").removeHandler(handler)
                 handler.close()
+            if devices > 1 and torch.distributed.is_initialized():
+                # this run's process group ends with it: a worker's next run starts its own, with its own children
+                torch.distributed.destroy_process_group()
 
     @functools.cached_property
     def logger_run_id(self) -> str:

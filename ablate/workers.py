@@ -194,12 +194,12 @@ def worker_main(results: str, payload_json: str) -> int:
     loop's signal handling), no further run starts, exit code 130. The end of stdin (the parent is gone)
     is taken as that SIGINT.
     """
-    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
-                     daemon=True).start()
     payload = json.loads(payload_json)
     job = RunJob(payload["experiment_file"], results, payload["options"])
-    if claimed_rank() and os.environ.get(CHILD_RUN_ENV):
+    if claimed_rank() and os.environ.get(CHILD_RUN_ENV):  # its parent watches stdin for it (and it must exit 0)
         return child_main(job, payload, os.environ[CHILD_RUN_ENV])
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
+                     daemon=True).start()
     current = None
     try:
         for fields in payload["specs"]:

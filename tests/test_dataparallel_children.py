@@ -2,6 +2,9 @@
 trains each run once, in two processes, to the loss one process reaches."""
 
 import json
+import time
+
+import pytest
 
 from ablate.experiment import RunSpec
 from ablate.store import read_json, read_ledger, run_dir
@@ -33,3 +36,51 @@ def test_a_local_two_process_grid_trains_each_run_once_to_the_one_process_loss(t
                   data_dir=str(sample_data), progress=False, threads=1)
         assert two["status"] == "completed" and two["steps"] == 3, json.dumps(two)[:500]
         assert abs(one["val_loss"] - two["val_loss"]) < 1e-4, (seed, one["val_loss"], two["val_loss"])
+
+
+PROFILE = '''partition = "debug"
+gpus_per_run = 0
+processes_per_run = 2
+cpus_per_run = 2
+mem_gb = 2
+time_min = 20
+signal_delay_s = 30
+array_parallelism = 2
+'''
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, sample_data, slurm_cluster):
+    """processes_per_run = 2 (as gpus_per_run = 2 would be on GPUs): --ntasks-per-node=2 and devices 2, one run
+    trained by two gloo processes, to the loss of one process."""
+    from ablate.dispatch import executor_parameters
+    from ablate.profiles import load_profile
+    from ablate.status import status
+
+    profile_path = tmp_path / "two.toml"
+    profile_path.write_text(PROFILE)
+    profile = load_profile(str(profile_path))
+    params = executor_parameters(profile, "x")
+    assert params["tasks_per_node"] == 2 and params["cpus_per_task"] == 1
+    assert executor_parameters({**profile, "gpus_per_run": 2}, "x")["gpus_per_node"] == 2
+    file = tmp_path / "dp_slurm.py"
+    file.write_text(EXPERIMENT.format(data=str(sample_data)).replace('"dp_grid"', '"dp_slurm"').replace("seeds=2", "seeds=1")
+                    .replace('"devices": 2, ', ""))
+    results = tmp_path / "results"
+    ablate_cli("submit", file, "--executor", "slurm", "--profile", profile_path, "--results", results)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        (row,) = status("dp_slurm", results, [RunSpec("dp_slurm", "smoke", "baseline", 0)])
+        if row["state"] in ("completed", "failed", "diverged", "damaged"):
+            break
+        time.sleep(3)
+    folder = run_dir(results, "dp_slurm", "smoke", "baseline", 0)
+    logs = "".join(p.read_text(errors="replace") for p in (results / "dp_slurm" / "slurm").rglob("*_log.*"))
+    assert row["state"] == "completed", (row, logs[-4000:])
+    assert read_json(folder / "config.json")["devices"] == 2
+    assert "MEMBER: 1/2" in logs and "MEMBER: 2/2" in logs  # two processes of one world, not two runs
+    assert "in use by" not in logs
+    one = run(RunSpec("dp_slurm", "smoke", "baseline", 0, {"max_steps": 3}), tmp_path / "one",
+              data_dir=str(sample_data), progress=False, threads=1)
+    assert abs(one["val_loss"] - read_json(folder / "summary.json")["val_loss"]) < 1e-4
