@@ -33,12 +33,13 @@ from ablate.data.shards import read_manifest
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
-from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, held_by_step_sibling, launched_child
+from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
+from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group
 from ablate.sizing import LOSS_CHUNK, loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
@@ -81,49 +82,6 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
             f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
             "use another --results folder or --force to keep the old run aside and start again")
     return "done" if finished(summary) else "resume"
-
-
-RANK0_WAIT_S = 600.0  # how long a SLURM task of rank > 0 waits for rank 0 to take the run
-
-
-def await_step_rank0(folder: Path, config: dict) -> dict | None:
-    """A task of rank > 0 of a data-parallel SLURM run (srun starts all k side by side): wait until rank 0
-    of this job step holds the run and has written its config (None: join it), or the run is finished
-    (its summary: nothing to do, as rank 0 found too). Refused after RANK0_WAIT_S."""
-    lock, deadline, problem = run_lock_path(folder), time.monotonic() + RANK0_WAIT_S, None
-    while time.monotonic() < deadline:
-        summary = read_json_file(folder / SUMMARY, "rerun it with --force") if (folder / SUMMARY).is_file() else {}
-        if finished(summary):
-            return summary
-        if held_by_step_sibling(lock):
-            try:
-                check_child_run_dir(folder, config)
-                return None
-            except AblateError as err:  # e.g. rank 0 has not written config.json yet
-                problem = err
-        time.sleep(0.5)
-    raise AblateError(f"task {claimed_rank()} of SLURM job {os.environ.get('SLURM_JOB_ID')} waited {RANK0_WAIT_S:.0f} s "
-                      f"for its rank 0 to start run {folder}" + (f" ({problem})" if problem else ""))
-
-
-def check_child_run_dir(folder: Path, config: dict) -> None:
-    """The guards of `prepare_run_dir` for a data-parallel child, which holds no lock and changes nothing: its
-    parent wrote config.json before starting it, and the run is not finished. A child that finds otherwise
-    is refused, so that no process, child or not, trains a finished run or one of other settings."""
-    if int(config["devices"]) < 2:
-        raise AblateError(f"this process claims to be a data-parallel child of run {folder}, but the run has "
-                          f"devices {config['devices']}: only a run with devices >= 2 has children")
-    way_out = "a data-parallel child trains only the run its parent started"
-    if not (folder / CONFIG).is_file():
-        raise AblateError(f"{folder} has no {CONFIG}: {way_out}")
-    previous = semantic(with_device_defaults(read_json_file(folder / CONFIG, way_out), torch.cuda.is_available()))
-    current = semantic(config)
-    if previous != current:
-        diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
-        raise AblateError(f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); {way_out}")
-    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
-    if finished(summary):
-        raise AblateError(f"{folder} is already {summary.get('status')}: {way_out}, never a finished one")
 
 
 def took_a_step(folder: Path, summary: dict) -> bool:
@@ -206,6 +164,7 @@ class Trainer:
             torch.set_num_threads(int(config["threads"]))
         cuda = torch.cuda.is_available()
         devices = int(config["devices"])
+        launch_env = {name: os.environ.get(name) for name in LAUNCH_ENV}
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision=config["precision"], loggers=self._loggers())
@@ -232,9 +191,8 @@ class Trainer:
             if handler is not None:
                 logging.getLogger("ablate").removeHandler(handler)
                 handler.close()
-            if devices > 1 and torch.distributed.is_initialized():
-                # this run's process group ends with it: a worker's next run starts its own, with its own children
-                torch.distributed.destroy_process_group()
+            if devices > 1:  # this run's process group ends with it: a worker's next run starts its own children
+                end_process_group(launch_env)
 
     @functools.cached_property
     def logger_run_id(self) -> str:

@@ -4,7 +4,6 @@ is a dangling link (8), a full disk (9), names longer than the filesystem allows
 from __future__ import annotations
 
 import errno
-import json
 import os
 from pathlib import Path
 
