@@ -76,7 +76,7 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     try:
         assert holder.stdout.readline().strip() == "held"
         before = _snapshot(folder)
-        token = json.loads(lock.read_text())["token"]  # the lock is world-readable: its token is no proof alone
+        token = json.loads(lock.read_text())["token_sha256"]  # all a world-readable lock shows: no proof
         out = ablate_cli(*_args(results, sample_data), env={"LOCAL_RANK": "1", TOKEN_ENV: token}, check=False,
                          timeout=300)
         assert out.returncode == 2, out.stderr
