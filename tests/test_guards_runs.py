@@ -71,7 +71,7 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     lock = run_lock_path(folder)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from ablate.lock import FileLock\n"
-         "with FileLock(sys.argv[1], 'run'):\n    print('held', flush=True); time.sleep(120)", str(lock)],
+         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)", str(lock)],
         cwd=REPO, env=_without_token(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
