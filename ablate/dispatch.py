@@ -41,10 +41,13 @@ from ablate.workers import RunJob, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
-    """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
-    params = {"name": name, "timeout_min": profile["time_min"], "cpus_per_task": profile["cpus_per_run"],
+    """submitit parameters for one run per array task: k data-parallel processes (`processes_per_run`, one
+    per GPU) are k SLURM tasks on one node, which Lightning joins into one run (`devices = k`)."""
+    processes = profile.get("processes_per_run") or 1
+    params = {"name": name, "timeout_min": profile["time_min"],
+              "cpus_per_task": max(1, profile["cpus_per_run"] // processes),
               "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
-              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": 1, "nodes": 1}
+              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": processes, "nodes": 1}
     if profile["gpus_per_run"]:
         params["gpus_per_node"] = profile["gpus_per_run"]
     for key in ("partition", "account", "qos", "constraint"):
@@ -150,7 +153,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
                                             list(eval_tasks), eval_options or {}, report["jobs"])
@@ -222,8 +225,10 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
 
     folder = experiment_dir(results, experiment)
+    processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
+                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
     jobs = {}
     for tier in dict.fromkeys(s.tier for s in specs):
         tier_specs = [s for s in specs if s.tier == tier]
@@ -233,7 +238,7 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         tier_job = job
         if profile.get("gpu") and "micro_batch" not in options:
             tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
-                tier, profile["gpu"], profile["gpus_per_run"] or 1, tier_specs[0].overrides.get("micro_batch"))})
+                tier, profile["gpu"], processes, tier_specs[0].overrides.get("micro_batch"))})
         submitted = map_array(executor, tier_job, tier_specs, profile)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
