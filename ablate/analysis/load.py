@@ -16,11 +16,13 @@ from pathlib import Path
 import polars as pl
 
 from ablate.errors import AblateError
+from ablate.analysis.numerics import NUMERICS
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
+from ablate.provenance import numerics_label
 from ablate.store import completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -39,6 +41,7 @@ RUN_SCHEMA = {
     "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
+    NUMERICS: pl.String,  # what computed the run (`ablate.provenance.numerics_label`): execution, not identity
     "reason": pl.String,
     "path": pl.String,
 }
@@ -126,6 +129,7 @@ def _runs_from_store(folder: Path) -> Runs:
             "eval_fingerprint": None,
             "init_fingerprint_common": summary.get("init_fingerprint_common"),
             "path": str(run),
+            NUMERICS: numerics_label(summary.get("versions")),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
         row[SETTINGS] = _settings_fingerprint(run)
@@ -198,7 +202,7 @@ def _runs_from_table(path: Path) -> Runs:
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
-        **{SETTINGS: pl.lit(None, dtype=pl.String)},
+        **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")
