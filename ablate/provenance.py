@@ -99,18 +99,6 @@ def gpu(torch) -> dict | None:
             "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}
 
 
-def numerics_label(versions_of_run: dict | None) -> str | None:
-    """One short name for what computed a run, for a table to compare: "cuda NVIDIA H100 (sm 9.0)" or
-    "cpu AVX512"; None for a run recorded before provenance had `numerics`. Torch-free (the analysis reads it)."""
-    found = (versions_of_run or {}).get("numerics")
-    if not isinstance(found, dict):
-        return None
-    device = found.get("gpu")
-    if isinstance(device, dict) and device.get("name"):
-        return f"cuda {device['name']} (sm {device.get('capability')})"
-    return f"cpu {found.get('cpu_capability')}"
-
-
 def now() -> str:
     """The current UTC time, to the second, as ISO 8601: the summary's started/finished stamps."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -12,12 +12,12 @@ from analysis_fixtures import write_store
 from ablate import provenance
 from ablate.analysis.build import build_table
 from ablate.analysis.load import load_runs
-from ablate.analysis.numerics import MIXED_NUMERICS
+from ablate.analysis.numerics import MIXED_NUMERICS, numerics_label
 from ablate.analysis.render import render
 from ablate.analysis.report import write_report
 from ablate.analysis.tables import losses_table
 from ablate.experiment import results_of
-from ablate.provenance import build_libraries, numerics_label, versions
+from ablate.provenance import build_libraries, versions
 from datafix import ablate_cli
 
 SHOW = """PyTorch built with:

@@ -16,13 +16,12 @@ from pathlib import Path
 import polars as pl
 
 from ablate.errors import AblateError
-from ablate.analysis.numerics import NUMERICS
+from ablate.analysis.numerics import NUMERICS, numerics_label
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.provenance import numerics_label
 from ablate.store import completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -41,7 +40,7 @@ RUN_SCHEMA = {
     "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
-    NUMERICS: pl.String,  # what computed the run (`ablate.provenance.numerics_label`): execution, not identity
+    NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
     "reason": pl.String,
     "path": pl.String,
 }

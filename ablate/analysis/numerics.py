@@ -13,7 +13,19 @@ import polars as pl
 MIXED_NUMERICS = "mixed-numerics"
 MIXED_NUMERICS_NOTE = ("the row pairs or averages runs computed on different CPU kernel sets or devices "
                        "(numerics are execution, not identity: the pairing holds, the last bits of each loss do not)")
-NUMERICS = "numerics"  # the Runs column: `ablate.provenance.numerics_label` of each run, null when not recorded
+NUMERICS = "numerics"  # the Runs column: `numerics_label` of each run, null when not recorded
+
+
+def numerics_label(versions_of_run: dict | None) -> str | None:
+    """One short name for what computed a run, for a table to compare: "cuda NVIDIA H100 (sm 9.0)" or
+    "cpu AVX512"; None for a run recorded before provenance had `numerics`. Here, not in ablate.provenance: the analysis stays torch-free."""
+    found = (versions_of_run or {}).get("numerics")
+    if not isinstance(found, dict):
+        return None
+    device = found.get("gpu")
+    if isinstance(device, dict) and device.get("name"):
+        return f"cuda {device['name']} (sm {device.get('capability')})"
+    return f"cpu {found.get('cpu_capability')}"
 
 
 def mixed_numerics(completed: pl.DataFrame, tier: str, arms) -> str | None:
