@@ -55,8 +55,11 @@ def test_every_kernel_set_replays_the_record_within_the_bound(replays):
             for arm, expected in entry["runs"].items():
                 assert {k: result["runs"][arm][k] for k in expected} == expected, (kernel_set, arm)
     for (one, a), (other, b) in itertools.combinations(replays.items(), 2):
-        for arm in a["runs"]:  # what a run is (its fingerprints) does not depend on the kernels that ran it
-            assert {k: a["runs"][arm][k] for k in FINGERPRINTS} == {k: b["runs"][arm][k] for k in FINGERPRINTS}
+        # what a run is does not depend on the kernels that ran it; but the initial weights do, in their last bits,
+        # between the scalar (default) and the vectorised (avx2, avx512) normal_ fill, and init_fingerprint says so
+        same = [k for k in FINGERPRINTS if k != "init_fingerprint" or "default" not in (one, other)]
+        for arm in a["runs"]:
+            assert {k: a["runs"][arm][k] for k in same} == {k: b["runs"][arm][k] for k in same}, (one, other, arm)
         assert max_difference(a["runs"], b["runs"]) <= CROSS_KERNEL_BOUND, (one, other)
     entries = [entry for kinds in recorded["kernel_sets"].values() for entry in kinds.values()]
     for result, entry in itertools.product(replays.values(), entries):
