@@ -2,8 +2,8 @@
 
 A run's summary records what computed its numbers (`ablate.provenance.numerics`: the CPU kernel set, the GPU).
 That is execution, not identity: no fingerprint hashes it, so a mixed SLURM partition still gives matched
-pairs. But two kernel sets round differently (a smoke run's losses drift apart by ~1e-3 within 30 steps,
-docs/method.md "Numerics"), so a row that mixes them is marked, and a note names the kinds per row.
+pairs. But two kernel sets round differently (a smoke run's losses drift apart by up to 2.5e-3 within 30
+steps, docs/method.md "Numerics"), so a row that mixes them is marked, and a note names the kinds per row.
 """
 
 from __future__ import annotations
