@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.analysis import crossover
+from ablate.analysis import crossover, scale
 from ablate.analysis.render import PADDED_VOCAB, REAL_VOCAB, VAL_LOSS_FOOTER
 from ablate.model import GPT
 from ablate.plan import ASSUMED_MFU, GPU_CHECK_FILE
@@ -62,12 +62,14 @@ def test_the_budget_sentence_names_the_tiers_that_reach_20_tokens_per_parameter(
         assert f"{gpt2_tier.nominal_params / 1e6:.0f}M" in flat(METHOD.split("Two readings", 1)[1][:1200])
 
 
-def test_the_crossover_bootstrap_and_its_95_percent_rule_are_the_code_s():
+def test_the_scale_model_and_its_crossover_rule_are_the_code_s():
     text = flat(METHOD)
-    assert f"{crossover.BOOTSTRAP_RESAMPLES:,} times with a fixed RNG seed ({crossover.BOOTSTRAP_SEED})" in text
-    assert f"at least {crossover.IDENTIFIED_SHARE:.0%} of the resamples" in text
-    assert "2.5th to the 97.5th percentile" in text
+    assert f"Fieller's* {scale.CONFIDENCE:.0%} interval" in text and "df = Σ_t (n_t − 1) (6 for 3/3/3/1)" in text
+    assert "not between two adjacent tiers that both have two or more seeds" in text
+    assert "bootstrap" not in crossover.__doc__.split("This replaced")[0]
     assert "equal increments never make a crossing" in text  # the tie rule: ≤ 0 is not above
+    ladder = [f"{TIERS[t].tokens / TIERS[t].nominal_params:.1f}" for t in ("10M", "50M", "124M", "350M")]
+    assert f"({', '.join(ladder[:3])}, {ladder[3]} at 10M" in text
 
 
 def test_the_plan_s_mfu_path_is_the_code_s():

@@ -6,18 +6,25 @@ from __future__ import annotations
 
 from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table
 from ablate.analysis.runs import Runs
+from ablate.analysis.scale import SCALE, ScaleTable, scale_table
 from ablate.analysis.tables import KINDS, Table, _fixed_arms, increments_table, overlap_table, paired_table
 from ablate.errors import AblateError, choice_error
 
 
-def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table:
+def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table | ScaleTable:
     """The one entry point the CLI and the report use; `reference` applies to the paired table only.
 
     `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
-    over that family only, every other row marked exploratory; kind "declared" is the family's own table.
+    over that family only, every other row marked exploratory; kind "declared" is the family's own table;
+    kind "scale" is the scale model (`ablate.analysis.scale.ScaleTable`), with the declared comparisons as rows.
     """
-    if kind not in (*KINDS, DECLARED):
-        raise choice_error("kind", kind, (*KINDS, DECLARED))
+    if kind not in (*KINDS, DECLARED, SCALE):
+        raise choice_error("kind", kind, (*KINDS, DECLARED, SCALE))
+    if kind == SCALE:  # its own shape (rows and crossings): `ablate.analysis.scale`
+        if reference is not None:
+            raise AblateError("--reference applies to --kind paired only; the scale table fits every increment, "
+                              "declared comparison and gap")
+        return scale_table(runs, declared)
     family = declared_table(runs, declared) if declared is not None and declared.comparisons else None
     if kind == DECLARED:
         if family is None:

@@ -99,7 +99,7 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
 
 def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) -> bool:
     """Increments against nominal tier size (log x), 95% t intervals; n = 1 points hollow, without a bar;
-    each crossover as a dashed line with its bootstrap interval shaded. Returns False (and draws
+    each crossover (the scale model's fitted line) dashed, its Fieller interval shaded when identified. Returns False (and draws
     nothing) when no tier has a known size."""
     frame = increments.frame.filter(pl.col("tier").map_elements(sized, return_dtype=pl.Boolean))
     if frame.is_empty():
@@ -126,16 +126,15 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
     for crossover in crossovers:
         colour = QUANTITY_COLOURS[crossover.form]
         form = crossover.form.split("_")[1]
-        for crossing in crossover.crossings:  # every sign change of the means, each with its interval
-            ax.axvline(crossing.params, ls="--", color=colour, alpha=0.8,
-                       label=f"crossover, {form} form ≈ {format_params(crossing.params)}")
-            if crossing.low is not None:
-                ax.axvspan(crossing.low, crossing.high, color=colour, alpha=0.12,
-                           label=f"{form}: 95% seed bootstrap {format_params(crossing.low)}–{format_params(crossing.high)}")
-            elif crossing.share is not None:
-                ax.plot([], [], " ", label=f"{form}: crossover not identified ({crossing.share:.0%} of resamples cross)")
-        if not crossover.crossings and crossover.share is not None:
-            ax.plot([], [], " ", label=f"{form}: crossover not identified ({crossover.share:.0%} of resamples cross)")
+        if crossover.params is None:
+            continue
+        ax.axvline(crossover.params, ls="--", color=colour, alpha=0.8,
+                   label=f"crossover, {form} form ≈ {format_params(crossover.params)} (fitted line)")
+        if crossover.identified:
+            ax.axvspan(crossover.low, crossover.high, color=colour, alpha=0.12,
+                       label=f"{form}: 95% Fieller {format_params(crossover.low)}–{format_params(crossover.high)}")
+        else:
+            ax.plot([], [], " ", label=f"{form}: crossover interval not identified")
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     tiers = sorted(frame["tier"].unique().to_list(), key=tier_rank)

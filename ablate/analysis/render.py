@@ -26,6 +26,7 @@ TITLES = {
     "overlap": "2×2 overlap of sink-logit with each value gate",
     "losses": "Final validation loss per arm",
     "declared": "Declared comparisons",
+    "scale": "Scale model: slopes per decade of parameters and crossings",
 }
 EXPLAIN = {
     "paired": "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
@@ -37,6 +38,8 @@ EXPLAIN = {
     "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
     "declared": "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: "
                 "the subtrahend lowers the loss",
+    "scale": "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per "
+             "decade (ablate.analysis.scale renders it: CAPTION there)",
 }
 # The same definitions for an `ablate eval` metric s, differenced as m = −s when higher is better (so that
 # positive is better, as for a loss): {m} is that m, {s} the metric.

@@ -25,6 +25,8 @@ import polars as pl
 
 from ablate.analysis.hypotheses import DECLARED, Declared, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
+from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
+from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.runs import Runs
@@ -51,6 +53,7 @@ class ReportContext:
     out_dir: Path
     tables: dict[str, Table]  # KINDS and "losses", and "declared" when the experiment declares comparisons
     crossovers: list[Crossover]
+    scale: ScaleTable | None = None
     written: list[Path] = field(default_factory=list)
     allow_unverified: bool = False
 
@@ -116,15 +119,34 @@ def crossover_section(ctx: ReportContext) -> str:
                                   *[f"- {note}" for note in increments.notes]])
     lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
     lines += [f"- {note}" for note in increments.notes]
-    lines += ["", "Crossover: a scale where the filtering increment overtakes the zero-option increment (every sign "
-              "change from ≤ 0 to > 0 is listed), interpolated on a log scale between the means of adjacent tiers "
-              "that can carry evidence; its interval is a paired seed bootstrap (seeds resampled "
-              "within each tier), reported only when ≥ 95% of resamples cross near it."]
+    if ctx.scale is not None:
+        lines += [f"- {confounder_sentence(ctx.scale)}"]
+    lines += ["", "Crossover: where the filtering increment overtakes the zero-option increment. The means' sign "
+              "changes (≤ 0 to > 0 between adjacent tiers that can carry evidence) are a description; the place "
+              "and its 95% interval come from the scale model (see Scale): where the fitted line of the gap "
+              "filtering − zero option crosses 0, with Fieller's interval, reported only when identified."]
     if plot_increments(increments, ctx.crossovers, ctx.out_dir / "increments.png"):
         ctx.record("increments.png")
         lines += ["", "![increments](increments.png)"]
     else:
         lines += ["", "No figure: no tier with increments has a known size to place on the scale axis."]
+    return "\n".join(lines)
+
+
+def scale_section(ctx: ReportContext) -> str:
+    """The scale model (scale.md, scale.json) and the headline sentences, each written from its table only."""
+    table = ctx.scale
+    if table is None or table.rows.is_empty():
+        return "## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of known size."
+    ctx.write("scale.md", render_scale(table, "md"))
+    ctx.write("scale.json", render_scale(table, "json"))
+    lines = ["## Scale", "", "From the scale model ([scale.md](scale.md), [json](scale.json)): per quantity, the slope "
+             "of its paired difference against log10 of the tier's nominal non-embedding parameters (per decade, "
+             "95% interval, seeds pooled within tiers); a trend is called shrinking or growing only when its "
+             "interval excludes 0.", ""]
+    lines += [f"- {trend_sentence(row, table.unit)}" for row in table.rows.iter_rows(named=True)]
+    lines += [f"- {crossing_sentence(table, c)}" for c in table.crossings.iter_rows(named=True)]
+    lines += ["", f"{confounder_sentence(table)}."]
     return "\n".join(lines)
 
 
@@ -278,7 +300,8 @@ def downstream_section(ctx: ReportContext) -> str:
             f"({', '.join(names)}), positive = the arm is better{items}.")
 
 
-SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, declared_section, flags_section,
+SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, scale_section, declared_section,
+                           flags_section,
                            curves_section,
                            downstream_section, probes_section, synthetic_section]
 
@@ -315,7 +338,7 @@ def write_report(source: str | os.PathLike, sections: list[Section] | None = Non
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        allow_unverified=allow_unverified)
+                        scale=scale_table(runs, declared), allow_unverified=allow_unverified)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses", "declared")  # tables.KINDS, losses, declared: kept light
+KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale")  # tables.KINDS, losses, declared, scale
 FORMATS = ("md", "csv", "latex", "json")
 
 
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="paired-seed tables: paired differences, increments, the 2×2 overlap, or the declared comparisons",
+        help="paired-seed tables: paired differences, increments, the 2×2 overlap, the declared comparisons, or the "
+             "scale model (slopes per decade, crossings)",
         description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
@@ -84,7 +85,12 @@ def table_command(args: argparse.Namespace) -> int:
         table = losses_table(runs)
     else:
         table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
-    text = render(table, args.format)
+    if args.kind == "scale":
+        from ablate.analysis.scale_text import render_scale
+
+        text = render_scale(table, args.format)
+    else:
+        text = render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 

@@ -1,0 +1,321 @@
+"""The scale model: how each increment changes with model size, and where filtering overtakes the zero option.
+
+The study's headline is a statement about scale ("the zero-option gain shrinks, the filtering gain grows,
+filtering overtakes between 50M and 124M"), so the trend itself is the tested quantity, not each tier's
+increment against zero.
+
+Model. For one quantity (an increment, a declared comparison, or the gap filtering − zero option, each a
+paired difference per seed), d_ts = a + b·x_t + e_ts with x_t = log10(the tier's nominal non-embedding
+parameters), over the tiers that can carry evidence (pipeline-check tiers never enter). Seeds are repeated
+observations within a tier: the fit is least squares over every seed, which is weighted least squares of
+the tier means with weights n_t, so a tier with one seed contributes its mean (weight 1) and no spread of
+its own. The spread is the *pooled within-tier* (pure-error) variance s² = Σ_t Σ_s (d_ts − d̄_t)² / df
+with df = Σ_t (n_t − 1), from the tiers with two or more seeds only; the residuals about the line are not
+used, because the tier means need not lie on a line, and their lack of fit is not seed noise. With this s²
+the interval for b is exact (Student t, df) under normal, equal-variance seed noise *whatever the shape of
+the true tier means*: b̂ is then unbiased for the n_t-weighted least-squares slope through them, which is
+the slope when the truth is a line. b is reported per decade of parameters.
+
+Crossing. Where the gap's fitted line a + b·x crosses 0: x0 = −a/b, with Fieller's interval, the set of x
+at which "the line is 0 at x" is not rejected at 5% — {x : (â + b̂x)² ≤ t²·var(â + b̂x)}. That set is a
+bounded interval only when b̂ is significant; otherwise it is the whole axis or two rays, and the crossing
+is "not identified". It is also not identified when the fitted crossing is not between two adjacent tiers
+that both have two or more seeds (beyond the measured range, or next to a tier with one seed): there it
+rests on an extrapolation or on a mean with no spread of its own. (Requiring the whole *interval* inside
+that span was measured too and rejected: it selects intervals that sit to one side of the truth, and
+covers 0.82 with the reference effects at seed sd 0.004.) docs/method.md
+gives the measured coverage (tests/test_analysis_scale.py simulates it with the study's reference effects).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from scipy.special import stdtr, stdtrit
+
+from ablate.analysis.tables import INCREMENTS, is_pipeline_check
+from ablate.tiers import TIERS, tier_rank
+
+SCALE = "scale"
+CONFIDENCE = 0.95
+ZERO_OPTION = "zero_option"
+GAPS = {"gap_norm": "filtering_norm", "gap_proj": "filtering_proj"}  # gap name → its filtering increment
+GAP_DESCRIPTIONS = {gap: f"{gap} ({form} − {ZERO_OPTION})" for gap, form in GAPS.items()}
+ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p")
+CROSSING_COLUMNS = ("quantity", "params", "ci_low", "ci_high", "identified")
+
+
+# ------------------------------------------------------------------------------ the vectorised core
+@dataclass(frozen=True)
+class LineFit:
+    """Least squares over seeds of one quantity, centred at the seeds' mean log size (arrays broadcast over
+    any leading axes, e.g. simulation repetitions): line(x) = level + slope·(x − center)."""
+
+    center: float
+    weight: float  # total seeds W
+    sxx: float  # Σ_t n_t (x_t − center)²
+    level: np.ndarray  # grand mean of the seeds (the line at `center`)
+    slope: np.ndarray  # per decade
+    s2: np.ndarray  # pooled within-tier variance (NaN when df = 0)
+    df: int
+
+    @property
+    def se_slope(self) -> np.ndarray:
+        return np.sqrt(self.s2 / self.sxx)
+
+    def t_quantile(self) -> float:
+        return float(stdtrit(self.df, 0.5 + CONFIDENCE / 2)) if self.df > 0 else math.nan
+
+
+def fit_lines(log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray, within_ss: np.ndarray) -> LineFit:
+    """The fit from per-tier means (..., T) and the within-tier sum of squares (...); needs ≥ 2 distinct sizes."""
+    x, n = np.asarray(log_sizes, float), np.asarray(counts, float)
+    weight = n.sum()
+    center = float((n * x).sum() / weight)
+    sxx = float((n * (x - center) ** 2).sum())
+    means = np.asarray(means, float)
+    df = int((n - 1).sum())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s2 = np.asarray(within_ss, float) / df if df > 0 else np.full(np.shape(within_ss), np.nan)
+    return LineFit(center, float(weight), sxx, (means * n).sum(-1) / weight,
+                   (means * n * (x - center)).sum(-1) / sxx, s2, df)
+
+
+def slope_interval(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, two-sided p) of the slope; NaN without a spread (df = 0 or s² = 0)."""
+    se = fit.se_slope
+    half = fit.t_quantile() * se
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = 2.0 * stdtr(max(fit.df, 1), -np.abs(fit.slope / se))
+    p = np.where((se > 0) & np.isfinite(se), p, np.nan)
+    return fit.slope - half, fit.slope + half, p
+
+
+def fieller(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(root, low, high, bounded) in log10 parameters: the root of the line and Fieller's 95% set for it,
+    low/high NaN where the set is not one bounded interval (the slope not significant, or no spread)."""
+    t2 = fit.t_quantile() ** 2
+    level, slope = fit.level, fit.slope
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = fit.center - level / slope
+        a = slope**2 - t2 * fit.s2 / fit.sxx
+        b = 2.0 * level * slope
+        c = level**2 - t2 * fit.s2 / fit.weight
+        bounded = (a > 0) & np.isfinite(a) & (fit.s2 > 0)
+        half = np.sqrt(np.where(bounded, b * b - 4 * a * c, np.nan)) / (2 * a)
+        middle = fit.center - b / (2 * a)
+    return root, np.where(bounded, middle - half, np.nan), np.where(bounded, middle + half, np.nan), bounded
+
+
+def replicated_bracket(log_sizes: np.ndarray, counts: np.ndarray, root: np.ndarray) -> np.ndarray:
+    """Whether the root lies between two adjacent tiers that both have two or more seeds (not beyond the
+    measured range, not next to a tier with one seed): the crossing's identification rule besides a
+    bounded Fieller set."""
+    x, n = np.asarray(log_sizes, float), np.asarray(counts)
+    inside = np.zeros(np.shape(root), bool)
+    for k in range(len(x) - 1):
+        if n[k] >= 2 and n[k + 1] >= 2:
+            inside |= (root >= x[k]) & (root <= x[k + 1])
+    return inside
+
+
+def identified_crossings(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray):
+    """(root, low, high, identified) of the line's crossing: Fieller's set bounded and the root between two
+    adjacent tiers that both have two or more seeds (vectorised like `fieller`)."""
+    root, low, high, bounded = fieller(fit)
+    return root, low, high, bounded & replicated_bracket(log_sizes, counts, root)
+
+
+# ------------------------------------------------------------------------------ the table
+@dataclass(frozen=True)
+class ScaleTable:
+    """The scale model of one source: `rows` (ROW_COLUMNS), `crossings` (CROSSING_COLUMNS), `confounders`
+    (per tier what else changes with scale) and `notes` (why a quantity or crossing has no interval)."""
+
+    name: str
+    rows: pl.DataFrame
+    crossings: pl.DataFrame
+    confounders: pl.DataFrame
+    notes: tuple[str, ...] = ()
+    kind: str = SCALE
+    unit: str = "nats"  # of the differences: nats of val_loss, or the `ablate eval` metric's own units
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a reader of the numbers must also know (the CLI prints it beside CSV and LaTeX)."""
+        return [*self.notes, *([confounder_sentence(self)] if self.confounders.height else [])]
+
+
+def per_tier(per_seed: pl.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray, float, float]:
+    """(tiers by size, seeds per tier, tier means, within-tier sum of squares, the largest |diff|) of one
+    quantity's per-seed rows (tier, diff), real tiers of known size only."""
+    kept = per_seed.filter(pl.col("diff").is_not_null() & pl.col("diff").is_finite())
+    tiers = sorted({t for t in kept["tier"].to_list() if math.isfinite(tier_rank(t)) and not is_pipeline_check(t)},
+                   key=tier_rank)
+    counts, means, within = [], [], 0.0
+    for tier in tiers:
+        values = np.sort(kept.filter(tier=tier)["diff"].to_numpy().astype(float))
+        counts.append(values.size)
+        means.append(values.mean())
+        within += float(((values - values.mean()) ** 2).sum())
+    biggest = float(kept["diff"].abs().max() or 0.0) if kept.height else 0.0
+    return tiers, np.array(counts), np.array(means), within, biggest
+
+
+def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray) -> float | None:
+    """p of the lack-of-fit F test (tier means about the line against the pooled seed spread; df T − 2 and
+    fit.df); None with fewer than three tiers or no spread. A small p says the means are not on a line:
+    the slope is then the trend of the least-squares line, not a description of every tier."""
+    from scipy.special import fdtrc
+
+    tiers = len(log_sizes)
+    if tiers < 3 or fit.df == 0 or not fit.s2 > 0:
+        return None
+    line = fit.level + fit.slope * (np.asarray(log_sizes) - fit.center)
+    statistic = float((counts * (means - line) ** 2).sum()) / (tiers - 2) / float(fit.s2)
+    return float(fdtrc(tiers - 2, fit.df, statistic))
+
+
+def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str], np.ndarray]:
+    """One row of the table (ROW_COLUMNS less quantity) and its fit (None when fewer than two tiers); the
+    row's private `_lack_of_fit` is the p of `lack_of_fit` (not a table column)."""
+    from ablate.analysis.stats import RESOLUTION
+
+    tiers, counts, means, within, biggest = per_tier(per_seed)
+    row = {"tiers": tiers, "seeds": [int(c) for c in counts], "slope_per_decade": None, "ci_low": None,
+           "ci_high": None, "df": int((counts - 1).sum()) if len(tiers) else 0, "p": None}
+    if len(tiers) < 2:
+        return row, None, tiers, counts
+    if within <= (RESOLUTION * max(biggest, 1.0)) ** 2 * max(row["df"], 1):
+        within = 0.0  # a spread at float resolution is no spread (as in ablate.analysis.stats.summarise)
+    fit = fit_lines(np.log10([tier_rank(t) for t in tiers]), counts, means, within)
+    low, high, p = slope_interval(fit)
+    row["slope_per_decade"] = float(fit.slope)
+    row["_lack_of_fit"] = lack_of_fit(fit, np.log10([tier_rank(t) for t in tiers]), counts, means)
+    if np.isfinite(p):
+        row.update(ci_low=float(low), ci_high=float(high), p=float(p))
+    return row, fit, tiers, counts
+
+
+def crossing_of(fit: LineFit | None, tiers: list[str], counts: np.ndarray) -> tuple[dict, str | None]:
+    """The crossing row (CROSSING_COLUMNS less quantity) and, when not identified, why."""
+    if fit is None:
+        return {"params": None, "ci_low": None, "ci_high": None, "identified": False}, "fewer than two tiers"
+    sizes = np.log10([tier_rank(t) for t in tiers])
+    root, low, high, identified = (np.asarray(v) for v in identified_crossings(fit, sizes, counts))
+    bounded = np.isfinite(low)
+    row = {"params": float(10**root) if np.isfinite(root) else None, "ci_low": None, "ci_high": None,
+           "identified": False}
+    if fit.df == 0 or not fit.s2 > 0:
+        return row, "no tier has two or more seeds with a spread, so the line has no error estimate"
+    if not bounded:
+        return row, ("the slope is not significant at 5%, so Fieller's 95% set is not one bounded interval "
+                     "(the whole axis or two rays)")
+    if not identified:
+        single = [t for t, n in zip(tiers, counts) if n < 2]
+        return row, (f"the fitted crossing ({_params(10**root)}) is not between two adjacent tiers that both have two "
+                     f"or more seeds (it is outside {tiers[0]}–{tiers[-1]}"
+                     + (f", or next to a tier with one seed: {', '.join(single)})" if single else ")"))
+    row.update(ci_low=float(10**low), ci_high=float(10**high), identified=True)
+    return row, None
+
+
+def confounders(tiers: list[str]) -> pl.DataFrame:
+    """Per tier what changes with scale besides the parameters (from the tier ladder; null when unknown)."""
+    rows = []
+    for tier in tiers:
+        known = TIERS.get(tier)
+        rows.append({"tier": tier, "params": tier_rank(tier),
+                     "tokens_per_param": known.tokens / known.nominal_params if known else None,
+                     "lr": known.lr if known else None,
+                     "batch_sequences": known.global_batch if known else None,
+                     "batch_tokens": known.tokens_per_step if known else None})
+    schema = {"tier": pl.String, "params": pl.Float64, "tokens_per_param": pl.Float64, "lr": pl.Float64,
+              "batch_sequences": pl.Int64, "batch_tokens": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _params(count: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g}{unit}"
+    return f"{count:.3g}"
+
+
+def quantities(increments: pl.DataFrame, comparisons: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
+    """quantity → per-seed rows (tier, seed, diff): the increments, the declared comparisons and the gaps
+    filtering − zero option (per seed: both from that seed's matched runs)."""
+    out = {q: increments.filter(quantity=q).select("tier", "seed", "diff")
+           for q in INCREMENTS if not increments.filter(quantity=q).is_empty()}
+    if comparisons is not None:
+        for name in comparisons["comparison"].unique(maintain_order=True).to_list():
+            out.setdefault(name, comparisons.filter(comparison=name).select("tier", "seed", "diff"))
+    for gap, form in GAPS.items():
+        if form in out and ZERO_OPTION in out:
+            joined = out[form].join(out[ZERO_OPTION], on=["tier", "seed"], suffix="_zero")
+            out[gap] = joined.select("tier", "seed", (pl.col("diff") - pl.col("diff_zero")).alias("diff"))
+    return out
+
+
+def scale_table(runs, declared=None) -> ScaleTable:
+    """The scale model of every increment, declared comparison and gap of `runs` (`ablate.analysis.runs.Runs`);
+    `declared`: the experiment's declared comparisons (`ablate.analysis.hypotheses.Declared`) or None."""
+    from ablate.analysis.hypotheses import comparison_differences
+    from ablate.analysis.tables import increments_table
+
+    increments = increments_table(runs)
+    comparisons = comparison_differences(runs, declared)[0] if declared is not None and declared.comparisons else None
+    table = scale_from_differences(runs.name, increments.differences, comparisons, increments.notes)
+    return table if runs.metric is None else dataclasses.replace(table, unit=f"units of {runs.metric}")
+
+
+def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.DataFrame | None = None,
+                           notes: tuple[str, ...] = ()) -> ScaleTable:
+    """The table from per-seed rows: increments (tier, quantity, seed, diff), comparisons (tier, comparison,
+    seed, diff) or None."""
+    rows, crossings, why, used = [], [], list(notes), set()
+    for quantity, per_seed in quantities(increments, comparisons).items():
+        row, fit, tiers, counts = fit_quantity(per_seed)
+        used.update(tiers)
+        misfit = row.pop("_lack_of_fit", None)
+        if misfit is not None and misfit < 0.05:
+            why.append(f"{quantity}: the tier means depart from a line (lack-of-fit F test p {_p(misfit)}): the "
+                       "slope is the trend of the least-squares line through them, not a description of every tier")
+        rows.append({"quantity": quantity, **row})
+        if row["p"] is None:
+            why.append(f"{quantity}: no slope interval (" + ("fewer than two real tiers of known size; pipeline-check "
+                                                             "tiers never enter" if fit is None else
+                       "no tier has two or more seeds with a spread") + ")")
+        if quantity in GAPS:
+            crossing, reason = crossing_of(fit, tiers, counts)
+            crossings.append({"quantity": quantity, **crossing})
+            if reason:
+                why.append(f"{quantity} crossing not identified: {reason}")
+    row_schema = {"quantity": pl.String, "tiers": pl.List(pl.String), "seeds": pl.List(pl.Int64),
+                  "slope_per_decade": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "df": pl.Int64,
+                  "p": pl.Float64}
+    crossing_schema = {"quantity": pl.String, "params": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64,
+                       "identified": pl.Boolean}
+    return ScaleTable(name, pl.DataFrame(rows, schema=row_schema), pl.DataFrame(crossings, schema=crossing_schema),
+                      confounders(sorted(used, key=tier_rank)), tuple(why))
+
+
+def confounder_sentence(table: ScaleTable) -> str:
+    parts = []
+    for r in table.confounders.iter_rows(named=True):
+        if r["lr"] is None:
+            parts.append(f"{r['tier']} unknown to the tier ladder")
+            continue
+        parts.append(f"{r['tier']} {r['tokens_per_param']:.1f} tokens per parameter, lr {r['lr']:g}, batch "
+                     f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']} tokens")
+    return ("Scale is confounded: besides the parameters, the tiers differ in tokens per nominal parameter, "
+            "learning rate and batch (" + "; ".join(parts) + "), so a slope is the trend of the whole tier recipe, "
+            "not of size alone")
+
+
+def _p(p: float) -> str:
+    return f"{p:.3g}" if p >= 1e-4 else f"{p:.1e}"

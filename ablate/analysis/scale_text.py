@@ -1,0 +1,123 @@
+"""The scale model as text: the headline sentences (each written from the table alone, with its figure) and
+the table in md, csv, json or latex (`ablate table SOURCE --kind scale`, the report's Scale section)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ablate.analysis.scale import (CROSSING_COLUMNS, GAP_DESCRIPTIONS, GAPS, ScaleTable, _p, _params)
+from ablate.analysis.tables import DESCRIPTIONS
+
+
+def describe(quantity: str) -> str:
+    if quantity in GAPS:
+        return GAP_DESCRIPTIONS[quantity]
+    return f"{quantity} ({DESCRIPTIONS[quantity]})" if quantity in DESCRIPTIONS else quantity
+
+
+def trend_sentence(row: dict, unit: str = "nats") -> str:
+    """The row in words: shrinks or grows with scale only when its 95% interval excludes 0."""
+    what = describe(row["quantity"])
+    if row["slope_per_decade"] is None:
+        return f"{what}: no trend (fewer than two tiers of known size)"
+    slope = f"{row['slope_per_decade']:+.4f} {unit} per decade of parameters"
+    if row["p"] is None:
+        return f"{what}: {slope}, with no interval (no tier has two or more seeds with a spread)"
+    stats = (f"{slope} (95% CI [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}], df {row['df']}, "
+             f"p {_p(row['p'])}, tiers {', '.join(row['tiers'])} with {'/'.join(map(str, row['seeds']))} seeds)")
+    if row["ci_high"] < 0:
+        return f"{what} shrinks with scale: {stats}"
+    if row["ci_low"] > 0:
+        return f"{what} grows with scale: {stats}"
+    return f"{what}: no trend resolved, the interval contains 0: {stats}"
+
+
+def crossing_sentence(table: ScaleTable, crossing: dict) -> str:
+    form = GAPS[crossing["quantity"]]
+    slope = table.rows.filter(quantity=crossing["quantity"])["slope_per_decade"].to_list()
+    if crossing["identified"]:
+        verb = "overtakes" if slope and slope[0] > 0 else "falls behind"
+        return (f"filtering ({form}) {verb} the zero option at ≈ {_params(crossing['params'])} parameters (95% "
+                f"Fieller interval {_params(crossing['ci_low'])}–{_params(crossing['ci_high'])})")
+    reason = next((n.split(": ", 1)[1] for n in table.notes
+                   if n.startswith(f"{crossing['quantity']} crossing not identified")), "")
+    point = f" (the fitted line crosses 0 at ≈ {_params(crossing['params'])})" if crossing["params"] else ""
+    return f"where filtering ({form}) overtakes the zero option is not identified{point}: {reason}"
+
+
+CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 of the tier's "
+           "nominal non-embedding parameters, per decade: least squares over seeds (tier means weighted "
+           "by their seeds), spread pooled within tiers (df = Σ(n_t − 1)), 95% Student-t interval; pipeline-check "
+           "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval, or not "
+           "identified (slope not significant, or the crossing beyond the tiers with two or more seeds or next "
+           "to a tier with one seed).")
+
+
+def render_scale(table: ScaleTable, fmt: str) -> str:
+    """md, csv, json or latex (the formats of `ablate.analysis.render`)."""
+    import json
+
+    if fmt == "json":
+        return json.dumps({"rows": table.rows.to_dicts(), "crossings": table.crossings.to_dicts(),
+                           "confounders": table.confounders.to_dicts(), "notes": table.warnings}, indent=2) + "\n"
+    if fmt == "csv":
+        return _flat(table).write_csv(float_precision=None)
+    if fmt == "latex":
+        from ablate.analysis.escape import latex_text
+
+        lines = [f"% {latex_text('Scale model — ' + table.name + '. ' + CAPTION)}",
+                 r"\begin{tabular}{lllrlr}", r"\toprule",
+                 r"Quantity & Tiers (seeds) & Slope per decade & df & 95\% CI & $p$ \\", r"\midrule"]
+        for row in _text_rows(table):
+            lines.append(" & ".join(latex_text(str(c)) for c in row) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}", *[f"% {latex_text(w)}" for w in table.warnings]]
+        return "\n".join(lines) + "\n"
+    if fmt == "md":
+        return _markdown(table)
+    from ablate.errors import choice_error
+
+    raise choice_error("format", fmt, ("md", "csv", "latex", "json"))
+
+
+def _text_rows(table: ScaleTable) -> list[tuple]:
+    out = []
+    for r in table.rows.iter_rows(named=True):
+        tiers = ", ".join(f"{t} ({n})" for t, n in zip(r["tiers"], r["seeds"]))
+        slope = "–" if r["slope_per_decade"] is None else f"{r['slope_per_decade']:+.4f}"
+        interval = "–" if r["ci_low"] is None else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+        out.append((describe(r["quantity"]), tiers, slope, r["df"], interval, "–" if r["p"] is None else _p(r["p"])))
+    return out
+
+
+def _markdown(table: ScaleTable) -> str:
+    from ablate.analysis.escape import markdown_cell, markdown_text
+
+    def line(cells) -> str:
+        return "| " + " | ".join(markdown_cell(str(c)) for c in cells) + " |"
+
+    lines = [f"## Scale model — {markdown_text(table.name)}", "",
+             markdown_text(f"{CAPTION} Slopes in {table.unit} per decade of parameters."), "",
+             line(("quantity", "tiers (seeds)", "slope per decade", "df", "95% CI", "p")), "|---|---|---|---|---|---|"]
+    lines += [line(row) for row in _text_rows(table)]
+    lines += ["", line(("crossing", "params", "95% interval", "identified")), "|---|---|---|---|"]
+    for c in table.crossings.iter_rows(named=True):
+        interval = f"{_params(c['ci_low'])}–{_params(c['ci_high'])}" if c["identified"] else "not identified"
+        lines.append(line((describe(c["quantity"]), "–" if c["params"] is None else _params(c["params"]), interval,
+                           "yes" if c["identified"] else "no")))
+    lines += ["", line(("tier", "tokens per parameter", "learning rate", "batch (sequences × tokens)")),
+              "|---|---|---|---|"]
+    for r in table.confounders.iter_rows(named=True):
+        known = r["lr"] is not None
+        lines.append(line((r["tier"], f"{r['tokens_per_param']:.1f}" if known else "unknown",
+                           f"{r['lr']:g}" if known else "unknown",
+                           f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']}" if known else "unknown")))
+    lines += ["", "Notes:", "", *[f"- {markdown_text(w)}" for w in table.warnings]]
+    return "\n".join(lines) + "\n"
+
+
+def _flat(table: ScaleTable) -> pl.DataFrame:
+    """One CSV: the rows, tiers and seeds joined by '/', with each gap's crossing beside it."""
+    crossings = table.crossings.rename({c: f"crossing_{c}" for c in CROSSING_COLUMNS if c != "quantity"})
+    rows = table.rows.with_columns(tiers=pl.col("tiers").list.join("/"),
+                                   seeds=pl.col("seeds").cast(pl.List(pl.String)).list.join("/"))
+    return rows.join(crossings, on="quantity", how="left", maintain_order="left")
