@@ -7,6 +7,7 @@ file (`experiments/demo.py`) or its name (`demo`), looked up in `./experiments/`
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import sys
@@ -189,17 +190,35 @@ class Experiment:
         return specs
 
 
+def defines_experiment(path: Path) -> bool:
+    """Whether a file assigns a module-level `EXPERIMENT`, read from its syntax tree without running it, so a
+    module of arms that lies beside the experiments is not taken for one (and nothing is executed to tell)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in targets):
+            return True
+    return False
+
+
 def available_experiments() -> list[str]:
-    return names_in("experiments", ".py")
+    """The names of the experiments/*.py files that define an `EXPERIMENT` (`defines_experiment`)."""
+    return [name for name in names_in("experiments", ".py") if defines_experiment(find_file("experiments", f"{name}.py"))]
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
-    """`demo` or `experiments/demo.py` → the absolute path of the experiment file."""
+    """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
+    defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
     path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
-    if path is None:
+    named = path is not None and not text.endswith(".py")
+    if path is None or (named and not defines_experiment(path)):
+        why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
         raise AblateError(
-            f"unknown experiment {text!r}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
+            f"unknown experiment {text!r}{why}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
             " (or a path to an experiments/*.py file)"
         )
     return path.resolve()
@@ -269,6 +288,9 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
             return results_dir / text
         if path.is_dir():
             return path
+        if len(path.parts) > 1:  # a path, not an experiment's name: say what is missing
+            raise AblateError(f"{text}: no such folder; give an experiment folder, a .csv/.parquet table, "
+                              "or an experiment's name")
     name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
     folder = results_dir / name
     if not folder.is_dir():

@@ -186,7 +186,7 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     names = {tier: [c.name for c in comparisons[tier]] for tier in planned}
     rows = power_rows(names, effect, per_seed, sd=sd, pilots=pilots, alpha=alpha, target_power=target_power,
                       family=experiment.family)
-    rows = [r for r in rows if r["tier"] in chosen]
+    rows = [_with_sd_source(r, pilots) for r in rows if r["tier"] in chosen]
     summary = []
     for tier in chosen:
         tier_rows = [r for r in rows if r["tier"] == tier]
@@ -196,10 +196,41 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
         summary.append({"tier": tier, "seeds": seeds, "gpu_hours": seeds * per_seed[tier],
                         "seeds_conservative": max(conservative) if conservative else None,
                         "fixed_seeds": fixed, "fixed_gpu_hours": fixed * per_seed[tier],
-                        "gpu_hours_per_seed": per_seed[tier]})
-    warnings = sorted({w for p in (pilots or {}).values() if (w := pilot_warning(p.n0))})
+                        "gpu_hours_per_seed": per_seed[tier], "sd_sources": _sd_sources(tier_rows)})
+    used = [pilots[(r["tier"], r["comparison"])] for r in rows if r["sd_source"] == "pilot"]
+    warnings = sorted({w for p in used if (w := pilot_warning(p.n0))})
     return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
-            "warnings": warnings}
+            "warnings": warnings, "notes": _unused_pilot_notes(rows, pilots)}
+
+
+def _with_sd_source(row: dict, pilots: dict | None) -> dict:
+    """A power row as `plan --power` shows it: where its sd came from ("pilot", with the pilot's seed count, or
+    "--sd"), and without the tier's GPU-hours, which belong to the tier (its rows do not add up)."""
+    pilot = (pilots or {}).get((row["tier"], row["comparison"]))
+    shown = {k: v for k, v in row.items() if k != "gpu_hours"}
+    return shown | {"sd_source": "pilot" if pilot else "--sd", "pilot_seeds": pilot.n0 if pilot else None}
+
+
+def _sd_sources(rows: list[dict]) -> str:
+    """One tier's sd provenance in words: "pilot (3 seeds)", "--sd" or both, naming the comparisons of each."""
+    parts = []
+    for source in ("pilot", "--sd"):
+        names = [r["comparison"] for r in rows if r["sd_source"] == source]
+        if names:
+            seeds = sorted({r["pilot_seeds"] for r in rows if r["sd_source"] == source}) if source == "pilot" else []
+            label = f"pilot ({'/'.join(map(str, seeds))} seeds)" if seeds else source
+            parts.append(label + ("" if len(names) == len(rows) else f" for {', '.join(names)}"))
+    return "; ".join(parts)
+
+
+def _unused_pilot_notes(rows: list[dict], pilots: dict | None) -> list[str]:
+    """Says so when a pilot was given but no planned comparison took its sd, and what the pilot does hold."""
+    if pilots is None or any(r["sd_source"] == "pilot" for r in rows):
+        return []
+    held = sorted({f"{tier}: {name}" for tier, name in pilots})
+    return ["the pilot has no paired seeds (2 or more) of any planned comparison at tiers "
+            f"{', '.join(dict.fromkeys(r['tier'] for r in rows))} (it holds {', '.join(held) or 'none'}), "
+            "so every sd is --sd's"]
 
 
 def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05) -> dict:

@@ -44,7 +44,7 @@ def _row(table, tier, key_value):
 
 def test_increments_reproduce_the_reference_figures(runs):
     table = increments_table(runs)
-    assert table.columns == ["tier", "quantity", *STAT_COLUMNS, "marks"]
+    assert table.columns == ["tier", "quantity", *STAT_COLUMNS, "p_holm", "marks"]
     for quantity, figures in REFERENCE.items():
         for tier, figure, seeds in zip(TIERS, figures, (SEEDS[t] for t in TIERS)):
             row = _row(table, tier, quantity)
@@ -147,7 +147,7 @@ def test_pipeline_check_tier_is_marked_and_losses_table(tmp_path):
 def test_overlap_matches_its_definition(runs):
     losses = reference_losses()
     table = overlap_table(runs)
-    assert table.columns == ["tier", "gate", *STAT_COLUMNS, "marks"]
+    assert table.columns == ["tier", "gate", *STAT_COLUMNS, "p_holm", "marks"]
     for gate, alone, both in (("norm", "norm-gate", "combo"), ("proj", "proj-gate", "combo2")):
         for tier in TIERS:
             gain = lambda arm, s: losses[(tier, "baseline", s)] - losses[(tier, arm, s)]  # noqa: E731

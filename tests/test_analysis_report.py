@@ -85,7 +85,8 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "- none: no effect outside a pipeline-check tier has two seeds" in summary
     assert "none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
-    for kind in (*KINDS, "losses"):
+    assert not (folder / "overlap.md").exists()  # no gate arm: the experiment cannot have an overlap
+    for kind in (*(k for k in KINDS if k != "overlap"), "losses"):
         text = (folder / f"{kind}.md").read_text()
         if "| smoke |" in text:
             assert "pipeline-check" in text and "carry no evidence" in text, kind
@@ -173,10 +174,12 @@ def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
     losses = {k: v for k, v in reference_losses().items() if k[1] in ("baseline", "sink-logit", "norm-gate")}
     folder = write_report(write_store(tmp_path, losses=losses, curve_points=2))
     summary = (folder / "summary.md").read_text()
-    assert "filtering_norm skipped" in summary and "norm overlap skipped" in summary
-    crossover = summary.split("## Crossover")[1].split("##")[0]
-    assert "no crossover: neither filtering increment could be computed" in crossover
-    assert (folder / "curves.png").is_file() and (folder / "overlap.md").is_file()
+    assert "filtering_norm skipped" in summary  # increments has zero_option: its skipped quantities stay listed
+    assert "## Crossover" not in summary and "norm overlap skipped" not in summary
+    left_out = next(line for line in summary.splitlines() if line.startswith("Left out"))
+    assert "overlap (needs baseline, sink-logit and a gate with its combo" in left_out and "crossover (needs" in left_out
+    assert (folder / "curves.png").is_file() and not (folder / "overlap.md").exists()
+    assert (folder / "increments.md").is_file()
 
 
 def test_sections_are_composable(tmp_path):

@@ -57,7 +57,7 @@ def test_a_metric_where_lower_is_better_is_paired_as_reference_minus_arm(store):
 
 def test_the_cli_states_the_sign_convention_and_refuses_other_settings(store):
     out = ablate_cli("table", store, "--metric", "hellaswag/acc_norm").stdout
-    assert "higher is better" in out and "positive means the arm is better" in out
+    assert "higher is better" in out and "positive: the arm is better" in out
     write_eval(store / "10M" / "sink-logit" / "seed1", 0.315, 41.5, {**SETTINGS, "limit": 100})
     refused = ablate_cli("table", store, "--metric", "hellaswag/acc_norm", check=False)
     assert refused.returncode == 2 and "eval_fingerprint" in refused.stderr and "other settings" in refused.stderr

@@ -20,7 +20,7 @@ from analysis_fixtures import reference_losses, write_store
 
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"tier", "comparison", "sd", "effect", "alpha", "family_size", "target_power", "seeds",
-          "seeds_conservative", "gpu_hours"}
+          "seeds_conservative", "sd_source", "pilot_seeds"}  # GPU-hours are the tier's, not a row's
 
 
 def smallest_n(effect, sd, level, target=0.8):
@@ -53,9 +53,11 @@ def test_power_rows_per_tier_and_declared_comparison(capsys, per_seed):
     assert all(set(r) == FIELDS for r in rows) and all(r["seeds_conservative"] is None for r in rows)
     expected = smallest_n(0.005, 0.004, 0.05 / 3)
     for r in rows:
-        assert r["family_size"] == 3 and r["seeds"] == expected
-        assert r["gpu_hours"] == pytest.approx(expected * per_seed[r["tier"]], rel=1e-9)
+        assert r["family_size"] == 3 and r["seeds"] == expected and r["sd_source"] == "--sd"
+    for t in out["tiers"]:
+        assert t["gpu_hours"] == pytest.approx(expected * per_seed[t["tier"]], rel=1e-9) and t["sd_sources"] == "--sd"
     assert [t["fixed_seeds"] for t in out["tiers"]] == [3, 3] and "every arm" in out["gpu_hours_basis"]
+    assert out["warnings"] == [] and out["notes"] == []
 
 
 def test_a_pilot_gives_each_comparison_its_own_sd_and_a_conservative_plan(tmp_path, capsys):

@@ -92,3 +92,28 @@ def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copie
     assert "27 of 27 runs would be submitted" in result.stdout and "124M/combo2/seed2" in result.stdout
     refused = sh(lines[4])  # the real dry run: refused until FineWeb-Edu is prepared
     assert refused.returncode != 0 and "ablate data prepare" in refused.stderr
+
+
+def test_the_readme_says_how_to_reach_ablate_where_its_first_command_appears():
+    """After `make demo` the command lives in .venv/bin, not on PATH: said once, before the first `ablate` line."""
+    text = (REPO / "README.md").read_text()
+    blocks = [m for m in re.finditer(r"```bash\n(.*?)```", text, re.S)]
+    first = next(m.start() + m.group(1).index(line) for m in blocks for line in m.group(1).splitlines()
+                 if line.startswith("ablate "))
+    said = text.index(". .venv/bin/activate")
+    assert blocks[0].end() < said < first and ".venv/bin/ablate" in text[said:first]
+    assert text.count(". .venv/bin/activate") == 1
+
+
+def test_the_readme_s_eval_example_scores_a_pair_the_table_can_show():
+    from ablate.cli import build_parser
+    from ablate.experiment import load_experiment
+
+    lines = readme_block("task-data").splitlines()
+    parser = build_parser()
+    evaluated = parser.parse_args(next(line for line in lines if line.startswith("ablate eval")).split()[1:])
+    table = parser.parse_args(next(line for line in lines if line.startswith("ablate table")).split()[1:])
+    experiment = load_experiment(evaluated.target)  # an experiment's grid, not one run folder
+    arms = evaluated.arms or experiment.arm_names()
+    assert "baseline" in arms and len(arms) >= 2 and table.source == experiment.name
+    assert table.metric.split("/")[0] in evaluated.tasks

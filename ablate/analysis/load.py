@@ -18,7 +18,7 @@ import polars as pl
 from ablate.errors import AblateError
 from ablate.analysis.numerics import NUMERICS, numerics_label
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
-from ablate.analysis.runs import Runs
+from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
@@ -86,7 +86,7 @@ def _with_metric(runs: Runs, name: str) -> Runs:
         if found is None or found.get("value") is None or not math.isfinite(found["value"]):
             values.append(None)
             fingerprints.append(None)
-            reasons.append(row["reason"] or (found or {}).get("reason") or f"not evaluated on {name} (`ablate eval`)")
+            reasons.append(row["reason"] or (found or {}).get("reason") or f"{NOT_EVALUATED} {name} (`ablate eval`)")
             continue
         directions.add(bool(found["higher_is_better"]))
         values.append(-found["value"] if found["higher_is_better"] else found["value"])
@@ -96,10 +96,8 @@ def _with_metric(runs: Runs, name: str) -> Runs:
                                     pl.Series("eval_fingerprint", fingerprints, dtype=pl.String),
                                     pl.Series("reason", reasons, dtype=pl.String))
     higher = directions == {True}
-    note = (f"metric {name} ({'higher' if higher else 'lower'} is better, as lm-eval defines it): every difference "
-            f"is oriented so that positive means the arm is better ({'arm − reference' if higher else 'reference − arm'})"
-            + ("; the scores are negated before they are differenced" if higher else ""))
-    return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes + (note,), metric=name,
+    # The sign convention is the table caption's to state (`ablate.analysis.render.caption`), once.
+    return Runs(name=f"{runs.name} [{name}]", frame=frame, root=runs.root, notes=runs.notes, metric=name,
                 higher_is_better=higher)
 
 

@@ -65,6 +65,8 @@ FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); s
           "t-test of the per-seed differences against 0), empty with one seed or no spread.")
 HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the arms of one tier against {reference} "
                "(the comparisons with a p in that tier); an effect counts as supported only if p_holm < 0.05.")
+QUANTITY_HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the rows of one tier (the quantities with a "
+                        "p in that tier); an effect counts as supported only if p_holm < 0.05.")
 FAMILY_FOOTER = ("p_holm: Holm's step-down adjustment over the declared family only ({family}); an effect counts "
                  "as supported only if p_holm < 0.05. Rows marked exploratory are not in the family: their p is "
                  "unadjusted and they are never called supported.")
@@ -160,7 +162,9 @@ def row_label(table: Table, row: dict) -> str:
 
 
 def holm_footer(table: Table) -> str:
-    return FAMILY_FOOTER.format(family=table.family) if table.family else HOLM_FOOTER.format(reference=table.reference)
+    if table.family:
+        return FAMILY_FOOTER.format(family=table.family)
+    return HOLM_FOOTER.format(reference=table.reference) if table.kind == "paired" else QUANTITY_HOLM_FOOTER
 
 
 def decision_text(row: dict) -> str:
@@ -209,8 +213,12 @@ def _markdown_head(table: Table, head: list[str]) -> list[str]:
 def _markdown_tail(table: Table) -> list[str]:
     lines = _listing("Marks", [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in table.marks_used])
     lines += _listing("Missing seeds (no run; pairs with them are left out)", _missing_lines(table))
-    lines += _listing("Excluded runs (not completed, or no finite val_loss)", [
-        f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.excluded.iter_rows(named=True)
+    lines += _listing("Excluded runs (not completed, or no finite val_loss)" if table.metric is None else
+                      "Excluded runs (not completed, no finite val_loss, or scored on other weights)", [
+        f"{r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in table.left_out.iter_rows(named=True)
+    ])
+    lines += _listing(f"Not evaluated on {table.metric} (completed runs; `ablate eval` them to count them)", [
+        f"{r['tier']} {r['arm']} seed {r['seed']}" for r in table.unevaluated.iter_rows(named=True)
     ])
     return lines + _listing("Skipped", [note for note in table.notes if note not in table.source_notes])
 
@@ -242,7 +250,8 @@ def to_json(table: Table) -> str:
         "rows": table.frame.to_dicts(),
         **({"family": table.family} if table.family else {}),
         "missing": table.missing.to_dicts(),
-        "excluded": table.excluded.to_dicts(),
+        "excluded": table.left_out.to_dicts(),
+        **({"not_evaluated": table.unevaluated.to_dicts()} if table.metric is not None else {}),
         "warnings": table.warnings,
     }, indent=2) + "\n"
 

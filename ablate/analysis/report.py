@@ -33,10 +33,10 @@ from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import DESCRIPTIONS, decision_text, effect_cells, format_p, render
-from ablate.analysis.stats import holm_by
 from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
 from ablate.analysis.build import build_table
-from ablate.analysis.tables import KINDS, Table, is_pipeline_check, losses_table, pipeline_check_text
+from ablate.analysis.tables import (INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK, Table,
+                                    is_pipeline_check, losses_table, pipeline_check_text)
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes
@@ -56,6 +56,7 @@ class ReportContext:
     scale: ScaleTable | None = None
     written: list[Path] = field(default_factory=list)
     allow_unverified: bool = False
+    left_out: dict[str, str] = field(default_factory=dict)  # section → why this experiment's arms cannot give it
 
     def write(self, name: str, data: str | bytes) -> Path:
         path = self.out_dir / name
@@ -89,6 +90,9 @@ def overview_section(ctx: ReportContext) -> str:
     if missing.height:
         lines += ["", "Seeds with no run at all (statistics use complete pairs only):", ""]
         lines += [f"- {r['tier']} {r['arm']} seed {r['seed']}" for r in missing.iter_rows(named=True)]
+    if ctx.left_out:
+        lines += ["", "Left out, as this experiment's arms cannot give them: "
+                  + "; ".join(f"{what} ({why})" for what, why in ctx.left_out.items()) + "."]
     checks = [t for t in runs.tiers if is_pipeline_check(t)]
     if checks:
         lines += ["", "**Pipeline check.** " + " ".join(pipeline_check_text(t) + "." for t in checks)
@@ -98,7 +102,7 @@ def overview_section(ctx: ReportContext) -> str:
 
 def tables_section(ctx: ReportContext) -> str:
     lines = ["## Tables", ""]
-    for kind in (*KINDS, "losses", *([DECLARED] if DECLARED in ctx.tables else [])):
+    for kind in (*_kinds(ctx), "losses", *([DECLARED] if DECLARED in ctx.tables else [])):
         table = ctx.tables[kind]
         ctx.write(f"{kind}.md", render(table, "md"))
         ctx.write(f"{kind}.csv", render(table, "csv"))
@@ -112,6 +116,8 @@ def tables_section(ctx: ReportContext) -> str:
 
 
 def crossover_section(ctx: ReportContext) -> str:
+    if "crossover" in ctx.left_out:
+        return ""
     increments = ctx.tables["increments"]
     lines = ["## Crossover", ""]
     if increments.frame.is_empty():
@@ -136,6 +142,8 @@ def crossover_section(ctx: ReportContext) -> str:
 def scale_section(ctx: ReportContext) -> str:
     """The scale model (scale.md, scale.json) and the headline sentences, each written from its table only."""
     table = ctx.scale
+    if "scale" in ctx.left_out:
+        return ""
     if table is None or table.rows.is_empty():
         return "## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of known size."
     ctx.write("scale.md", render_scale(table, "md"))
@@ -159,9 +167,9 @@ def flags_section(ctx: ReportContext) -> str:
     tested = 0
     family = ctx.tables.get(DECLARED)
     verdicts = declared_support(family, ALPHA) if family is not None else None
-    for kind in KINDS:
+    for kind in _kinds(ctx):
         table = ctx.tables[kind]
-        frame = table.frame if "p_holm" in table.columns else table.frame.with_columns(holm_by(table.frame, "tier"))
+        frame = table.frame
         for tier, part in ((t, frame.filter(tier=t)) for t in frame["tier"].unique(maintain_order=True).to_list()):
             m = part["p"].drop_nulls().len()
             if m and not is_pipeline_check(tier) and verdicts is None:
@@ -183,13 +191,15 @@ def flags_section(ctx: ReportContext) -> str:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
                 contains_zero.append(f"- {what}: {stats}")
-    checks = sorted({r["tier"] for t in KINDS for r in ctx.tables[t].frame.iter_rows(named=True)
+    checks = sorted({r["tier"] for t in _kinds(ctx) for r in ctx.tables[t].frame.iter_rows(named=True)
                      if is_pipeline_check(r["tier"])})
     left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
     if verdicts is None:
-        rule = (f"Supported means p_holm < {ALPHA}: the two-sided paired t-test over seeds, Holm-adjusted within each "
-                "family (the arms of one tier against the reference; the increments of one tier; the overlaps of one "
-                "tier). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
+        kinds = {"paired": "the arms of one tier against the reference", "increments": "the increments of one tier",
+                 "overlap": "the overlaps of one tier"}
+        rule = (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
+                "seeds, Holm-adjusted within each family (" + "; ".join(kinds[k] for k in _kinds(ctx))
+                + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
     else:
         rule = (f"Only the declared comparisons can be supported ({family.family}): "
                 + ("the sequential design decided effect" if "decision" in family.columns
@@ -306,6 +316,31 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
                            downstream_section, probes_section, synthetic_section]
 
 
+def _kinds(ctx: ReportContext) -> list[str]:
+    """The paired-seed tables this experiment can have (KINDS less those its arms cannot give)."""
+    return [kind for kind in KINDS if kind not in ctx.left_out]
+
+
+def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
+    """The sections whose arms are absent from the source, each with the arms it needs: increments and overlap
+    when none of their quantities has its arms, the crossover without zero_option and a filtering increment,
+    the scale model without increments and without declared comparisons (`declares`)."""
+    def possible(needs) -> bool:
+        return any(all(arm in arms for arm in need) for need in needs)
+
+    crossover = [(*INCREMENTS["zero_option"], *INCREMENTS[form]) for form in FILTERING_FORMS]
+    sections = {
+        "increments": (INCREMENTS.values(), "needs baseline and sink-logit, or sink-logit with combo or combo2"),
+        "overlap": ([(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()],
+                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and combo2"),
+        "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
+    }
+    out = {name: why for name, (needs, why) in sections.items() if not possible(needs)}
+    if "increments" in out and not declares:
+        out["scale"] = "needs increments or declared comparisons"
+    return out
+
+
 def _effect_name(table: Table, row: dict) -> str:
     if table.kind == "paired":
         return f"{row['tier']} {row['arm']} vs {table.reference}"
@@ -315,10 +350,17 @@ def _effect_name(table: Table, row: dict) -> str:
 
 def write_report(source: str | os.PathLike, sections: list[Section] | None = None,
                  allow_unverified: bool = False, declared: Declared | None = None) -> Path:
-    """Build the report of an experiment's folder of runs and return the report folder.
+    """Build the report of an experiment's folder of runs and return the report folder (`make_report`)."""
+    return make_report(source, sections, allow_unverified, declared).out_dir
+
+
+def make_report(source: str | os.PathLike, sections: list[Section] | None = None,
+                allow_unverified: bool = False, declared: Declared | None = None) -> ReportContext:
+    """Build the report of an experiment's folder of runs; its context says what was written and left out.
 
     `declared`: the experiment's declared comparisons (and sequential design), which decide the family
-    p_holm adjusts over and what can be called supported (`ablate.analysis.hypotheses`)."""
+    p_holm adjusts over and what can be called supported (`ablate.analysis.hypotheses`). Sections the
+    experiment's arms cannot give (`cannot_have`) are left out, and the overview says so once."""
     if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
@@ -338,8 +380,9 @@ def write_report(source: str | os.PathLike, sections: list[Section] | None = Non
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        scale=scale_table(runs, declared), allow_unverified=allow_unverified)
+                        scale=scale_table(runs, declared), allow_unverified=allow_unverified,
+                        left_out=cannot_have(runs.arm_order, declared is not None))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")
-    return ctx.out_dir
+    return ctx

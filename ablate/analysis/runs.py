@@ -11,6 +11,9 @@ from ablate.arms.names import BUILTIN_ARMS
 from ablate.tiers import tier_rank
 
 
+NOT_EVALUATED = "not evaluated on"  # the reason of a completed run that has no score of a table's metric
+
+
 @dataclass(frozen=True)
 class Runs:
     """All runs of one source. `frame` has the columns of RUN_SCHEMA, one row per (tier, arm, seed).

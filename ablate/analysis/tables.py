@@ -19,7 +19,7 @@ import polars as pl
 
 from ablate.errors import AblateError
 from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
-from ablate.analysis.runs import Runs, sort_runs
+from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
 from ablate.tiers import TIERS, tier_rank
 
@@ -91,9 +91,20 @@ class Table:
         return self.frame.columns
 
     @property
+    def unevaluated(self) -> pl.DataFrame:
+        """The completed runs of `excluded` that only lack a score of the metric (`ablate eval` would count them)."""
+        return self.excluded.filter(pl.col("reason").str.starts_with(NOT_EVALUATED))
+
+    @property
+    def left_out(self) -> pl.DataFrame:
+        """The runs of `excluded` that cannot count: not completed, no finite val_loss, a score of other weights."""
+        return self.excluded.filter(~pl.col("reason").str.starts_with(NOT_EVALUATED))
+
+    @property
     def warnings(self) -> list[str]:
         """Everything a reader of the numbers must also know, one line each."""
-        lines = [f"excluded {r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.excluded.iter_rows(named=True)]
+        lines = [f"excluded {r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.left_out.iter_rows(named=True)]
+        lines += [f"{r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.unevaluated.iter_rows(named=True)]
         lines += [f"missing {r['tier']}/{r['arm']}/seed{r['seed']}: no run" for r in self.missing.iter_rows(named=True)]
         return lines + list(self.notes) + [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in self.marks_used]
 
@@ -214,9 +225,10 @@ def overlap_table(runs: Runs) -> Table:
 def _keyed_table(kind, key, order, parts, runs: Runs, used, notes) -> Table:
     schema = {"tier": pl.String, key: pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64}
     diffs = pl.concat([p.select(list(schema)) for p in parts]) if parts else pl.DataFrame(schema=schema)
-    frame = sort_runs(summarise(diffs, ["tier", key]), order, arm_column=key)
+    frame = sort_runs(summarise(diffs, ["tier", key]), order, arm_column=key).select("tier", key, *STAT_COLUMNS)
+    frame = frame.with_columns(holm_by(frame, "tier"))  # the quantities of one tier are one family
     arms = [a for a in runs.arm_order if a in used]
-    return _table(kind, key, frame.select("tier", key, *STAT_COLUMNS), runs, arms, notes=notes, differences=diffs)
+    return _table(kind, key, frame, runs, arms, notes=notes, differences=diffs)
 
 
 def _with_marks(frame: pl.DataFrame) -> pl.DataFrame:

@@ -133,10 +133,16 @@ def _emit(args: argparse.Namespace, text: str) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.report import write_report  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.report import make_report  # the library loads in the handler: see ablate.cli
     from ablate.experiment import results_of
 
     source = results_of(args.experiment, args.results)
-    folder = write_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
-    print(f"report written to {folder}/ (summary.md, paired/increments/overlap .md and .csv, figures)")
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
+    names = [path.name for path in report.written]
+    texts = [n for n in names if n.endswith(".md")]
+    others = [n for n in names if not n.endswith(".md")]
+    print(f"report written to {report.out_dir}/: {', '.join(texts)}"
+          + (f" (and {', '.join(others)})" if others else ""))
+    if report.left_out:
+        print("left out: " + "; ".join(f"{what} ({why})" for what, why in report.left_out.items()))
     return 0

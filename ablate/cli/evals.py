@@ -14,8 +14,9 @@ def add_commands(subparsers) -> None:
         "eval", help="downstream tasks (lm-evaluation-harness) on the final weights of completed runs → eval.json "
                      "and per-item results in eval_items/<task>.jsonl")
     parser.add_argument("target", metavar="RUN_DIR|EXPERIMENT",
-                        help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>, or an experiments/*.py file "
-                             "or its name (every completed run of its grid)")
+                        help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>; an experiments/*.py file "
+                             "or its name (every completed run of its grid); or an experiment folder such as "
+                             "results/adhoc (every completed run in it)")
     parser.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help=f"tasks: {', '.join(TASKS)}")
     parser.add_argument("--tier", nargs="+", dest="tiers", help="EXPERIMENT: only these tiers")
     parser.add_argument("--arms", nargs="+", help="EXPERIMENT: only these arms")
@@ -41,10 +42,11 @@ def _eval(args) -> int:
     folders = _targets(args)
     options = {"limit": args.limit, "batch_size": args.batch_size, "task_data": args.task_data,
                "bootstrap_iters": args.bootstrap_iters, "device": args.device}
-    print("| run | task | metric | value | stderr |")
-    print("|---|---|---|---:|---:|")
-    for folder in folders:
+    for index, folder in enumerate(folders):
         data = evaluate_run(folder, args.tasks, **options)
+        if index == 0:  # the header once the first run is scored: an error never follows an empty table
+            print("| run | task | metric | value | stderr |")
+            print("|---|---|---|---:|---:|")
         for task in dict.fromkeys(args.tasks):
             for metric, row in data["tasks"][task]["metrics"].items():
                 stderr = "–" if row["stderr"] is None else f"{row['stderr']:.4g}"
@@ -57,20 +59,31 @@ def _label(folder: Path) -> str:
 
 
 def _targets(args) -> list[Path]:
-    """The run folders to evaluate: the one given, or the experiment's completed runs (others listed)."""
-    from ablate.evals.run import runs_to_evaluate
-    from ablate.experiment import load_experiment
+    """The run folders to evaluate: the one given; or the completed runs (others listed) of an experiment's grid
+    or of an experiment folder, the sources `ablate table` reads (a table file holds no weights)."""
+    from ablate.evals.run import folder_runs_to_evaluate, runs_to_evaluate
+    from ablate.experiment import named_experiment, results_of
+    from ablate.store import iter_run_dirs
 
     target = Path(args.target)
-    if target.is_dir():
+    if target.suffix.lower() in (".csv", ".parquet"):
+        raise AblateError(f"{args.target} is a table of scores, not weights to evaluate; give a run folder, an "
+                          "experiment folder or an experiment's name")
+    if target.is_dir() and next(iter_run_dirs(target), None) is None:  # no <tier>/<arm>/seed<k> inside: one run
         if args.tiers or args.arms or args.seeds or args.results:
             raise AblateError("--tier/--arms/--seeds/--results select runs of an EXPERIMENT, not of a run folder")
         return [target]
-    experiment = load_experiment(args.target)
-    results = results_folder(args.results)
-    folders, skipped = runs_to_evaluate(experiment, results, args.tiers, args.arms, args.seeds)
+    experiment = None if target.is_dir() else named_experiment(args.target)
+    if experiment is not None:
+        where = results_folder(args.results)
+        folders, skipped = runs_to_evaluate(experiment, where, args.tiers, args.arms, args.seeds)
+        name = experiment.name
+    else:
+        where = results_of(args.target, args.results)
+        folders, skipped = folder_runs_to_evaluate(where, args.tiers, args.arms, args.seeds)
+        name = where.name
     for line in skipped:
         print(f"skipped {line}")
     if not folders:
-        raise AblateError(f"no completed run of {experiment.name!r} under {results} to evaluate")
+        raise AblateError(f"no completed run of {name!r} under {where} to evaluate")
     return folders

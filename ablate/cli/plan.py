@@ -74,15 +74,19 @@ def _power(args, experiment) -> int:
         return 0
     print(f"experiment {experiment.name}: seeds for a paired t-test to detect {args.effect:g} nats at "
           f"alpha {args.alpha:g}/m (Bonferroni over the declared family) with power {args.target_power:g}")
-    print(f"{'tier':<6} {'comparison':<20} {'sd':>9} {'m':>3} {'seeds':>6} {'conserv.':>8} {'GPU-h':>9}")
+    print(f"{'tier':<6} {'comparison':<20} {'sd':>9} {'sd from':<16} {'m':>3} {'seeds':>6} {'conserv.':>8}")
     for r in plan["power"]:
         conservative = "–" if r["seeds_conservative"] is None else str(r["seeds_conservative"])
-        print(f"{r['tier']:<6} {r['comparison']:<20} {r['sd']:>9.5f} {r['family_size']:>3} {r['seeds']:>6} "
-              f"{conservative:>8} {r['gpu_hours']:>9.1f}")
+        source = f"pilot ({r['pilot_seeds']} seeds)" if r["sd_source"] == "pilot" else r["sd_source"]
+        print(f"{r['tier']:<6} {r['comparison']:<20} {r['sd']:>9.5f} {source:<16} {r['family_size']:>3} "
+              f"{r['seeds']:>6} {conservative:>8}")
     for t in plan["tiers"]:
         print(f"tier {t['tier']}: {_seeds(t['seeds'])} cover every declared comparison, {t['gpu_hours']:.1f} GPU-hours "
-              f"(the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours)")
+              f"(the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours); "
+              f"sd from {t['sd_sources']}")
     print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
+    for note in plan["notes"]:
+        print(f"note: {note}")
     for warning in plan["warnings"]:
         print(f"warning: {warning}")
     return 0

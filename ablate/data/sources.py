@@ -162,8 +162,8 @@ def fineweb_edu(config: str = "sample-10BT", data_files: list[str] | None = None
             dataset = datasets.load_dataset(FINEWEB_EDU, name=config, split="train", streaming=True)
         except (ConnectionError, ValueError, FileNotFoundError) as err:  # offline, no such config, no access
             raise AblateError(
-                f"cannot open {FINEWEB_EDU} config {config!r}: {err} (without the hub, pass local parquet "
-                "copies with --data-files)"
+                f"cannot open {FINEWEB_EDU} config {config!r}: {err} (without the hub, prepare local parquet "
+                "copies: `ablate data prepare --source parquet --path 'DIR/*.parquet' --out ...`)"
             ) from err
         where = f"{FINEWEB_EDU} config {config!r}"
     columns = dataset.column_names

@@ -151,6 +151,7 @@ class _Writer:
     def write_shard(self, split: _Split, tokens: np.ndarray) -> None:
         data = tokens.astype("<u2", copy=False).tobytes()
         name = shard_name(split.name, len(split.shards))
+        self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.out / name, data)
         _readable(self.out / name)
         split.shards.append({"file": name, "tokens": len(tokens), "sha256": hashlib.sha256(data).hexdigest()})
@@ -258,8 +259,8 @@ def prepare(
         raise AblateError(
             f"--out {str(out)!r} is a non-empty folder that is not a prepared dataset; choose an empty or new folder"
         )
-    out.mkdir(parents=True, exist_ok=True)
-
+    # `out` is made with the first shard (`_Writer.write_shard`): a source that cannot be opened (the hub offline)
+    # or gives nothing leaves no empty folder behind.
     splits, documents_read, carry_file = _resume(out, request, {"train": tokens, "val": int(val_tokens)})
     writer = _Writer(out, request)
     writer.carry_file = carry_file

@@ -27,11 +27,10 @@ import os
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.evals.results import valid_evals
+from ablate.evals.results import GOLD, valid_evals
 from ablate.store import EVAL_ITEMS_DIR, atomic_write_bytes, file_sha256
 
 ID_KEYS = ("doc_id", "doc_hash", "prompt_hash")
-GOLD = "gold_logprob"
 COUNT_KEYS = ("words", "bytes")  # WikiText: lm-eval's word and byte counts of the document
 # metric → (what it is computed from, how); a function of the items' sums, not a mean of item values
 CORPUS_METRICS = {

@@ -34,6 +34,7 @@ from ablate.errors import AblateError
 from ablate.store import EVAL_FILE, final_weights_sha256, read_json_file
 
 SETTINGS_KEYS = ("task_version", "lm_eval_version", "limit", "num_fewshot", "data")
+GOLD = "gold_logprob"  # a per-item score (RUN/eval_items/), never a metric of eval.json: tables need --by-item
 
 
 def read_eval(run_folder: str | os.PathLike) -> dict:
@@ -121,6 +122,9 @@ def check_metric(name: str, run_folders) -> tuple[str, str]:
     run_folders = list(run_folders)
     valid = available_metrics(run_folders)
     if name not in valid:
+        if metric == GOLD:
+            raise AblateError(f"metric {name!r} is a per-item score (RUN/eval_items/{task}.jsonl), not one of eval.json: "
+                              f"add --by-item to pair it by item (`ablate table SOURCE --metric {name} --by-item`)")
         shown = ", ".join(valid) if valid else "none (no run has an eval.json of its final weights: run `ablate eval` first)"
         stale = [str(f) for f in run_folders if name in metric_names(f, stale=True)]
         extra = (f"; {len(stale)} eval.json hold {name} for other weights than their run's (e.g. {stale[0]}): "

@@ -39,6 +39,7 @@ from ablate.store import (completed,
     SUMMARY,
     atomic_write_json,
     file_sha256,
+    iter_run_dirs,
     read_json_file,
     run_dir,
     run_lock_path,
@@ -152,12 +153,30 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
         folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
-        summary = run_summary(folder)
-        if summary is not None and completed(summary) and weights_path(folder).is_file():
-            folders.append(folder)
-        else:
-            skipped.append(f"{spec.key}: {(summary or {}).get('status') or 'not started'}")
+        _sort_evaluable(folder, spec.key, folders, skipped)
     return folders, skipped
+
+
+def folder_runs_to_evaluate(experiment_dir, tiers=None, arms=None, seeds=None) -> tuple[list[Path], list[str]]:
+    """The same for an experiment folder that no experiments/*.py describes (`results/adhoc`, a copied store):
+    its run folders (`iter_run_dirs`, as every table counts them), filtered by tier, arm and seed."""
+    folders, skipped = [], []
+    for folder in iter_run_dirs(experiment_dir):
+        tier, arm, seed_dir = folder.relative_to(experiment_dir).parts
+        seed = int(seed_dir.removeprefix("seed"))
+        if (tiers and tier not in tiers) or (arms and arm not in arms) or (seeds is not None and seed not in seeds):
+            continue
+        _sort_evaluable(folder, f"{tier}/{arm}/seed{seed}", folders, skipped)
+    return folders, skipped
+
+
+def _sort_evaluable(folder: Path, key: str, folders: list[Path], skipped: list[str]) -> None:
+    """Adds a completed run with final weights to `folders`, any other to `skipped` with its status."""
+    summary = run_summary(folder)
+    if summary is not None and completed(summary) and weights_path(folder).is_file():
+        folders.append(folder)
+    else:
+        skipped.append(f"{key}: {(summary or {}).get('status') or 'not started'}")
 
 
 class EvalJob:
