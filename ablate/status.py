@@ -20,7 +20,7 @@ from pathlib import Path
 import submitit
 
 from ablate.evals.results import valid_evals
-from ablate.experiment import Experiment, RunSpec
+from ablate.experiment import Experiment, RunSpec, recorded_sequential
 from ablate.lock import live_holder
 from ablate.store import (
     CONFIG,
@@ -45,6 +45,23 @@ JUST_SUBMITTED = dt.timedelta(minutes=2)  # accounting may not have seen a job t
 
 def experiment_dir(results: Path, experiment: Experiment) -> Path:
     return Path(results) / experiment.name
+
+
+def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
+    """The experiment with every seed its ledger's sequential design queued: `submit --sequential` goes past
+    the declared seed count look by look, and status, clean, eval and the resume hints must see those runs
+    too (else they count 6 of 12 completed runs). No recorded design: the experiment as declared."""
+    folder = experiment_dir(results, experiment)
+    if recorded_sequential(folder) is None:
+        return experiment
+    queued: dict[str, int] = {}
+    for key in read_ledger(folder)["runs"]:
+        tier, _, seed = key.removeprefix("eval:").rpartition("/seed")
+        tier = tier.split("/")[0]
+        if tier in experiment.tiers and seed.isdigit():
+            queued[tier] = max(queued.get(tier, 0), int(seed) + 1)
+    counts = {tier: max(experiment.seed_count(tier), queued.get(tier, 0)) for tier in experiment.tiers}
+    return dataclasses.replace(experiment, seeds=counts)
 
 
 @dataclasses.dataclass
@@ -263,7 +280,8 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
            "job_id": entry.get("job_id") if entry else None, **progress,
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
-               val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False}
+               val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
+           "val_loss_final": summary.get("status") == "completed"}  # else: the last mid-run evaluation
     row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
                                                        damage(summary, progress["steps"], bool(metrics)), way_out)
     if row["state"] != "running":

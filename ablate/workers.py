@@ -90,7 +90,8 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     folder = experiment_dir(results, experiment)
     record_ledger(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
                              "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
-            {"executor": "local", "runs": [s.key for s in specs]})
+            {"executor": "local", "runs": [s.key for s in specs],
+             **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
         run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
     codes, interrupted, bar_lock = {}, [], threading.Lock()

@@ -24,7 +24,7 @@ def add_commands(subparsers) -> None:
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
@@ -44,7 +44,7 @@ def add_commands(subparsers) -> None:
         "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
-    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     report.add_argument("--allow-unverified", action="store_true",
                         help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)

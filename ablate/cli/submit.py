@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ablate.cli.hints import Selection
 from ablate.paths import results_folder
 
 
@@ -23,7 +24,7 @@ def add_commands(subparsers) -> None:
                         help="narrow the MLP of arms that add parameters to the baseline's count")
     parser.add_argument("--no-match-params", dest="match_params", action="store_false",
                         help="run arms that add parameters unmatched (overrides the experiment)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
     parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
                         help="also evaluate the runs with lm-evaluation-harness (lambada_openai hellaswag wikitext): "
@@ -45,13 +46,16 @@ def _resolve(args):
     """(the experiment, its file, the results folder) the arguments name."""
     from ablate.experiment import experiment_file, load_experiment  # the library loads in the handler: see ablate.cli
 
+    from ablate.status import with_queued_seeds
+
     file = experiment_file(args.experiment)
-    return load_experiment(file), str(file), results_folder(args.results)
+    results = results_folder(args.results)
+    return with_queued_seeds(load_experiment(file), results), str(file), results
 
 
 def _hint(args) -> str:
-    """The status command for what the user just did, with the options they gave."""
-    return "ablate status " + args.experiment + (f" --results {args.results}" if args.results else "")
+    """The status command for what the user just did, with the options that chose the runs."""
+    return Selection.of(args).status_command()
 
 
 def _submit_cli(args) -> int:
@@ -59,8 +63,7 @@ def _submit_cli(args) -> int:
         return _submit_and_tell(args)
     except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
         stopped = getattr(err, "keys", [])
-        again = (f"ablate submit {args.experiment} --executor {args.executor}"
-                 + (f" --results {args.results}" if args.results else ""))
+        again = Selection.of(args).submit_command()
         what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
                 f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
         print(f"ablate: interrupted: {what}", file=sys.stderr)
@@ -142,6 +145,8 @@ def _submit_and_tell(args) -> int:
             print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
         for key in report["to_submit"]:
             print(f"  {key}")
+        for line in report.get("misfits", []):  # after the list: the last thing read
+            print(f"does not fit the cluster (sinfo), so a real submit refuses it: {line}")
         return 0
     evals = report.get("evals") or {}
     if evals:
