@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from ablate.errors import AblateError
+from ablate.analysis.numerics import NUMERICS, numerics_label
 from ablate.analysis.matching import DATA_ID, FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
@@ -41,6 +42,7 @@ RUN_SCHEMA = {
     "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
+    NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
     "reason": pl.String,
     "path": pl.String,
 }
@@ -131,6 +133,7 @@ def _runs_from_store(folder: Path) -> Runs:
             DATA_ID: summary.get(DATA_ID),
             "init_fingerprint_common": summary.get("init_fingerprint_common"),
             "path": str(run),
+            NUMERICS: numerics_label(summary.get("versions")),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
         row[SETTINGS] = _settings_fingerprint(run)
@@ -203,7 +206,7 @@ def _runs_from_table(path: Path) -> Runs:
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)}, mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
-        **{SETTINGS: pl.lit(None, dtype=pl.String)},
+        **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")
