@@ -28,10 +28,11 @@ from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.evals.run import EvalJob
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
+from ablate.sequential import recorded_design
 from ablate.sizing import LOSS_CHUNK, micro_batch_for
 from ablate.status import error_line, experiment_dir, status
 from ablate.store import SUBMIT_LOCK, record_ledger
@@ -40,10 +41,13 @@ from ablate.workers import RunJob, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
-    """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
-    params = {"name": name, "timeout_min": profile["time_min"], "cpus_per_task": profile["cpus_per_run"],
+    """submitit parameters for one run per array task: k data-parallel processes (`processes_per_run`, one
+    per GPU) are k SLURM tasks on one node, which Lightning joins into one run (`devices = k`)."""
+    processes = profile.get("processes_per_run") or 1
+    params = {"name": name, "timeout_min": profile["time_min"],
+              "cpus_per_task": max(1, profile["cpus_per_run"] // processes),
               "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
-              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": 1, "nodes": 1}
+              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": processes, "nodes": 1}
     if profile["gpus_per_run"]:
         params["gpus_per_node"] = profile["gpus_per_run"]
     for key in ("partition", "account", "qos", "constraint"):
@@ -109,7 +113,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
-    tier it leaves out; `sequential`: the design's ledger record (kind SEQUENTIAL), written once, under
+    tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
     the submit lock, before anything is queued. `grid`: these runs instead of the experiment's grid (its LR
     sweep's, `Experiment.sweep_runs`, or the confirmatory runs at each arm's best LR), through the same
     dispatch, store, locks and ledger.
@@ -143,7 +147,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
-        if sequential is not None and recorded_sequential(folder) is None:
+        if sequential is not None and recorded_design(folder) is None:
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
@@ -152,7 +156,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
                                             list(eval_tasks), eval_options or {}, report["jobs"])
@@ -224,8 +228,10 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
 
     folder = experiment_dir(results, experiment)
+    processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
+                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
     jobs = {}
     for tier in dict.fromkeys(s.tier for s in specs):
         tier_specs = [s for s in specs if s.tier == tier]
@@ -235,7 +241,7 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         tier_job = job
         if profile.get("gpu") and "micro_batch" not in options:
             tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
-                tier, profile["gpu"], profile["gpus_per_run"] or 1, tier_specs[0].overrides.get("micro_batch"))})
+                tier, profile["gpu"], processes, tier_specs[0].overrides.get("micro_batch"))})
         submitted = map_array(executor, tier_job, tier_specs, profile)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
