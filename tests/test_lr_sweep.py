@@ -13,7 +13,7 @@ from ablate.analysis.tuned import tuned_tables
 from ablate.config import resolve_config
 from ablate.errors import AblateError
 from ablate.experiment import Experiment, LRSweep, RunSpec
-from ablate.identity import config_differences
+from ablate.identity import config_differences, config_fingerprint
 from ablate.store import atomic_write_json, iter_run_dirs
 from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
 
@@ -75,7 +75,7 @@ def write_run(root, spec: RunSpec, *, loss=None, val=None, status="completed", *
     summary = {"experiment": spec.experiment, "tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "status": status,
                "val_loss": val if status == "completed" else None, "init_fingerprint": f"init{spec.seed}",
                "init_fingerprint_common": f"init{spec.seed}", "data_fingerprint": f"data{spec.seed}",
-               "config_fingerprint": "ignored-by-the-lr-readers", "val_fingerprint": "val", "mlp_hidden": 256}
+               "config_fingerprint": config_fingerprint(config), "val_fingerprint": "val", "mlp_hidden": 256}
     if "selection_tokens" in config and status == "completed":
         summary.update(selection_loss=loss, selection_fingerprint="sel")
     if status == "diverged":
