@@ -33,6 +33,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
     chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
     model_overrides = dict(chosen.pop("model", {}))
     max_steps = chosen.pop("max_steps", None)
+    selection_tokens = chosen.pop("selection_tokens", None)
     config = {
         "experiment": spec.experiment, "tier": tier.name, "arm": spec.arm, "seed": int(spec.seed),
         "data_seed": int(spec.seed), "data_dir": None, "model": None,
@@ -59,6 +60,10 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
             raise AblateError(f"run option {key!r} must be one of {', '.join(valid)}, not {config[key]!r}")
     if max_steps is not None:
         config["steps"] = min(int(max_steps), config["steps"])
+    if selection_tokens is not None:  # an LR sweep's run only: the key is absent from every other run's config
+        if isinstance(selection_tokens, bool) or not isinstance(selection_tokens, int) or selection_tokens <= 0:
+            raise AblateError(f"run option 'selection_tokens' must be a positive integer, not {selection_tokens!r}")
+        config["selection_tokens"] = selection_tokens
     matching = {"match_params": True} if config["match_params"] else {}
     config["model"] = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
     config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
@@ -72,7 +77,7 @@ def valid_options() -> list[str]:
     keys = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
             "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
             "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "precision", "host_sync",
-            "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model"]
+            "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model", "selection_tokens"]
     return sorted(keys)
 
 

@@ -108,12 +108,15 @@ def check_slurm() -> dict[str, dict]:
 def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
            profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
            dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None,
-           seeds_by_tier: dict[str, int] | None = None, sequential: dict | None = None) -> dict:
+           seeds_by_tier: dict[str, int] | None = None, sequential: dict | None = None,
+           grid: list[RunSpec] | None = None) -> dict:
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
     tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
-    the submit lock, before anything is queued.
+    the submit lock, before anything is queued. `grid`: these runs instead of the experiment's grid (its LR
+    sweep's, `Experiment.sweep_runs`, or the confirmatory runs at each arm's best LR), through the same
+    dispatch, store, locks and ledger.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
     after that tier's training array when one was queued now; locally once the grid has run.
@@ -125,7 +128,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
-    specs = experiment.runs(tiers, arms, seeds)
+    specs = experiment.runs(tiers, arms, seeds) if grid is None else list(grid)
     if seeds_by_tier is not None:
         specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about

@@ -9,6 +9,8 @@ Layout::
         run.log         the training log
         checkpoints/    resumable training state (state.pt) and the final weights (model.pt)
     RESULTS/<experiment>/<tier>/<arm>/.seed<k>.lock   held by the one process writing that run
+    RESULTS/<experiment>/<tier>/<arm>/lr<f>/seed<k>/  a run at f × the tier's lr (an LR sweep's run, or a
+                                                      confirmatory run at an arm's best LR): the same files
     RESULTS/<experiment>/ledger.json   what dispatch submitted (job ids, times)
     RESULTS/<experiment>/report/       what `ablate report` writes
 
@@ -97,12 +99,43 @@ def check_results_folder(results: str | os.PathLike) -> Path:
     return path
 
 
-def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int) -> Path:
-    """RESULTS/<experiment>/<tier>/<arm>/seed<k>; every part is checked, so the folder lies inside RESULTS."""
+def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int,
+            lr_factor: float | None = None) -> Path:
+    """RESULTS/<experiment>/<tier>/<arm>/seed<k>, or …/<arm>/lr<f>/seed<k> for a run at f × the tier's lr;
+    every part is checked, so the folder lies inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
-    return (check_results_folder(results) / check_name("experiment", experiment) / check_name("tier", tier)
-            / check_name("arm", arm) / f"seed{int(seed)}")
+    arm_dir = (check_results_folder(results) / check_name("experiment", experiment) / check_name("tier", tier)
+               / check_name("arm", arm))
+    if lr_factor is not None:
+        arm_dir = arm_dir / check_name("lr factor", lr_folder(lr_factor))
+    return arm_dir / f"seed{int(seed)}"
+
+
+LR_DIR = re.compile(r"lr([0-9][0-9.e+-]*)")
+
+
+def lr_folder(factor: float) -> str:
+    """The folder of the runs at `factor` × the tier's lr: lr0.25, lr1, lr8 (between the arm and seed<k>)."""
+    return f"lr{float(factor):g}"
+
+
+def lr_factor_of(folder: str | os.PathLike) -> float | None:
+    """The lr factor a run folder's parent names (…/lr0.5/seed<k> → 0.5), None for a grid run's folder."""
+    found = LR_DIR.fullmatch(Path(folder).parent.name)
+    try:
+        return float(found.group(1)) if found else None
+    except ValueError:
+        return None
+
+
+def iter_lr_run_dirs(experiment_dir: str | os.PathLike, holding: str = SUMMARY) -> Iterator[Path]:
+    """Every run folder at an lr factor (`<tier>/<arm>/lr<f>/seed<k>`) holding `holding`, sorted. The grid's
+    readers (`iter_run_dirs`) never see them: a sweep run is not a seed of the grid."""
+    root = Path(experiment_dir)
+    yield from sorted(p.parent for p in root.glob(f"*/*/lr*/seed*/{holding}")
+                      if p.is_file() and SEED_DIR.fullmatch(p.parent.name) and lr_factor_of(p.parent) is not None
+                      and not any(part.startswith(".") for part in p.parent.relative_to(root).parts))
 
 
 def run_lock_path(folder: str | os.PathLike) -> Path:

@@ -23,7 +23,7 @@ from ablate.errors import AblateError
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, load_experiment
 from ablate.status import error_line, experiment_dir
-from ablate.store import RUN_LOG, record_ledger, run_dir
+from ablate.store import RUN_LOG, record_ledger
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -94,7 +94,7 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
             {"executor": "local", "runs": [s.key for s in specs],
              **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
-        run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
+        spec.folder(results).mkdir(parents=True, exist_ok=True)
     codes, interrupted, bar_lock = {}, [], threading.Lock()
     stop, workers = threading.Event(), set()
 
@@ -215,7 +215,7 @@ def worker_main(results: str, payload_json: str) -> int:
             except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
                 code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
             if code:
-                with open(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
+                with open(spec.folder(results) / RUN_LOG, "a",
                           encoding="utf-8") as log:
                     log.write(text)
             tell({"event": "done", "key": spec.key, "code": code, "error": error})

@@ -235,7 +235,7 @@ def test_table_and_report_commands(tmp_path, capsys):
     assert str(folder / "report") in capsys.readouterr().out
     with pytest.raises(AblateError, match="needs an experiment's run store"):
         write_report(tmp_path / "p.csv")
-    assert analysis_cli.KINDS == (*KINDS, "losses", "declared", "scale")
+    assert analysis_cli.KINDS == (*KINDS, "losses", "declared", "scale", "lr")
 
 
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module

@@ -29,6 +29,7 @@ from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
 from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
+from ablate.analysis.lr_report import lr_section
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
@@ -56,6 +57,7 @@ class ReportContext:
     scale: ScaleTable | None = None
     written: list[Path] = field(default_factory=list)
     allow_unverified: bool = False
+    declared: Declared | None = None  # the experiment's declared comparisons (the LR section's tuned table uses them)
     left_out: dict[str, str] = field(default_factory=dict)  # section → why this experiment's arms cannot give it
 
     def write(self, name: str, data: str | bytes) -> Path:
@@ -316,7 +318,7 @@ def downstream_section(ctx: ReportContext) -> str:
 SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, scale_section, declared_section,
                            flags_section,
                            curves_section,
-                           downstream_section, probes_section, synthetic_section]
+                           downstream_section, probes_section, synthetic_section, lr_section]
 
 
 def _kinds(ctx: ReportContext) -> list[str]:
@@ -383,7 +385,7 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        scale=scale_table(runs, declared), allow_unverified=allow_unverified,
+                        scale=scale_table(runs, declared), allow_unverified=allow_unverified, declared=declared,
                         left_out=cannot_have(runs.arm_order, declared is not None))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]

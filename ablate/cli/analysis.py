@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale")  # tables.KINDS, losses, declared, scale
+KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale", "lr")  # tables.KINDS, losses, declared, scale, lr
 FORMATS = ("md", "csv", "latex", "json")
 
 
@@ -35,6 +35,9 @@ def add_commands(subparsers) -> None:
                             "METRIC may be gold_logprob")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
+    table.add_argument("--tuned", action="store_true",
+                       help="each arm at its own best LR of the LR sweep (the confirmatory runs), beside the shared-LR "
+                            "table, and whether each declared comparison's sign and significance survive tuning")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(
@@ -81,6 +84,8 @@ def table_command(args: argparse.Namespace) -> int:
 
     if args.by_item:
         return _by_item(args)
+    if args.kind == "lr" or args.tuned:
+        return _lr_command(args)
     folder = results_of(args.source, args.results)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
     if args.kind == "losses":
@@ -100,6 +105,47 @@ def table_command(args: argparse.Namespace) -> int:
 
         for warning in table.warnings:
             print(f"warning: {one_line(warning)}", file=sys.stderr)
+    return _emit(args, text)
+
+
+def lr_settings(source) -> tuple[float, float]:
+    """(margin, δ) of the experiment's LR sweep when SOURCE names one, else the defaults."""
+    from ablate.analysis.lr import DELTA, MARGIN  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import named_experiment
+
+    experiment = named_experiment(source)
+    sweep = experiment.lr_sweep if experiment is not None else None
+    return (sweep.margin, sweep.delta) if sweep is not None else (MARGIN, DELTA)
+
+
+def _lr_command(args: argparse.Namespace) -> int:
+    import json  # the library loads in the handler: see ablate.cli
+
+    from ablate.analysis.lr import lr_table, render_lr
+    from ablate.analysis.render import render
+    from ablate.analysis.tuned import survival_text, tuned_tables
+    from ablate.errors import AblateError
+    from ablate.experiment import results_of
+
+    if args.metric or (args.kind == "lr" and (args.tuned or args.reference)):
+        raise AblateError("--kind lr is the LR sweep's own table (no --metric, --reference or --tuned); --tuned "
+                          "goes with --kind paired, increments, overlap or declared")
+    if args.kind in ("losses", "scale"):
+        raise AblateError(f"--tuned pairs the arms at their own best LRs: use it with --kind paired, increments, "
+                          f"overlap or declared, not {args.kind}")
+    folder = results_of(args.source, args.results)
+    table = lr_table(folder, *lr_settings(args.source))
+    if args.kind == "lr":
+        return _emit(args, render_lr(table, args.format))
+    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), args.kind, args.reference,
+                                                declared_of(args.source, folder), args.allow_unverified)
+    if args.format == "json":
+        text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
+                           "survival": survived}, indent=2) + "\n"
+    else:
+        text = (f"shared LR (every arm at the tier's lr):\n\n{render(shared, args.format)}\n"
+                f"each arm at its own best LR (the confirmatory runs):\n\n{render(tuned, args.format)}\n"
+                f"does each comparison survive tuning?\n{survival_text(survived, key)}")
     return _emit(args, text)
 
 

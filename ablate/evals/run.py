@@ -40,7 +40,6 @@ from ablate.store import (completed,
     atomic_write_json,
     iter_run_dirs,
     read_json_file,
-    run_dir,
     run_lock_path,
     verified_weights_sha256,
 )
@@ -141,7 +140,7 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     """(completed run folders of the grid, one line per run skipped and why)."""
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
-        folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        folder = spec.folder(results)
         _sort_evaluable(folder, spec.key, folders, skipped)
     return folders, skipped
 
@@ -185,5 +184,5 @@ class EvalJob:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if self.experiment_file:
             load_experiment(self.experiment_file)
-        folder = run_dir(self.results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        folder = spec.folder(self.results)
         return evaluate_run(folder, self.tasks, **self.options)
