@@ -216,6 +216,15 @@ def completed(summary: dict) -> bool:
         and math.isfinite(loss)
 
 
+def refuse_damaged_config(folder: str | os.PathLike, summary: dict) -> None:
+    """The one refusal every reader of a run's settings gives when its config.json disagrees with the
+    fingerprint it trained with (`config_disagreement`): the tables, the LR sweep and the tuned pairs."""
+    damaged = config_disagreement(folder, summary)
+    if damaged:
+        raise AblateError(f"run {folder} is damaged: {damaged}; put its {CONFIG} back, rerun it (`ablate run ... "
+                          "--force` keeps the damaged folder aside) or move the folder out of the experiment")
+
+
 def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
     """Why a run's config.json is not the configuration it trained with, or None.
 

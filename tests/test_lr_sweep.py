@@ -117,6 +117,27 @@ def test_a_sweep_run_of_another_batch_size_is_refused(tmp_path):
         lr_table(tmp_path / "lrx")
 
 
+def test_a_hand_edited_sweep_or_confirmatory_config_is_refused(tmp_path):
+    """The LR table and the tuned pairs read config.json (lr, the selection split): each checks it against the
+    fingerprint the run trained with, as every table does."""
+    experiment = sweep_experiment(seeds=1)
+    write_sweep(tmp_path, experiment, {(arm, f): (5.0 + abs(f - 1), 5.0) for arm in ("baseline", "sink-logit")
+                                       for f in (0.5, 1.0, 2.0)})
+    for spec in experiment.runs():
+        write_run(tmp_path, spec, val=4.0 + 0.01 * spec.seed)
+    best = lr_table(tmp_path / "lrx").best_factors()
+    swept = [s for s in experiment.sweep_runs() if s.arm == "sink-logit" and s.lr_factor == 2.0][0]
+    config = swept.folder(tmp_path) / "config.json"
+    config.write_text(config.read_text().replace('"steps": ', '"steps": 1', 1))  # edited after the run
+    with pytest.raises(AblateError, match=r"is damaged: its config.json is not the configuration it trained with"):
+        lr_table(tmp_path / "lrx")
+    config.write_text(config.read_text().replace('"steps": 1', '"steps": ', 1))
+    grid = [s for s in experiment.runs() if s.arm == "baseline"][0].folder(tmp_path) / "config.json"
+    grid.write_text(grid.read_text().replace('"steps": ', '"steps": 1', 1))
+    with pytest.raises(AblateError, match=r"is damaged"):
+        tuned_tables(tmp_path / "lrx", best)
+
+
 def test_a_diverged_top_lr_sets_the_largest_stable_lr_below_it(tmp_path):
     experiment = sweep_experiment(factors=(0.5, 1, 2, 4), seeds=1)
     losses = {("baseline", 0.5): (5.0, 5.0), ("baseline", 1.0): (4.9, 4.9), ("baseline", 2.0): (4.93, 4.9),

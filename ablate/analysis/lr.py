@@ -23,7 +23,7 @@ import polars as pl
 from ablate.analysis.load import _exclusion_reason
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences, shared_config
-from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file
+from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config
 from ablate.tiers import tier_rank
 
 VARIED = "lr"  # the one setting the runs of an LR sweep may differ in (besides the arm and the seed)
@@ -94,6 +94,7 @@ def sweep_runs(folder: str | Path) -> list[SweepRun]:
             raise AblateError(f"sweep run {run} has no {CONFIG}: its settings cannot be compared; {WAY_OUT}") from None
         if not config.get("selection_tokens"):
             continue  # a confirmatory run at an arm's best LR: the tuned table's, not the sweep's
+        refuse_damaged_config(run, summary)
         tier, arm = run.parent.parent.parent.name, run.parent.parent.name
         if config.get("tier") != tier or config.get("arm") != arm:
             raise AblateError(f"{run} holds a run of {config.get('tier')}/{config.get('arm')} (a moved folder?); "

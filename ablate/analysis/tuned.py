@@ -18,7 +18,8 @@ from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import fingerprints_without
-from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, iter_run_dirs, lr_factor_of, read_json_file
+from ablate.store import (CONFIG, SUMMARY, iter_lr_run_dirs, iter_run_dirs, lr_factor_of, read_json_file,
+                          refuse_damaged_config)
 
 ALLOWED = ("lr",)
 WAY_OUT = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
@@ -40,7 +41,9 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]]) -> Runs:
         config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
         if config is not None and config.get("selection_tokens"):
             continue  # a sweep run: it chose the LR, so it never confirms it
-        rows.append(_row(run, tier, arm, read_json_file(run / SUMMARY, WAY_OUT), config))
+        summary = read_json_file(run / SUMMARY, WAY_OUT)
+        refuse_damaged_config(run, summary)
+        rows.append(_row(run, tier, arm, summary, config))
     if not rows:
         raise AblateError(f"no confirmatory runs at the arms' best LRs under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --tuned` queues them")
