@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from ablate.analysis.hypotheses import DECLARED, Declared, row_pair, supported as declared_support
+from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
 from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
@@ -248,7 +248,8 @@ def declared_section(ctx: ReportContext) -> str:
             line += (f"; look {row['look']} ({row['seeds_used']} seeds), decision {decision_text(row)}, "
                      f"interval for the design {design}")
         else:
-            line += f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}"
+            line += (f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
+                     f"decision {fixed_decision(row)}")
         lines.append(line)
     return "\n".join(lines)
 

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ablate.tiers import TASK_CONFIG_KEY
+
 IGNORE = -100  # F.cross_entropy's default ignore_index: positions that predict nothing
-SYNTHETIC_KEY = "synthetic_task"  # config.json key of a run trained on the synthetic task (its SyntheticTask fields)
+SYNTHETIC_KEY = TASK_CONFIG_KEY  # config.json key of a run trained on the synthetic task (its SyntheticTask fields)
 VALIDATION_SEED_OFFSET = 2**62  # validation batches never coincide with training batches
 
 
