@@ -44,8 +44,6 @@ INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
 EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
 EVAL_ITEMS_DIR = "eval_items"  # RUN_DIR/eval_items/<task>.jsonl: `ablate eval`'s per-item results
 REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
-SYNTHETIC_DIR = "synthetic"  # RESULTS/<experiment>/synthetic/: `ablate synthetic --out`
-SYNTHETIC_FILE = "synthetic.json"
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
 STATUSES = ("completed", "diverged", "failed", "running")
 _UMASK = os.umask(0)
@@ -244,7 +242,3 @@ def record_ledger(folder: Path, entries: dict, submission: dict | None = None, m
             ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)
 
-
-def synthetic_results_path(experiment_dir: str | os.PathLike) -> Path:
-    """Where `ablate synthetic --out EXPERIMENT_DIR` keeps its results (the report reads them)."""
-    return Path(experiment_dir) / SYNTHETIC_DIR / SYNTHETIC_FILE

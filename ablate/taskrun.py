@@ -80,6 +80,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": versions(),
         "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
         "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernel set (ATEN_CPU_CAPABILITY) it ran on
     }
     _write_signature_eval(folder, task, summary)
     atomic_write_json(folder / SUMMARY, summary)
