@@ -14,6 +14,7 @@ from ablate.arms import get_arm
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import WATCH_KEYS
+from ablate.paths import default_data_dir
 from ablate.sizing import model_config
 from ablate.tiers import TASK_CONFIG_KEY, TASKS, get_tier
 
@@ -66,7 +67,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         config["data_dir"] = None
         config[TASK_CONFIG_KEY] = dict(TASKS[tier.task])
     else:
-        config["data_dir"] = str(Path(data_dir or config["data_dir"] or tier.data_dir).resolve())
+        config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
     config["model"]["max_seq_len"] = config["seq_len"]
     config["betas"] = list(config["betas"])
     return config

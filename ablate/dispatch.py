@@ -16,7 +16,9 @@ its run lock (`ablate.lock`), which a reused process id cannot fake.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import subprocess
 from pathlib import Path
 
@@ -26,10 +28,11 @@ from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError
 from ablate.evals.run import EvalJob
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
-from ablate.profiles import load_profile
+from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
+from ablate.sequential import recorded_design
 from ablate.sizing import LOSS_CHUNK, micro_batch_for
 from ablate.status import error_line, experiment_dir, status
 from ablate.store import SUBMIT_LOCK, record_ledger
@@ -38,10 +41,13 @@ from ablate.workers import RunJob, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
-    """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
-    params = {"name": name, "timeout_min": profile["time_min"], "cpus_per_task": profile["cpus_per_run"],
+    """submitit parameters for one run per array task: k data-parallel processes (`processes_per_run`, one
+    per GPU) are k SLURM tasks on one node, which Lightning joins into one run (`devices = k`)."""
+    processes = profile.get("processes_per_run") or 1
+    params = {"name": name, "timeout_min": profile["time_min"],
+              "cpus_per_task": max(1, profile["cpus_per_run"] // processes),
               "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
-              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": 1, "nodes": 1}
+              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": processes, "nodes": 1}
     if profile["gpus_per_run"]:
         params["gpus_per_node"] = profile["gpus_per_run"]
     for key in ("partition", "account", "qos", "constraint"):
@@ -58,8 +64,9 @@ def executor_parameters(profile: dict, name: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- submit
-def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> None:
-    """Everything that would make a queued run die on the cluster, checked before anything is queued."""
+def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> dict[str, dict]:
+    """Everything that would make a queued run die on the cluster, checked before anything is queued; for
+    SLURM, what sinfo says of each partition (`ablate.profiles.parse_sinfo`), else {}."""
     checked = set()
     for spec in specs:
         config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
@@ -78,14 +85,14 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
                 f"tier {spec.tier}: data folder {config['data_dir']} holds {manifest.get('tokenizer')!r} tokens "
                 f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
                 f"(vocabulary {config['model']['vocab_size']})")
-    if executor == "slurm":
-        check_slurm()
+    return check_slurm() if executor == "slurm" else {}
 
 
-def check_slurm() -> None:
-    """SLURM answers here (sinfo), or a one-line error that suggests the local executor."""
+def check_slurm() -> dict[str, dict]:
+    """What sinfo says of each partition (GPUs, memory, CPUs, time limit), or a one-line error that
+    suggests the local executor."""
     try:
-        answer = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+        answer = subprocess.run(["sinfo", "-h", "-o", SINFO_FORMAT], capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         raise AblateError("SLURM is not installed here (no `sinfo` on PATH); run the grid on this machine with "
                           "`--executor local`") from None
@@ -95,6 +102,7 @@ def check_slurm() -> None:
     if answer.returncode != 0:
         raise AblateError(f"SLURM does not answer (sinfo: {error_line(answer.stderr) or answer.returncode}); "
                           "run the grid on this machine with `--executor local`")
+    return parse_sinfo(answer.stdout)
 
 
 def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
@@ -104,7 +112,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
-    tier it leaves out; `sequential`: the design's ledger record (kind SEQUENTIAL), written once, under
+    tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
     the submit lock, before anything is queued.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
@@ -125,14 +133,18 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
                     "resources": None, "jobs": {}}
     resources = load_profile(profile) if executor == "slurm" else None
     options = {"progress": False, **(options or {})}
-    preflight(experiment, specs, executor, options)
+    partitions = preflight(experiment, specs, executor, options)
+    misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
     if dry_run:
-        return _plan_submission(experiment, specs, results, resources)
+        return {**_plan_submission(experiment, specs, results, resources), "misfits": misfits}
+    if misfits:
+        raise AblateError(f"profile {resources['name']!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
+                          f"nothing was queued (edit slurm/{resources['name']}.toml)")
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
-        if sequential is not None and recorded_sequential(folder) is None:
+        if sequential is not None and recorded_design(folder) is None:
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
@@ -141,7 +153,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
                                             list(eval_tasks), eval_options or {}, report["jobs"])
@@ -176,7 +188,7 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
         if after:  # after the training array: runs that failed are refused by the evaluation itself
             params.setdefault("slurm_additional_parameters", {})["dependency"] = "afterany:" + ":".join(after)
         executor_.update_parameters(**params)
-        submitted = executor_.map_array(job, tier_specs)
+        submitted = map_array(executor_, job, tier_specs, profile)
         entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                                      "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
@@ -213,8 +225,10 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
 
     folder = experiment_dir(results, experiment)
+    processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
+                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
     jobs = {}
     for tier in dict.fromkeys(s.tier for s in specs):
         tier_specs = [s for s in specs if s.tier == tier]
@@ -224,15 +238,27 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         tier_job = job
         if profile.get("gpu") and "micro_batch" not in options:
             tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
-                tier, profile["gpu"], profile["gpus_per_run"] or 1, tier_specs[0].overrides.get("micro_batch"))})
-        submitted = executor.map_array(tier_job, tier_specs)
+                tier, profile["gpu"], processes, tier_specs[0].overrides.get("micro_batch"))})
+        submitted = map_array(executor, tier_job, tier_specs, profile)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
-                                  "array": submitted[0].job_id.split("_")[0], "runs": list(entries)})
+                                  "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
+                                  **({"data": options["data_dir"]} if options.get("data_dir") else {})})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
+
+
+def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profile: dict) -> list:
+    """`executor.map_array`, with sbatch's refusal as one line naming the profile setting behind it (submitit
+    would print sbatch's stderr and raise a traceback)."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return executor.map_array(job, specs)
+    except submitit.core.utils.FailedJobError as err:
+        raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
 def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:

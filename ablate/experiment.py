@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, read_ledger
+from ablate.store import check_name
 from ablate.tiers import get_tier
 
 
@@ -37,7 +37,6 @@ class RunSpec:
 
 
 FAMILIES = ("tier", "experiment")
-SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,8 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Experiment:
-    """`arms="all"` means every registered arm at the time the grid is expanded.
+    """`arms="all"` means every registered arm at the time the grid is expanded, but the registered examples
+    outside the study (`Arm.example`: qk-norm, temperature, alibi; `ablate.arms.study_arms`).
 
     seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
     overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
@@ -139,9 +139,9 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import list_arms  # the arm registry loads torch; status and tables read experiments without it
+        from ablate.arms import study_arms  # the arm registry loads torch; status and tables read experiments without it
 
-        return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
+        return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
 
     def tier_overrides(self, tier: str) -> dict:
         if self.overrides and all(key in self.tiers for key in self.overrides):
@@ -263,16 +263,6 @@ def named_experiment(source: str | os.PathLike) -> Experiment | None:
     if Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text or find_file("experiments", f"{text}.py") is None:
         return None
     return load_experiment(text)
-
-
-def recorded_sequential(folder: str | os.PathLike) -> dict | None:
-    """The sequential design `submit --sequential` recorded in the experiment folder's ledger, else None:
-    {"kind", "design", "comparisons": [[name, minuend, subtrahend], …], "family", "looks", "max_seeds", "alpha"}."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    found = [s for s in read_ledger(folder)["submissions"] if isinstance(s, dict) and s.get("kind") == SEQUENTIAL]
-    return found[-1] if found else None
 
 
 def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:

@@ -1,5 +1,10 @@
-"""Where things are: the checkout, the default results folder, and the one "./X, then the checkout's X"
-lookup that experiments, cluster profiles and GPU measurements share."""
+"""Where things are: the checkout, the default results and data folders, and the one "./X, then the
+checkout's X" lookup that experiments, cluster profiles and GPU measurements share.
+
+Defaults are the checkout's, whatever the current folder (as experiment names are): `results/` unless
+$ABLATE_RESULTS or `--results` says otherwise, and a tier's `data_dir` (`data/...`). A path the user
+types (`--results DIR`, `--data DIR`, `data_dir` in an experiment's overrides) is read from the current
+folder, as a shell reads it. So `ablate status demo` reads the same folder from any directory."""
 
 from __future__ import annotations
 
@@ -10,8 +15,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_results() -> Path:
-    """Where run folders go unless `--results` says otherwise: $ABLATE_RESULTS or ./results."""
-    return Path(os.environ.get("ABLATE_RESULTS", "results"))
+    """Where run folders go unless `--results` says otherwise: $ABLATE_RESULTS, else the checkout's results/."""
+    return Path(os.environ.get("ABLATE_RESULTS") or REPO_ROOT / "results")
+
+
+def default_data_dir(data_dir: str | os.PathLike) -> Path:
+    """A tier's default data folder (relative: in the checkout, like the results and the experiments)."""
+    return Path(data_dir) if Path(data_dir).is_absolute() else REPO_ROOT / data_dir
 
 
 def results_folder(results: str | os.PathLike | None) -> Path:

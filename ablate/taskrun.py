@@ -60,6 +60,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         model.eval()
         val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
         signature = answer_signature(model, task, validation)
+        run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
         torch.set_num_threads(threads)
     weights = folder / CHECKPOINTS / FINAL_WEIGHTS
@@ -77,10 +78,9 @@ def train_task_run(folder: Path, config: dict) -> dict:
         "val_fingerprint": _validation_fingerprint(validation), "val_tokens_evaluated": _scored(validation),
         "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
         "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width,
-        "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": versions(),
+        "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": run_versions,
         "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
         "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernel set (ATEN_CPU_CAPABILITY) it ran on
     }
     _write_signature_eval(folder, task, summary)
     atomic_write_json(folder / SUMMARY, summary)

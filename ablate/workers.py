@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from tqdm.auto import tqdm
 
 from ablate.errors import AblateError
+from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, load_experiment
 from ablate.status import error_line, experiment_dir
 from ablate.store import RUN_LOG, record_ledger, run_dir
@@ -90,7 +91,8 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     folder = experiment_dir(results, experiment)
     record_ledger(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
                              "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
-            {"executor": "local", "runs": [s.key for s in specs]})
+            {"executor": "local", "runs": [s.key for s in specs],
+             **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
         run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
     codes, interrupted, bar_lock = {}, [], threading.Lock()
@@ -193,10 +195,12 @@ def worker_main(results: str, payload_json: str) -> int:
     loop's signal handling), no further run starts, exit code 130. The end of stdin (the parent is gone)
     is taken as that SIGINT.
     """
-    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
-                     daemon=True).start()
     payload = json.loads(payload_json)
     job = RunJob(payload["experiment_file"], results, payload["options"])
+    if claimed_rank() and os.environ.get(CHILD_RUN_ENV):  # its parent watches stdin for it (and it must exit 0)
+        return child_main(job, payload, os.environ[CHILD_RUN_ENV])
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
+                     daemon=True).start()
     current = None
     try:
         for fields in payload["specs"]:
@@ -220,6 +224,24 @@ def worker_main(results: str, payload_json: str) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if current is not None:
             tell({"event": "interrupted", "key": current})
+        return 130
+    return 0
+
+
+def child_main(job: RunJob, payload: dict, key: str) -> int:
+    """A data-parallel child of a worker (Lightning starts the worker's command again, with a rank): it
+    trains exactly its parent's current run, `key`, beside its parent, then exits. It tells nothing (its
+    stdout is its parent's: the parent reports the run), and never takes another run of the list."""
+    spec = next((s for s in (RunSpec(**fields) for fields in payload["specs"]) if s.key == key), None)
+    if spec is None:
+        sys.stderr.write(f"ablate: error: this data-parallel child's run {key!r} is not in its worker's list\n")
+        return 2
+    try:
+        job(spec)
+    except AblateError as err:
+        sys.stderr.write(f"ablate: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
         return 130
     return 0
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,21 +31,35 @@ def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
     return process.returncode, err
 
 
+def dry_run_of_hint(line: str) -> tuple[list[str], str]:
+    """The command between backticks in a printed hint, run with --dry-run: (the runs it lists, its output)."""
+    command = shlex.split(line.split("`")[1])
+    assert command[:2] == ["ablate", "submit"], line
+    preview = ablate_cli(*command[1:], "--dry-run").stdout
+    return [row.strip() for row in preview.splitlines() if row.startswith("  ")], preview
+
+
 def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes_it(tmp_path, sample_data):
+    """…and each hint printed on the way (by the interrupted submit, by status) resumes exactly the runs the
+    interrupted submit chose (--arms), where it ran them (--executor local), nothing else."""
     file = tmp_path / "stopme.py"
     file.write_text(
         "from ablate.experiment import Experiment\n"
-        "EXPERIMENT = Experiment(name='stopme', tiers=['smoke'], arms=['baseline', 'sink-logit'], seeds=1,\n"
+        "EXPERIMENT = Experiment(name='stopme', tiers=['smoke'], arms=['baseline', 'sink-logit', 'off-by-one'],\n"
+        "    seeds=1,\n"
         f"    overrides={{'max_steps': 40, 'data_dir': {str(sample_data)!r}}})\n")
     results = tmp_path / "results"
     first, second = (run_dir(results, "stopme", "smoke", arm, 0) for arm in ("baseline", "sink-logit"))
-    code, err = ctrl_c_after_first_step(["submit", file, "--executor", "local", "--parallel", "1", "--results",
-                                         results], first)
+    chosen = ["--arms", "baseline", "sink-logit"]
+    code, err = ctrl_c_after_first_step(["submit", file, "--executor", "local", *chosen, "--parallel", "1",
+                                         "--results", results], first)
     assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
     assert len(told) == 1 and told[0].startswith("ablate: interrupted: 1 run(s) stopped at a step boundary"), err
     assert "smoke/baseline/seed0" in told[0] and "resumes" in told[0]
+    listed, preview = dry_run_of_hint(told[0])  # the stopped run and the one not started, not off-by-one
+    assert listed == ["smoke/baseline/seed0", "smoke/sink-logit/seed0"] and "resources per run" not in preview
     # the interrupted run stopped at a step boundary with a checkpoint; the other run never started
     summary = read_json(first / "summary.json")
     assert (first / "checkpoints" / "state.pt").exists() and 1 <= summary["steps"] < 40
@@ -55,11 +70,14 @@ def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes
     assert rows["baseline"]["eta_s"] is None and rows["sink-logit"]["state"] == "not-submitted"
     shown = ablate_cli("status", file, "--results", results).stdout
     assert "cancelled: 1" in shown and "resume from their last checkpoint" in shown
+    hint = next(line for line in shown.splitlines() if line.startswith("cancelled runs resume"))
+    listed, preview = dry_run_of_hint(hint)  # the cancelled run, run here again (a SLURM dry run lists resources)
+    assert listed == ["smoke/baseline/seed0"] and "resources per run" not in preview, hint
     # the next submit resumes the interrupted run from its checkpoint and runs the rest
-    again = ablate_cli("submit", file, "--executor", "local", "--parallel", "1", "--results", results)
+    again = ablate_cli("submit", file, "--executor", "local", *chosen, "--parallel", "1", "--results", results)
     assert "ran 2 runs here, 0 failed" in again.stdout
     assert f"resuming at step {summary['steps']} of 40" in (first / "run.log").read_text()
-    rows = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]
+    rows = json.loads(ablate_cli("status", file, *chosen, "--results", results, "--json").stdout)["runs"]
     assert [r["state"] for r in rows] == ["completed", "completed"] and all(r["steps"] == 40 for r in rows)
 
 

@@ -94,7 +94,7 @@ def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path)
         folder = results / "testbed"
         summaries = [json.loads(p.read_text()) for p in folder.glob("synthetic/*/seed*/summary.json")]
         assert len(summaries) == 10 and all(s["status"] == "completed" for s in summaries)
-        kernels = {s["cpu_capability"] for s in summaries}
+        kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
         assert len(kernels) == 1 and (capability is None or kernels == {capability})
         found[kernels.pop()] = decisions(folder)
     assert len(found) == 2, f"both runs used the same kernel set: {found}"

@@ -24,10 +24,11 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, Table, _skip_note, _table, add_mark,
+from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision
+from ablate.sequential import FAMILIES
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -50,8 +51,8 @@ class Declared:
         """From `Comparison`s (anything with name, minuend, subtrahend) or triples."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
-        if family not in ("tier", "experiment"):
-            raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+        if family not in FAMILIES:
+            raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         return cls(triples, family, design)
 
     @property
@@ -59,12 +60,27 @@ class Declared:
         """(minuend, subtrahend) → the comparison's name."""
         return {(a, b): name for name, a, b in self.comparisons}
 
-    def describe(self, tiers: int | None = None) -> str:
+    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA) -> str:
+        """The family, the m Holm used in each group (the rows with a p: `holm` counts no other), and the
+        study-wide chance of any false "supported" the design allows."""
         names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
+        groups = family_groups(frame, self.family)
+        sizes: dict[str, int] = {}
+        for group, p in zip(groups, frame["p"].to_list()):
+            sizes[group] = sizes.get(group, 0) + (p is not None)
+        untested = frame.height - sum(sizes.values())
+        left = f"; {untested} row(s) without a p (one seed or no spread) are not counted" if untested else ""
+        evidence = [g for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g) and sizes[g]]
         if self.family == "tier":
-            return f"each tier's declared comparisons: {names}; m = {len(self.comparisons)} per tier"
-        size = f"; m = {len(self.comparisons) * tiers}" if tiers else ""
-        return f"the experiment's declared comparisons at every tier together: {names}{size}"
+            per = ", ".join(f"{g}: {sizes[g]}" for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g))
+            k = len(evidence)
+            study = (f"study-wide chance of any false supported: ≤ {min(1.0, k * alpha):.2f} ({k} tier families at "
+                     f"{alpha:g} each; {1 - (1 - alpha) ** k:.2f} if they were independent); declare "
+                     f'family="experiment" to hold it to {alpha:g}') if k > 1 else f"study-wide error ≤ {alpha:g}"
+            return f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}"
+        m = sum(sizes[g] for g in evidence)
+        return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {m}{left} "
+                f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -100,13 +116,20 @@ def declared_table(runs: Runs, declared: Declared) -> Table:
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
-    return dataclasses.replace(table, family=declared.describe(len(runs.tiers)))
+    return dataclasses.replace(table, family=declared.describe(frame))
+
+
+PIPELINE_GROUP = "pipeline-check"
+
+
+def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
+    """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
+    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all") for t in frame["tier"].to_list()]
 
 
 def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
-    """Holm of p within each family: a tier, or every tier that can carry evidence together."""
-    groups = [t if family == "tier" else ("pipeline-check" if is_pipeline_check(t) else "all")
-              for t in frame["tier"].to_list()]
+    """Holm of p within each family (`family_groups`)."""
+    groups = family_groups(frame, family)
     out: list[float | None] = [None] * frame.height
     p = frame["p"].to_list()
     for group in dict.fromkeys(groups):
@@ -120,12 +143,19 @@ def _sequential_columns(frame: pl.DataFrame, diffs: pl.DataFrame, design: dict) 
     values = {column: [] for column in SEQUENTIAL_COLUMNS}
     for tier, name in frame.select("tier", "comparison").iter_rows():
         part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)).sort("seed")
-        decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+        decision = _decision(part, design)
         for column, key in (("look", "look"), ("seeds_used", "seeds"), ("decision", "decision"), ("sign", "sign"),
                             ("t_boundary", "t_boundary"), ("seq_ci_low", "ci_low"), ("seq_ci_high", "ci_high"),
                             ("next_seeds", "next_seeds")):
             values[column].append(decision[key])
     return {column: pl.Series(column, values[column], dtype=dtype) for column, dtype in SEQUENTIAL_COLUMNS.items()}
+
+
+def _decision(part: pl.DataFrame, design: dict) -> dict:
+    """The design's decision on one comparison's paired differences (seed, diff, scale), with float
+    resolution relative to the losses behind them, as the fixed-sample statistics take it."""
+    scale = part["scale"].abs().max() if "scale" in part.columns and part.height else None
+    return sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design, scale)
 
 
 def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
@@ -140,19 +170,70 @@ def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
 
 
 def adjust_over_family(table: Table, family: Table) -> Table:
-    """The table with p_holm from the declared family for its declared rows; every other row exploratory."""
-    adjusted = {(r["tier"], r["minuend"], r["subtrahend"]): r["p_holm"] for r in family.frame.iter_rows(named=True)}
-    p_holm, declared = [], []
+    """The table with p_holm from the declared family for its declared rows; every other row exploratory.
+
+    In a sequential study the declared rows also carry the design's look and decision (SEQUENTIAL_COLUMNS):
+    every table then says where the design stands, and the fixed-sample p_holm decides nothing."""
+    adjusted = {(r["tier"], r["minuend"], r["subtrahend"]): r for r in family.frame.iter_rows(named=True)}
+    carried = ["p_holm", *(SEQUENTIAL_COLUMNS if "decision" in family.columns else ())]
+    values, declared = {column: [] for column in carried}, []
     for row in table.frame.iter_rows(named=True):
         key = row_pair(table, row)
-        found = key is not None and (row["tier"], *key) in adjusted
-        declared.append(found)
-        p_holm.append(adjusted[(row["tier"], *key)] if found else None)
+        found = adjusted.get((row["tier"], *key)) if key is not None else None
+        declared.append(found is not None)
+        for column in carried:
+            values[column].append(found[column] if found is not None else None)
     columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
-    frame = table.frame.with_columns(pl.Series("p_holm", p_holm, dtype=pl.Float64),
+    types = {"p_holm": pl.Float64, **SEQUENTIAL_COLUMNS}
+    frame = table.frame.with_columns(*(pl.Series(c, values[c], dtype=types[c]) for c in carried),
                                      pl.Series("_declared", declared, dtype=pl.Boolean))
-    frame = add_mark(frame, ~pl.col("_declared"), EXPLORATORY).select(*columns, "p_holm", "marks")
+    frame = add_mark(frame, ~pl.col("_declared"), EXPLORATORY).select(*columns, *carried, "marks")
     return dataclasses.replace(table, frame=frame, family=family.family)
+
+
+METRIC_NOTE = ("the declared comparisons are on the validation loss, so no row of a downstream metric's table is in a "
+               "family: every row is exploratory (unadjusted p, p_holm empty) and none is called supported")
+
+
+def exploratory_metric_table(table: Table) -> Table:
+    """A downstream metric's table: no family (declarations are on the loss), so every row exploratory."""
+    columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
+    frame = table.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("p_holm"))
+    frame = add_mark(frame, pl.lit(True), EXPLORATORY).select(*columns, "p_holm", "marks")
+    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
+
+
+DIVERGED = "diverged"
+MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the row's statistics "
+                                "are over the seeds where both arms finished, and a diverged seed is an outcome of its "
+                                "arm (the note says how many and what dropping them does); a comparison whose better "
+                                "arm diverged is never called supported")
+
+
+def count_diverged(table: Table, runs: Runs) -> Table:
+    """Per row the seeds where one of its two arms diverged (column `diverged`, mark and note): dropping them
+    must not pass unseen, since it removes the unstable arm's worst seeds from its mean."""
+    gone = runs.frame.filter(pl.col("status") == "diverged")
+    if table.kind not in ("paired", "increments", DECLARED) or gone.is_empty():
+        return table
+    counts, arms_gone, notes = [], [], []
+    for row in table.frame.iter_rows(named=True):
+        pair = row_pair(table, row)
+        hit = gone.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair or ())))
+        seeds = sorted(set(hit["seed"].to_list()))
+        counts.append(len(seeds))
+        arms_gone.append(",".join(sorted(set(hit["arm"].to_list()))) or None)
+        if seeds:
+            total = runs.frame.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
+            who = ", ".join(f"{a} seed {s}" for a, s in hit.select("arm", "seed").sort("seed").iter_rows())
+            notes.append(f"{row['tier']} {row.get(table.key)}: {len(seeds)} of {total} seeds diverged ({who}); the row "
+                         f"is over the {row['n']} seed(s) where both arms finished; counting each diverged seed as a "
+                         f"loss of the arm that diverged, {total - len(seeds)} of {total} seeds are left to favour it")
+    columns = [c for c in table.frame.columns if c != "marks"]
+    frame = table.frame.with_columns(pl.Series("diverged", counts, dtype=pl.Int64),
+                                     pl.Series("diverged_arms", arms_gone, dtype=pl.String))
+    frame = add_mark(frame.select(*columns, "diverged", "diverged_arms", "marks"), pl.col("diverged") > 0, DIVERGED)
+    return dataclasses.replace(table, frame=frame, notes=table.notes + tuple(notes))
 
 
 def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
@@ -164,7 +245,10 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
             verdict = row["decision"] == "effect"
         else:
             verdict = row["p_holm"] is not None and row["p_holm"] < alpha
-        out[(row["tier"], row["minuend"], row["subtrahend"])] = verdict and not is_pipeline_check(row["tier"])
+        better = row["subtrahend"] if (row["mean"] or 0) > 0 else row["minuend"]
+        unstable = better in (row.get("diverged_arms") or "").split(",")  # its failed seeds left its mean
+        out[(row["tier"], row["minuend"], row["subtrahend"])] = (verdict and not unstable
+                                                                 and not is_pipeline_check(row["tier"]))
     return out
 
 
@@ -204,7 +288,7 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
             if part is None or part.is_empty():
                 needed.append(first)
                 continue
-            decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+            decision = _decision(part, design)
             needed.append(decision["next_seeds"] or 0)
         out[tier] = max(needed, default=0)
     return out

@@ -35,9 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy.special import stdtr, stdtrit
+from scipy.special import fdtrc, stdtr, stdtrit
 
-from ablate.analysis.tables import INCREMENTS, is_pipeline_check
+from ablate.analysis.hypotheses import comparison_differences
+from ablate.analysis.stats import RESOLUTION
+from ablate.analysis.tables import INCREMENTS, increments_table, is_pipeline_check
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"
@@ -170,7 +172,6 @@ def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: 
     """p of the lack-of-fit F test (tier means about the line against the pooled seed spread; df T − 2 and
     fit.df); None with fewer than three tiers or no spread. A small p says the means are not on a line:
     the slope is then the trend of the least-squares line, not a description of every tier."""
-    from scipy.special import fdtrc
 
     tiers = len(log_sizes)
     if tiers < 3 or fit.df == 0 or not fit.s2 > 0:
@@ -183,7 +184,6 @@ def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: 
 def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str], np.ndarray]:
     """One row of the table (ROW_COLUMNS less quantity) and its fit (None when fewer than two tiers); the
     row's private `_lack_of_fit` is the p of `lack_of_fit` (not a table column)."""
-    from ablate.analysis.stats import RESOLUTION
 
     tiers, counts, means, within, biggest = per_tier(per_seed)
     row = {"tiers": tiers, "seeds": [int(c) for c in counts], "slope_per_decade": None, "ci_low": None,
@@ -264,8 +264,6 @@ def quantities(increments: pl.DataFrame, comparisons: pl.DataFrame | None) -> di
 def scale_table(runs, declared=None) -> ScaleTable:
     """The scale model of every increment, declared comparison and gap of `runs` (`ablate.analysis.runs.Runs`);
     `declared`: the experiment's declared comparisons (`ablate.analysis.hypotheses.Declared`) or None."""
-    from ablate.analysis.hypotheses import comparison_differences
-    from ablate.analysis.tables import increments_table
 
     increments = increments_table(runs)
     comparisons = comparison_differences(runs, declared)[0] if declared is not None and declared.comparisons else None

@@ -3,10 +3,14 @@ the table in md, csv, json or latex (`ablate table SOURCE --kind scale`, the rep
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
 from ablate.analysis.scale import (CROSSING_COLUMNS, GAP_DESCRIPTIONS, GAPS, ScaleTable, _p, _params)
+from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.tables import DESCRIPTIONS
+from ablate.errors import choice_error
 
 
 def describe(quantity: str) -> str:
@@ -55,7 +59,6 @@ CAPTION = ("Slope of each paired difference (positive: the quantity is better, e
 
 def render_scale(table: ScaleTable, fmt: str) -> str:
     """md, csv, json or latex (the formats of `ablate.analysis.render`)."""
-    import json
 
     if fmt == "json":
         return json.dumps({"rows": table.rows.to_dicts(), "crossings": table.crossings.to_dicts(),
@@ -63,7 +66,6 @@ def render_scale(table: ScaleTable, fmt: str) -> str:
     if fmt == "csv":
         return _flat(table).write_csv(float_precision=None)
     if fmt == "latex":
-        from ablate.analysis.escape import latex_text
 
         lines = [f"% {latex_text('Scale model — ' + table.name + '. ' + CAPTION)}",
                  r"\begin{tabular}{lllrlr}", r"\toprule",
@@ -74,7 +76,6 @@ def render_scale(table: ScaleTable, fmt: str) -> str:
         return "\n".join(lines) + "\n"
     if fmt == "md":
         return _markdown(table)
-    from ablate.errors import choice_error
 
     raise choice_error("format", fmt, ("md", "csv", "latex", "json"))
 
@@ -90,7 +91,6 @@ def _text_rows(table: ScaleTable) -> list[tuple]:
 
 
 def _markdown(table: ScaleTable) -> str:
-    from ablate.analysis.escape import markdown_cell, markdown_text
 
     def line(cells) -> str:
         return "| " + " | ".join(markdown_cell(str(c)) for c in cells) + " |"

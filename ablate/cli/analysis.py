@@ -24,7 +24,7 @@ def add_commands(subparsers) -> None:
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
@@ -41,10 +41,10 @@ def add_commands(subparsers) -> None:
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
         description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
-        "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
+        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
-    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS or ./results)")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     report.add_argument("--allow-unverified", action="store_true",
                         help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)
@@ -52,21 +52,25 @@ def add_commands(subparsers) -> None:
 
 def declared_of(source, folder):
     """The declared comparisons the tables adjust over: the experiment's (when SOURCE names one), else those a
-    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design. None: no family."""
+    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design, which the
+    experiment must still declare (a changed design is refused). None: no family."""
     from pathlib import Path  # the library loads in the handler: see ablate.cli
 
     from ablate.analysis.hypotheses import Declared
-    from ablate.experiment import named_experiment, recorded_sequential
+    from ablate.experiment import named_experiment
+    from ablate.sequential import recorded_design
+    from ablate.store import LEDGER
 
     experiment = named_experiment(source)
-    record = recorded_sequential(folder) if Path(folder).is_dir() else None
+    design = recorded_design(folder) if Path(folder).is_dir() else None
+    if design is not None and experiment is not None:
+        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
+                              str(Path(folder) / LEDGER))
+    if design is not None:
+        return Declared.of(design.comparisons, design.family, design.boundaries)
     if experiment is not None and experiment.hypotheses:
-        comparisons, family = experiment.hypotheses, experiment.family
-    elif record is not None:
-        comparisons, family = record["comparisons"], record["family"]
-    else:
-        return None
-    return Declared.of(comparisons, family, record["design"] if record else None)
+        return Declared.of(experiment.hypotheses, experiment.family)
+    return None
 
 
 def table_command(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ def add_commands(subparsers) -> None:
                     "SLURM logs. Runs that are running (live lock) are skipped, and so are symbolic links: clean never "
                     "follows a link out of the results folder (each one is listed with where it leads).")
     parser.add_argument("experiment", help="an experiments/*.py file or its name")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")
     parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
     parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
@@ -29,11 +29,13 @@ def add_commands(subparsers) -> None:
 def _clean_cli(args) -> int:
     from ablate.clean import clean, human  # the library loads in the handler: see ablate.cli
     from ablate.experiment import load_experiment
+    from ablate.status import with_queued_seeds
 
-    experiment = load_experiment(args.experiment)
+    results = results_folder(args.results)
+    experiment = with_queued_seeds(load_experiment(args.experiment), results)  # seeds a sequential design added
     if args.tiers or args.arms or args.seeds is not None:
         experiment.runs(args.tiers, args.arms, args.seeds)  # unknown names: an error naming the valid ones
-    result = clean(results_folder(args.results) / experiment.name, tiers=args.tiers, arms=args.arms, seeds=args.seeds, aside=args.aside,
+    result = clean(results / experiment.name, tiers=args.tiers, arms=args.arms, seeds=args.seeds, aside=args.aside,
                    dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for item in result.removed:

@@ -21,7 +21,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--tier", nargs="+", dest="tiers", help="EXPERIMENT: only these tiers")
     parser.add_argument("--arms", nargs="+", help="EXPERIMENT: only these arms")
     parser.add_argument("--seeds", nargs="+", type=int, help="EXPERIMENT: only these seeds")
-    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--limit", type=int,
                         help="documents per task (default: all; a limited result pairs only with the same limit)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded with the results as an execution "
@@ -75,7 +75,10 @@ def _targets(args) -> list[Path]:
         return [target]
     experiment = None if target.is_dir() else named_experiment(args.target)
     if experiment is not None:
+        from ablate.status import with_queued_seeds  # the library loads in the handler: see ablate.cli
+
         where = results_folder(args.results)
+        experiment = with_queued_seeds(experiment, where)  # seeds a sequential design added
         folders, skipped = runs_to_evaluate(experiment, where, args.tiers, args.arms, args.seeds)
         name = experiment.name
     else:

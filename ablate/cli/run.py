@@ -11,7 +11,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--arm", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
     parser.add_argument("--data", help="prepared data folder (default: the tier's)")
     parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")

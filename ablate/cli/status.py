@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from ablate.cli.hints import Selection
 from ablate.paths import results_folder
 
 
@@ -17,7 +19,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--tier", nargs="+", dest="tiers", metavar="TIER", help="only these tiers (default: all)")
     parser.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS or ./results)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=_status)
 
@@ -28,8 +30,9 @@ def _runs(args):
     from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
     from ablate.experiment import experiment_file, load_experiment
     from ablate.status import folder_runs
+    from ablate.store import check_results_folder
 
-    results = results_folder(args.results)
+    results = check_results_folder(results_folder(args.results))
     text = str(args.experiment)
     folder = results / text
     try:
@@ -41,7 +44,9 @@ def _runs(args):
                                   "(check --results)") from None
             raise
     else:
-        experiment = load_experiment(file)
+        from ablate.status import with_queued_seeds
+
+        experiment = with_queued_seeds(load_experiment(file), results)
         return experiment.name, experiment.runs(args.tiers, args.arms, args.seeds), False
     specs = folder_runs(results, text, args.tiers, args.arms, args.seeds)
     present = folder_runs(results, text)
@@ -59,33 +64,73 @@ def _status(args) -> int:
     from ablate.status import STATES, status  # the library loads in the handler: see ablate.cli
 
     name, specs, adhoc = _runs(args)
-    rows = status(name, results_folder(args.results), specs)
+    results = results_folder(args.results)
+    rows = status(name, results, specs)
     counts = {state: sum(r["state"] == state for r in rows) for state in STATES}
     if args.json:
         print(json.dumps({"experiment": name, "adhoc": adhoc, "runs": rows, "counts": counts}, indent=2))
         return 0
     print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<13} {'job':<14} {'steps':>13} {'elapsed':>9} {'eta':>9} "
-          f"{'val_loss':>9}")
+          f"{'val_loss':>10}")
     for r in rows:
-        loss = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else "-"
+        loss = "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}" + ("" if r["val_loss_final"] else "~")
         steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
         print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "
-              f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>9}")
+              f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>10}")
         if r["error"]:
             print(f"        {'error' if r['state'] in ('failed', 'diverged') else 'why'}: {r['error']}")
         if r.get("eval"):
             print(f"        eval: {r['eval']}")
     print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
-    again = ("the same `ablate run` command (with its --experiment, --tier, --arm, --seed)" if adhoc else
-             f"`ablate submit {args.experiment}{f' --results {args.results}' if args.results else ''}`")
+    if any(r["val_loss"] is not None and not r["val_loss_final"] for r in rows):
+        print("~ a mid-run val_loss (the run's last evaluation so far), not its final loss")
+    if not (results / name).is_dir():
+        print(f"nothing of {name!r} under the results folder {str(results.resolve())!r} (no {name}/ there); "
+              "another folder? give --results DIR or set $ABLATE_RESULTS")
+    _hints(args, rows, results / name, counts, adhoc)
+    return 0
+
+
+def _hints(args, rows, folder, counts, adhoc) -> None:
+    """What resumes the failed and cancelled runs: the same `ablate run`, or one `ablate submit` per way they
+    were submitted (executor, profile, data folder), narrowed to them."""
+    stopped = [r for r in rows if r["state"] in ("failed", "cancelled")]
+    commands = (["the same `ablate run` command (with its --experiment, --tier, --arm, --seed)"] if adhoc else
+                [f"`{command}`" for command in resume_commands(args, rows, stopped, folder)]) if stopped else []
     if counts["failed"]:
-        print(f"failed runs keep their traceback in RESULTS/{name}/<tier>/<arm>/seed<k>/run.log; "
-              f"{again} {'resumes' if adhoc else 'resubmits'} them")
+        print(f"failed runs keep their traceback in RESULTS/{folder.name}/<tier>/<arm>/seed<k>/run.log; "
+              f"{' or '.join(commands)} {'resumes' if adhoc else 'resubmits'} them")
     if counts["cancelled"]:
-        print(f"cancelled runs resume from their last checkpoint with {again}")
+        print(f"cancelled runs resume from their last checkpoint with {' or '.join(commands)}")
     if counts["unknown"]:
         print("unknown: SLURM could not say (see each run's reason); check `squeue` and `sacct` before submitting")
-    return 0
+
+
+def resume_commands(args, rows, stopped, folder) -> list[str]:
+    """`ablate submit` commands that resume the `stopped` rows as they were submitted: the ledger says each
+    run's executor and its submission's profile and data folder; tiers, arms and seeds are narrowed to the
+    stopped runs where they are fewer than the rows shown."""
+    from ablate.store import read_ledger  # the library loads in the handler: see ablate.cli
+
+    ledger = read_ledger(folder)
+    groups: dict[tuple, list[dict]] = {}
+    for row in stopped:
+        key = f"{row['tier']}/{row['arm']}/seed{row['seed']}"
+        executor = (ledger["runs"].get(key) or {}).get("executor")
+        submission = next((s for s in reversed(ledger["submissions"]) if isinstance(s, dict)
+                           and s.get("executor") == executor and key in s.get("runs", [])), {})
+        groups.setdefault((executor, submission.get("profile"), submission.get("data")), []).append(row)
+    commands = []
+    for (executor, profile, data), group in groups.items():
+        narrowed = {}
+        for field in ("tier", "arm", "seed"):
+            wanted = list(dict.fromkeys(r[field] for r in group))
+            narrowed[field] = wanted if len(wanted) < len({r[field] for r in rows}) else None
+        given = Selection.of(args)
+        commands.append(dataclasses.replace(
+            given, tiers=narrowed["tier"] or given.tiers, arms=narrowed["arm"] or given.arms,
+            seeds=narrowed["seed"] or given.seeds, executor=executor, profile=profile, data=data).submit_command())
+    return commands
 
 
 def _duration(seconds) -> str:
