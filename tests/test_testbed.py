@@ -107,11 +107,11 @@ def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
     text = (REPO / "README.md").read_text()
     recipe = re.search(r"<!-- example: testbed-arm .*?-->\s*```python\n(.*?)```", text, re.S).group(1)
     arm_module = re.search(r"<!-- example: custom-arm.*?-->\s*```python\n(.*?)```", text, re.S).group(1)
-    (tmp_path / "scalar_gate.py").write_text(arm_module.split('if __name__ == "__main__":')[0])
+    (tmp_path / "learned_alibi.py").write_text(arm_module.split('if __name__ == "__main__":')[0])
     fewer = 'EXPERIMENT = dataclasses.replace(EXPERIMENT, seeds=2, overrides={"steps": 20})\n'  # the test's budget
     (tmp_path / "my_testbed.py").write_text(recipe + fewer)
     argv = [str(tmp_path / "my_testbed.py"), "--results", str(tmp_path / "results")]
     assert main(["submit", *argv, "--executor", "local", "--parallel", "1"]) == 0
     capsys.readouterr()
     assert main(["table", *argv, "--metric", "abstain/first_key_absent"]) == 0
-    assert "| synthetic | scalar-gate | 2 |" in capsys.readouterr().out
+    assert "| synthetic | learned-alibi | 2 |" in capsys.readouterr().out
