@@ -16,7 +16,7 @@ from ablate.experiment import RunSpec
 from ablate.identity import WATCH_KEYS
 from ablate.paths import default_data_dir
 from ablate.sizing import model_config
-from ablate.tiers import get_tier
+from ablate.tiers import TASK_CONFIG_KEY, TASKS, get_tier
 
 # Device-dependent options: None in a resolved config means "the device's default", filled in by the run
 # (`with_device_defaults`) before its config.json is written, so the file says what the run did.
@@ -66,7 +66,13 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         config["selection_tokens"] = selection_tokens
     matching = {"match_params": True} if config["match_params"] else {}
     config["model"] = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
-    config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
+    if tier.task is not None:  # a task tier draws its batches from the task: no data folder
+        if data_dir is not None:
+            raise AblateError(f"tier {tier.name!r} trains on the synthetic task {tier.task!r}: it takes no --data")
+        config["data_dir"] = None
+        config[TASK_CONFIG_KEY] = dict(TASKS[tier.task])
+    else:
+        config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
     config["model"]["max_seq_len"] = config["seq_len"]
     config["betas"] = list(config["betas"])
     return config

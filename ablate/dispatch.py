@@ -71,7 +71,7 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
     for spec in specs:
         config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
         key = (spec.tier, config["data_dir"])
-        if key in checked:
+        if key in checked or config["data_dir"] is None:  # None: a task tier, its batches drawn from the task
             continue
         checked.add(key)
         tier = get_tier(spec.tier)

@@ -49,8 +49,6 @@ INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
 EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
 EVAL_ITEMS_DIR = "eval_items"  # RUN_DIR/eval_items/<task>.jsonl: `ablate eval`'s per-item results
 REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
-SYNTHETIC_DIR = "synthetic"  # RESULTS/<experiment>/synthetic/: `ablate synthetic --out`
-SYNTHETIC_FILE = "synthetic.json"
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
 STATUSES = ("completed", "diverged", "failed", "running")
 _UMASK = os.umask(0)
@@ -323,7 +321,7 @@ def verified_weights_sha256(folder: str | os.PathLike) -> str:
     a result of other weights is never read as the run's. Refused in one line otherwise.
 
     The caller holds the run's lock (no `--force` can replace the run meanwhile). A folder without a
-    summary holds weights saved by hand (or by `ablate synthetic`): its model.pt is the run's.
+    summary holds weights saved by hand: its model.pt is the run's.
     """
     folder = Path(folder)
     summary_path = folder / SUMMARY
@@ -392,7 +390,3 @@ def record_ledger(folder: Path, entries: dict, submission: dict | None = None, m
             ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)
 
-
-def synthetic_results_path(experiment_dir: str | os.PathLike) -> Path:
-    """Where `ablate synthetic --out EXPERIMENT_DIR` keeps its results (the report reads them)."""
-    return Path(experiment_dir) / SYNTHETIC_DIR / SYNTHETIC_FILE

@@ -29,7 +29,7 @@ from lightning.fabric import Fabric
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, selection_windows, validation_windows
-from ablate.data.shards import read_manifest
+from ablate.data.shards import check_data_folder
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
@@ -44,6 +44,7 @@ from ablate.sizing import LOSS_CHUNK, loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_lock_path)
+from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
@@ -121,22 +122,17 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
             summary = read_json(folder / SUMMARY)
             log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
             return summary, False
-        check_data_folder(config["data_dir"])
+        if config["data_dir"] is not None:
+            check_data_folder(config["data_dir"])
         folder.mkdir(parents=True, exist_ok=True)
         for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config)
+        if get_tier(config["tier"]).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
+            return train_task_run(folder, config), False
         with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
             return Trainer(folder, config).fit(), False
-
-
-def check_data_folder(data_dir: str) -> None:
-    """A data folder that is not a prepared one is refused before the run folder is touched."""
-    try:
-        read_manifest(data_dir)
-    except AblateError as err:
-        raise AblateError(f"{err}; pass --data a folder made by `ablate data prepare`") from None
 
 
 class Trainer:

@@ -22,7 +22,7 @@ import polars as pl
 
 from ablate.analysis.load import _exclusion_reason
 from ablate.errors import AblateError
-from ablate.identity import config_differences, describe_differences, shared_config
+from ablate.identity import config_differences, describe_differences
 from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config
 from ablate.tiers import tier_rank
 

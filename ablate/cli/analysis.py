@@ -44,7 +44,7 @@ def add_commands(subparsers) -> None:
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
         description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
-        "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
+        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
     report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")

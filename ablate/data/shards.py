@@ -121,3 +121,11 @@ class TokenShards:
 
     def __repr__(self) -> str:
         return f"TokenShards({str(self.data_dir)!r}, split={self.split!r}, tokens={len(self):,})"
+
+
+def check_data_folder(data_dir: str) -> None:
+    """A data folder that is not a prepared one is refused before the run folder is touched."""
+    try:
+        read_manifest(data_dir)
+    except AblateError as err:
+        raise AblateError(f"{err}; pass --data a folder made by `ablate data prepare`") from None
