@@ -32,7 +32,7 @@ from ablate.experiment import Experiment, RunSpec, recorded_sequential
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
-from ablate.sizing import LOSS_CHUNK, micro_batch_for
+from ablate.sizing import run_micro_batch
 from ablate.status import error_line, experiment_dir, status
 from ablate.store import SUBMIT_LOCK, record_ledger
 from ablate.tiers import get_gpu, get_tier
@@ -230,9 +230,8 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
         executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
         executor.update_parameters(**executor_parameters(profile, f"ablate-{experiment.name}-{tier}"))
         tier_job = job
-        if profile.get("gpu") and "micro_batch" not in options:
-            tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
-                tier, profile["gpu"], profile["gpus_per_run"] or 1, tier_specs[0].overrides.get("micro_batch"))})
+        if profile.get("gpu"):
+            tier_job = RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile))
         submitted = map_array(executor, tier_job, tier_specs, profile)
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
@@ -255,8 +254,10 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
         raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
-def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
-    """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
-    the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
-    fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)
-    return int(chosen) if chosen else fit
+def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
+    """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
+    gives for the run's own options (the experiment's overrides, these options on top), as `ablate plan`
+    prints it."""
+    chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}
+    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen,
+                                                      world_size=profile["gpus_per_run"] or 1)}

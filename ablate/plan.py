@@ -16,7 +16,7 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
-from ablate.sizing import _meta_counts, micro_batch_for, model_config
+from ablate.sizing import _meta_counts, model_config, run_micro_batch
 from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
@@ -84,11 +84,13 @@ def _priced(tier: Tier, overrides: dict) -> tuple[Tier, int, dict, bool]:
 
 
 def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | None = None, *,
-              match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None,
+              world_size: int = 1) -> dict:
     """Per-arm cost of one tier (parameters measured on the real model, built on the meta device).
 
     seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
-    this tier ("model" fields, tier fields such as global_batch, max_steps, match_params).
+    this tier ("model" fields, tier fields such as global_batch, max_steps, match_params, loss_chunk).
+    world_size: GPUs per run (a profile's gpus_per_run), for the micro-batch the run gets on speed's GPU.
     """
     speed = speed or Throughput()
     tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
@@ -117,7 +119,8 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,
         "params_non_embedding_baseline": baseline,
         "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
-        "micro_batch_for_gpu": micro_batch_for(tier, get_gpu(speed.gpu).memory_gb),
+        "micro_batch_for_gpu": run_micro_batch(tier, get_gpu(speed.gpu).memory_gb, overrides or {},
+                                               world_size=world_size),
         "runs": rows, "total_runs": len(rows) * seeds,
         "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
         "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
@@ -125,9 +128,10 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
 
 
 def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,
-              match_params: bool | None = None, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, speed: Throughput | None = None, world_size: int = 1) -> dict:
     """The whole grid: an Experiment's (filtered like `submit`: tiers, arms, seed indices), or the given
-    tiers × arms (every registered arm by default) × seed_count (default: each tier's)."""
+    tiers × arms (every registered arm by default) × seed_count (default: each tier's); world_size: GPUs
+    per run (a profile's gpus_per_run)."""
     speed = speed or Throughput()
     plans = []
     if experiment is not None:
@@ -138,13 +142,14 @@ def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count:
             arm_names = list(dict.fromkeys(s.arm for s in tier_specs))
             count = seed_count if seed_count is not None else len({s.seed for s in tier_specs})
             plans.append(plan_rows(tier, arm_names, count, match_params=match,
-                                   overrides=experiment.tier_overrides(tier), speed=speed))
+                                   overrides=experiment.tier_overrides(tier), speed=speed, world_size=world_size))
     else:
         if not tiers:
             raise AblateError("give an experiment or --tier; valid tiers: " + ", ".join(TIERS))
         if seeds is not None:
             raise AblateError("--seeds takes seed indices of an experiment; without one, use --seed-count N")
-        plans = [plan_rows(t, arms, seed_count, match_params=match_params, speed=speed) for t in tiers]
+        plans = [plan_rows(t, arms, seed_count, match_params=match_params, speed=speed, world_size=world_size)
+                 for t in tiers]
     return {
         "experiment": experiment.name if experiment is not None else None, "assumption": speed.describe(),
         "gpu": speed.gpu, "mfu": speed.mfu, "mfu_source": speed.mfu_source,

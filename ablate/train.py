@@ -38,7 +38,7 @@ from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopReq
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
-from ablate.sizing import LOSS_CHUNK, loss_chunk_for
+from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_dir, run_lock_path)
@@ -258,9 +258,12 @@ class Trainer:
             wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
+        # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
+        # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
+        run.loss_chunk = loss_chunk_for(config["loss_chunk"], fabric.device)
         evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
                            world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"),
-                           loss_chunk=loss_chunk_for(config["loss_chunk"], fabric.device))  # as the steps'
+                           loss_chunk=run.loss_chunk)
         run.t_resume = time.time()
         self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
@@ -284,10 +287,7 @@ class Trainer:
         asked)."""
         config, fabric, total_steps = self.config, self.fabric, self.config["steps"]
         device, rank, world = fabric.device, fabric.global_rank, fabric.world_size
-        # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
-        # on a GPU the loss is computed LOSS_CHUNK tokens at a time unless the run says otherwise (0: never).
-        loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (0 if on_cpu else LOSS_CHUNK)
-        model, optimizer = run.forward_model, run.optimizer
+        loss_chunk, model, optimizer = run.loss_chunk, run.forward_model, run.optimizer
         step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets, loss_chunk=loss_chunk).loss,
                     clip=lambda: fabric.clip_gradients(model, optimizer, max_norm=config["grad_clip"],
                                                        error_if_nonfinite=False),

@@ -180,12 +180,16 @@ def test_pending_array_rows_of_sacct_are_expanded():
 
 
 def test_the_micro_batch_follows_the_profiles_gpu():
-    from ablate.dispatch import gpu_micro_batch
+    from ablate.dispatch import gpu_run_options
+    from ablate.experiment import RunSpec
     from ablate.tiers import get_tier
 
-    small, large = gpu_micro_batch("124M", "a100", 1), gpu_micro_batch("124M", "h200", 1)
+    spec = RunSpec("e", "124M", "baseline", 0, {})
+    small = gpu_run_options({}, spec, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"]
+    large = gpu_run_options({}, spec, {"gpu": "h200", "gpus_per_run": 1})["micro_batch"]
     assert small < large and get_tier("124M").global_batch % small == 0
-    assert gpu_micro_batch("10M", "a100", 1, chosen=8) == 8  # an experiment's own choice wins
+    chosen = RunSpec("e", "10M", "baseline", 0, {"micro_batch": 8})  # an experiment's own choice wins
+    assert gpu_run_options({}, chosen, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"] == 8
 
 
 def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_error(tmp_path, sample_data):

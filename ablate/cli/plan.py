@@ -130,9 +130,10 @@ def _plan(args) -> int:
     from ablate.plan import plan_grid, throughput
     from ablate.profiles import load_profile
 
-    gpu = args.gpu
-    if args.profile and not gpu:
-        gpu = load_profile(args.profile).get("gpu") or None
+    gpu, world_size = args.gpu, 1
+    if args.profile:
+        profile = load_profile(args.profile)
+        gpu, world_size = gpu or profile.get("gpu") or None, profile.get("gpus_per_run") or 1
     experiment = load_experiment(args.experiment) if args.experiment else None
     if args.power or args.sequential:
         from ablate.errors import AblateError
@@ -143,7 +144,7 @@ def _plan(args) -> int:
         args.gpu = gpu
         return _power(args, experiment) if args.power else _sequential(args, experiment)
     plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
-                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check))
+                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check), world_size=world_size)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
