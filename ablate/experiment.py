@@ -64,7 +64,8 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Experiment:
-    """`arms="all"` means every registered arm at the time the grid is expanded.
+    """`arms="all"` means every registered arm at the time the grid is expanded, but the registered examples
+    outside the study (`Arm.example`: qk-norm, temperature, alibi; `ablate.arms.study_arms`).
 
     seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
     overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
@@ -139,9 +140,9 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import list_arms  # the arm registry loads torch; status and tables read experiments without it
+        from ablate.arms import study_arms  # the arm registry loads torch; status and tables read experiments without it
 
-        return list(list_arms()) if self.arms == "all" else list(dict.fromkeys(self.arms))
+        return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
 
     def tier_overrides(self, tier: str) -> dict:
         if self.overrides and all(key in self.tiers for key in self.overrides):

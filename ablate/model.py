@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm, reference_attention
-from ablate.arms.kernel import key_signals
+from ablate.arms.kernel import key_signals, score_bias
 from ablate.losses import chunked_cross_entropy
 
 INIT_STD = 0.02  # GPT-2
@@ -80,7 +80,7 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class LayerCache:
     """Per-layer decoding state. Value-slot arms store the *gated* reads: gates depend on the read alone."""
 
-    keys: torch.Tensor | None = None  # (B, Hkv, T, d), RoPE applied
+    keys: torch.Tensor | None = None  # (B, Hkv, T, d), after the query-key slot and RoPE
     values: torch.Tensor | None = None  # (B, Hkv, T, d), after the value gate
     log_gate: torch.Tensor | None = None  # (B, Hkv, T), routing slot
 
@@ -120,6 +120,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, d)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.arm.has_slot("query-key"):  # before RoPE, where OLMo 2 puts its QK-norm; per position, so cacheable
+            q, k = self.arm.query_key(q, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.read_hook is not None:
             v = self.read_hook(v, self)
@@ -130,7 +132,8 @@ class CausalSelfAttention(nn.Module):
             values, value_gate, log_gate = key_signals(self.arm, v, x)
             cache.append(k, values, log_gate)
             sink = self.arm.sink_logit() if self.arm.has_slot("denominator") else None
-            y, rec = reference_attention(q, cache.keys, cache.values, sink, cache.log_gate, offset=offset)
+            bias = score_bias(self.arm, T, cache.keys.shape[2], offset, q.device)
+            y, rec = reference_attention(q, cache.keys, cache.values, sink, cache.log_gate, offset=offset, bias=bias)
             if self.arm.has_slot("output"):
                 y = y * self.arm.output_gate(y, x)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)

@@ -238,9 +238,38 @@ def _unused_pilot_notes(rows: list[dict], pilots: dict | None) -> list[str]:
             "so every sd is --sd's"]
 
 
-def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05) -> dict:
-    """`plan --sequential`: the group-sequential design every declared comparison follows (`ablate.power`)."""
-    from ablate.power import sequential_design  # kept with the power planning it belongs to
+def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05, *, effect: float | None = None,
+                    sd: float | None = None, tiers=None, speed: Throughput | None = None) -> dict:
+    """`plan --sequential`: the group-sequential design every declared comparison follows (`ablate.power`), its
+    GPU-hours per tier (at the first look and at the most, at the grid's per-seed cost), the command that
+    starts it, and with `effect` and `sd` its power and expected seeds under that effect (by simulation,
+    `ablate.power.sequential_operating`) beside the fixed design's power at the experiment's seed counts."""
+    from ablate.power import power, sequential_design, sequential_operating  # kept with the power planning
 
     _declared(experiment)
-    return {"sequential": sequential_design(alpha, experiment.family_size(), looks, max_seeds)}
+    if (effect is None) != (sd is None):
+        raise AblateError("--sequential with --effect needs --sd too (and --sd needs --effect): both give the "
+                          "effect the design's power and expected seeds are simulated under")
+    design = sequential_design(alpha, experiment.family_size(), looks, max_seeds)
+    chosen = list(dict.fromkeys(tiers or experiment.tiers))
+    experiment.runs(chosen, seeds=[])  # unknown tiers: an error naming the valid ones
+    grid = plan_grid(experiment, tiers=chosen, seed_count=1, speed=speed or Throughput())
+    per_seed = {t["tier"]: t["total_gpu_hours"] for t in grid["tiers"]}
+    operating = sequential_operating(design, effect / sd) if effect is not None else None
+    if effect is not None and not (effect > 0 and sd > 0):
+        raise AblateError(f"--effect {effect!r} and --sd {sd!r} must both be positive numbers")
+    rows = []
+    for tier in chosen:
+        fixed = experiment.seed_count(tier)
+        row = {"tier": tier, "gpu_hours_per_seed": per_seed[tier],
+               "gpu_hours_first_look": design["looks"][0]["seeds"] * per_seed[tier],
+               "gpu_hours_max": max_seeds * per_seed[tier], "fixed_seeds": fixed, "fixed_gpu_hours": fixed * per_seed[tier]}
+        if operating is not None:
+            row.update(power=operating["power"], expected_seeds=operating["expected_seeds"],
+                       expected_gpu_hours=operating["expected_seeds"] * per_seed[tier],
+                       fixed_power=float(power(effect / sd, fixed, design["alpha_per_comparison"])) if fixed >= 2 else None)
+        rows.append(row)
+    return {"sequential": design, "tiers": rows, "operating": operating, "gpu_hours_basis": POWER_BASIS,
+            "assumption": grid["assumption"],
+            "next": f"ablate submit {experiment.name} --sequential --looks {looks} --max-seeds {max_seeds}"
+                    + (f" --alpha {alpha:g}" if alpha != 0.05 else "")}

@@ -1,6 +1,6 @@
 """How many seeds: power planning for declared comparisons, and group-sequential seeds that stop early.
 
-Torch-free (numpy, scipy.special; statsmodels only inside `seeds_needed`). Inputs are plain numbers,
+Torch-free (numpy, scipy.special). Inputs are plain numbers,
 mappings and sequences, outputs are dicts with the fields `ablate plan --power/--sequential --json`
 prints, so the command line, the ledger and the tables only pass values through.
 
@@ -18,13 +18,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import chdtri, nctdtr, ndtr, ndtri, stdtrit
+from scipy.special import chdtri, gammaln, nctdtr, ndtr, ndtri, stdtrit
 
 from ablate.errors import AblateError
 
 log = logging.getLogger(__name__)
 
 SPENDING = "obrien-fleming"
+# A pilot sd at or below this many nats is float rounding of losses of a few nats (3.9 − 3.8 and 4.3 − 4.2
+# differ by ~1e-16), not seed noise; the tables' RESOLUTION (1e-9 of the loss) says the same.
+ROUNDING_SD = 1e-9
+MAX_LOOKS = 20  # more looks than this spend almost nothing at the early ones and only cost calibration time
+MAX_SEQUENTIAL_SEEDS = 1000  # a sequential design's last look; beyond it the study runs for months
 SD_LEVEL = 0.8  # the upper confidence limit a pilot's sd is planned with
 SMALL_PILOT = 3  # a pilot of this many seeds or fewer gets a warning
 CALIBRATION_SEED = 20240521  # the numpy Generator seed the sequential boundaries are calibrated with
@@ -63,59 +68,91 @@ def _check_count(name: str, value: int, least: int) -> int:
 # ---------------------------------------------------------------- power
 
 
-def _power(d: float, n: int, alpha: float) -> float:
-    """statsmodels' two-sided power; where it is nan (its lower tail, P(T < −t_crit), fails for a large
-    noncentrality at 1 df) the same sum with the lower tail taken by symmetry as P(T' > t_crit), T' ~ nct(−δ)."""
-    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
+QUADRATURE_POINTS = 20_001  # Simpson points of the power integral where the closed form fails
+MAX_SEEDS = 100_000  # the most seeds a plan may ask for; a larger answer means the effect is lost in the noise
 
-    power = float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided"))
-    if math.isnan(power):
-        critical, delta = stdtrit(n - 1, 1 - alpha / 2), d * math.sqrt(n)
-        power = float(2 - nctdtr(n - 1, delta, critical) - nctdtr(n - 1, -delta, critical))
-    return power
+
+def power(d, n, alpha: float):
+    """Two-sided power of the paired t at level `alpha` with n seeds and standardised effect d = effect/sd:
+    P(|T| ≥ t_crit), T noncentral t with n − 1 degrees of freedom and noncentrality d·√n (scipy's
+    `nctdtr`, vectorised over d and n). Where the library returns nan (it has, in some versions, for a
+    large noncentrality at 1 or 2 df), that point is integrated over the sample sd instead
+    (`_power_by_quadrature`); a power that is still not a number raises: nan is never enough power."""
+    d, n = np.broadcast_arrays(np.asarray(d, dtype=float), np.asarray(n, dtype=float))
+    df = n - 1
+    critical = stdtrit(df, 1 - alpha / 2)
+    noncentrality = d * np.sqrt(n)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        upper = 1 - nctdtr(df, noncentrality, critical)
+        lower = nctdtr(df, noncentrality, -critical)
+        # The lower tail P(T ≤ −c) is at most Φ(−λ) (T < 0 needs Z + λ < 0); where the library fails on it
+        # and that bound is below 1e-12, it cannot move a power near the target, and 0 is taken.
+        lower = np.where(np.isnan(lower) & (ndtr(-np.abs(noncentrality)) < 1e-12), 0.0, lower)
+        result = upper + lower
+    scalar = np.ndim(result) == 0
+    result, noncentrality, df, critical = (np.atleast_1d(np.asarray(a, dtype=float)).copy()
+                                           for a in (result, noncentrality, df, critical))
+    bad = ~np.isfinite(result)
+    if bad.any():
+        result[bad] = _power_by_quadrature(noncentrality[bad], df[bad], critical[bad])
+    result = np.clip(result, 0.0, 1.0)
+    return float(result[0]) if scalar else result
+
+
+def _power_by_quadrature(noncentrality: np.ndarray, df: np.ndarray, critical: np.ndarray) -> np.ndarray:
+    """P(|Z + λ| ≥ c·S), S = √(χ²_df/df): the same power as an integral over the density of S
+    (Simpson's rule on QUADRATURE_POINTS points up to 1 + 40/√df, where the density is < 1e-300)."""
+    from scipy.integrate import simpson  # only for the rare points the closed form cannot give
+
+    s = np.linspace(0.0, 1 + 40 / np.sqrt(df.min()), QUADRATURE_POINTS)[None, :]
+    k = df[:, None]
+    with np.errstate(divide="ignore", under="ignore"):  # log 0 at s = 0: its density is 0 (or finite for df 1)
+        log_density = ((k / 2) * np.log(k / 2) - gammaln(k / 2) + np.log(2.0) + (k - 1) * np.log(s) - k * s * s / 2)
+    tails = ndtr(noncentrality[:, None] - critical[:, None] * s) + ndtr(-noncentrality[:, None] - critical[:, None] * s)
+    value = simpson(tails * np.exp(log_density), x=s[0], axis=1)
+    if not np.all(np.isfinite(value)):
+        raise AblateError(f"the power at noncentrality {noncentrality.tolist()} is not a number; nan is never taken "
+                          "as enough power: report this")
+    return value
 
 
 def seeds_needed(effect: float, sd: float, alpha: float = 0.05, family_size: int = 1, target_power: float = 0.8) -> int:
     """Seeds a two-sided paired t-test needs to detect a true mean difference `effect` at α/m.
 
-    The smallest whole n ≥ 2 whose power — the noncentral t with n − 1 degrees of freedom and
-    noncentrality (effect/sd)·√n, as statsmodels' `TTestPower` computes it — reaches `target_power`.
-    `TTestPower().solve_power` gives the real-valued n; it is rounded up and then checked on whole
-    numbers, because the solver can fail (return nan) when two or three seeds would do.
+    The smallest whole n ≥ 2 whose power (`power`: the noncentral t with n − 1 degrees of freedom and
+    noncentrality (effect/sd)·√n) reaches `target_power`, found by doubling then bisection on whole
+    numbers (power rises with n). An answer above MAX_SEEDS (effect/sd ≲ 0.01) is refused: the effect
+    is lost in the noise at any budget.
     """
     effect = _check_positive("effect", effect, "give the smallest mean difference worth detecting, in nats (e.g. --effect 0.002)")
     sd = _check_positive("sd", sd, "give the seed-to-seed sd of the paired differences, in nats (e.g. --sd 0.002), or a pilot")
     alpha = _check_unit("alpha", alpha)
     family_size = _check_count("family size", family_size, 1)
     target_power = _check_unit("target power", target_power)
-    d, level = effect / sd, alpha / family_size
-    if _power(d, 2, level) >= target_power:
-        return 2
-    import warnings  # only the solver's warnings are silenced, here
-
-    import statsmodels.tools.sm_exceptions  # noqa: F401  its import adds an "always" filter; done before ours
-    from statsmodels.stats.power import TTestPower  # statsmodels loads only when power is planned
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a failed solve returns nan; the search below takes over
-        guess = TTestPower().solve_power(effect_size=d, alpha=level, power=target_power, alternative="two-sided")
-    n = max(2, math.ceil(guess)) if guess is not None and math.isfinite(guess) else _search(d, level, target_power)
-    while n > 2 and _power(d, n - 1, level) >= target_power:
-        n -= 1
-    while _power(d, n, level) < target_power:
-        n += 1
-    return n
+    return int(smallest_seeds(effect / sd, alpha / family_size, target_power))
 
 
-def _search(d: float, level: float, target_power: float) -> int:
-    """The smallest n with enough power by doubling then bisection (power rises with n)."""
-    low, high = 2, 4
-    while _power(d, high, level) < target_power:
-        low, high = high, high * 2
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if _power(d, mid, level) < target_power else (low, mid)
-    return high
+def smallest_seeds(d, level: float, target_power: float):
+    """The smallest whole n ≥ 2 with power(d, n, level) ≥ target_power, vectorised over d (power rises with
+    n): doubling then bisection on the points still open. Refuses an answer above MAX_SEEDS."""
+    d = np.atleast_1d(np.asarray(d, dtype=float))
+    worst = float(d.min())  # power rises with d: the smallest d is the one that may need too many seeds
+    if power(worst, MAX_SEEDS, level) < target_power:
+        raise AblateError(f"effect/sd = {worst:.3g} needs more than {MAX_SEEDS:,} seeds for power {target_power:g} at "
+                          f"alpha {level:.3g} (the effect is lost in the noise): give a larger --effect or a smaller --sd")
+    # The normal approximation's n is within a seed or two of the answer; walk down, then up, from it.
+    guess = np.ceil(((ndtri(1 - level / 2) + ndtri(target_power)) / d) ** 2)
+    high = np.clip(guess, 2, MAX_SEEDS).astype(np.int64)
+    down = high > 2
+    while down.any():
+        down[down] = power(d[down], high[down] - 1, level) >= target_power
+        high[down] -= 1
+        down &= high > 2
+    up = power(d, high, level) < target_power
+    while up.any():
+        high[up] += 1
+        up[up] = power(d[up], high[up], level) < target_power
+    return high if high.size > 1 else int(high[0])
 
 
 def pilot_sd(differences: Sequence[float]) -> float:
@@ -191,8 +228,10 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
                 raise AblateError(f"no sd for comparison {name!r} at tier {tier!r}: the pilot lacks it; pass --sd or a pilot that ran it")
             if pilot and pilot_warning(pilot.n0):
                 log.warning("%s at tier %s: %s", name, tier, pilot_warning(pilot.n0))
-            if pilot and pilot.sd == 0:
-                raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} are all equal (sd 0); pass --sd")
+            if pilot and pilot.sd <= ROUNDING_SD:
+                raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} spread by "
+                                  f"{pilot.sd:.2g} nats, float rounding (≤ {ROUNDING_SD:g}), not seed noise: they are all "
+                                  "equal; pass --sd")
             seeds = seeds_needed(effect, spread, alpha, m, target_power)
             conservative = seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power) if pilot else None
             rows.append({"tier": tier, "comparison": name, "sd": spread, "effect": effect, "alpha": alpha,
@@ -208,6 +247,12 @@ def look_seeds(looks: int, max_seeds: int) -> list[int]:
     """Seed counts of `looks` evenly spaced looks ending at `max_seeds` (k·N/K rounded half up), each ≥ 2."""
     looks = _check_count("--looks", looks, 1)
     max_seeds = _check_count("--max-seeds", max_seeds, 2)
+    if looks > MAX_LOOKS:
+        raise AblateError(f"--looks {looks} is more than the {MAX_LOOKS} looks a sequential design may take; "
+                          f"use --looks 1 to {MAX_LOOKS}")
+    if max_seeds > MAX_SEQUENTIAL_SEEDS:
+        raise AblateError(f"--max-seeds {max_seeds} is more than the {MAX_SEQUENTIAL_SEEDS} seeds a sequential design "
+                          f"may plan; use --max-seeds 2 to {MAX_SEQUENTIAL_SEEDS}")
     counts = [math.floor(k * max_seeds / looks + 0.5) for k in range(1, looks + 1)]
     if counts[0] < 2:
         raise AblateError(f"--looks {looks} with --max-seeds {max_seeds} puts {counts[0]} seed(s) at the first look, "
@@ -345,3 +390,34 @@ def _signed_t(sample: np.ndarray) -> float:
     if sd == 0:
         return 0.0 if mean == 0 else math.copysign(math.inf, mean)
     return mean * math.sqrt(sample.size) / sd
+
+
+OPERATING_PATHS = 20_000  # simulated studies behind a sequential design's power and expected seeds
+OPERATING_SEED = 20261201
+
+
+def sequential_operating(design: Mapping, d: float, paths: int = OPERATING_PATHS, seed: int = OPERATING_SEED) -> dict:
+    """A sequential design's power and expected seeds when the true standardised effect is d = effect/sd.
+
+    `paths` studies of N normal differences (mean d, sd 1; numpy Generator `seed`, all paths at once) run
+    the design's looks: a study stops at the first look whose |t| reaches its boundary, and it found the
+    effect when that t has the sign of d. Power is the fraction that found it; expected seeds the mean
+    seed count at which studies stopped (N for those that never did). The t statistic is pivotal, so
+    d alone decides both. Monte-Carlo error: ±√(p(1−p)/paths), under 0.004 at 20,000 paths.
+    """
+    d = _check_positive("effect/sd", d, "give --effect and --sd")
+    counts = [int(look["seeds"]) for look in design["looks"]]
+    bounds = [float(look["t_boundary"]) for look in design["looks"]]
+    rng = np.random.Generator(np.random.PCG64(seed))
+    values = rng.standard_normal((paths, counts[-1])) + d
+    total, squares = np.cumsum(values, axis=1), np.cumsum(values * values, axis=1)
+    stopped, found, seeds = np.zeros(paths, dtype=bool), np.zeros(paths, dtype=bool), np.full(paths, counts[-1])
+    for n, boundary in zip(counts, bounds):
+        mean = total[:, n - 1] / n
+        t = np.sign(mean) * t_statistics(total[:, n - 1], squares[:, n - 1], n)
+        crossing = ~stopped & (np.abs(t) >= boundary)
+        found |= crossing & (t > 0)
+        seeds[crossing] = n
+        stopped |= crossing
+    return {"effect_over_sd": d, "power": float(found.mean()), "expected_seeds": float(seeds.mean()),
+            "paths": paths, "seed": seed}

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import phase_memory  # noqa: E402  (benchmarks/phase_memory.py)
 
-from ablate.arms import list_arms  # noqa: E402
+from ablate.arms import study_arms  # noqa: E402
 from ablate.model import GPT  # noqa: E402
 from ablate.errors import AblateError  # noqa: E402
 from ablate.plan import training_flops  # noqa: E402
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Prove the GPU path; writes gpu_check.json and prints a table.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     parser.add_argument("--tiny", action="store_true", help="the smoke shape (CPU tests) instead of 124M")
-    parser.add_argument("--arms", nargs="+", help="arms to check (default: every registered arm)")
+    parser.add_argument("--arms", nargs="+", help="arms to check (default: the study's, every registered arm but the examples)")
     parser.add_argument("--steps", type=int, default=30, help="steps of the eager/compiled run (default 30)")
     parser.add_argument("--timed", type=int, default=10, help="timed steps per arm (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm before timing (default 3)")
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
               else shp["vocab_size"], "micro_batch": shp["batch"], "seq_len": get_tier(tier).seq_len, "arms": {}}
     if device.type == "cuda" and key is None:
         report["note"] = f"{name} is not in ablate.tiers.GPUS: no peak, so no MFU"
-    for arm in args.arms or list_arms():
+    for arm in args.arms or study_arms():  # the study's arms; examples (alibi, …) with --arms
         model = build(arm, shp, device)
         row = {"accuracy": accuracy(arm, shp, data, device), "backend": backend(model, data, device),
                "speed": speed(model, data, device, args.warmup, args.timed, peak)}

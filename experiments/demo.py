@@ -1,4 +1,5 @@
-"""The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`).
+"""The demo: every registered arm × 2 seeds on the smoke tier, on the shipped sample (`make demo`);
+"all" leaves out the registered examples outside the study (qk-norm, temperature, alibi).
 
 The smoke tier is a pipeline check: it shows the machinery working, not an effect (docs/method.md).
 The demo stops each run after 50 of the smoke tier's 100 steps (the schedule shortened to them), so

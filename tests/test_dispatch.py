@@ -63,9 +63,11 @@ def test_experiment_files_define_the_grids():
     gated = load_experiment("experiments/gated_attention.py")
     assert set(gated.arm_names()) == {"baseline", "g1-elementwise", "g1-headwise", "g2-value"}
     demo = load_experiment("demo")
-    from ablate.arms import list_arms
+    from ablate.arms import study_arms
+    from ablate.arms.names import BUILTIN_ARMS
 
-    assert demo.arm_names() == list_arms() and demo.seed_count("smoke") == 2
+    # "all": every registered arm but the examples outside the study (qk-norm, temperature, alibi)
+    assert demo.arm_names() == study_arms() == list(BUILTIN_ARMS) and demo.seed_count("smoke") == 2
 
 
 def test_bad_input_is_refused_before_anything_is_queued(tmp_path):

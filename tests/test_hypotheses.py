@@ -121,7 +121,7 @@ def test_an_exploratory_row_is_never_supported_and_the_report_states_the_family(
     lines = supported_lines(summary)
     assert lines and not any("off-by-one" in line or "overlap" in line for line in lines)
     assert all(any(name in line or "vs baseline" in line for name, _, _ in STUDY) for line in lines)
-    assert "## Declared comparisons" in summary and "m = 3 per tier" in summary
+    assert "## Declared comparisons" in summary and "Holm's m per tier = 10M: 3, 50M: 3, 124M: 3, 350M: 0" in summary
     assert "Every other row is exploratory" in summary
     assert (folder / "report" / "declared.md").is_file()
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ablate.analysis.items import items_table, render_items, two_way_bootstrap
+from ablate.analysis.items import crossed_interval, items_table, render_items
 from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
 from ablate.cli import main
@@ -108,33 +108,30 @@ def test_the_by_item_row_equals_an_independent_computation_from_the_item_files(s
     assert row["n"] == 3 and row["items"] == expected["items"] == ITEMS
     for key in ("mean", "sd", "se", "ci_low", "ci_high", "p"):
         assert row[key] == pytest.approx(expected[key], rel=1e-9, abs=1e-12), key
-    assert row["interval_over"] == "seeds" and row["marks"] is None
-    assert row["boot_low"] < row["mean"] < row["boot_high"]
+    assert row["interval_over"] == "seeds" and row["marks"] == "exploratory" and row["p_holm"] is None
+    assert row["re_low"] < row["mean"] < row["re_high"] and row["re_df"] >= 2
 
 
-def test_the_bootstrap_resamples_seeds_and_items_with_a_fixed_generator(store):
-    first, _ = row_of(store)
-    again, _ = row_of(store)
-    assert (first["boot_low"], first["boot_high"]) == (again["boot_low"], again["boot_high"])
-    by_seed = {0: {0: 1.0, 1: 3.0}, 1: {0: 1.0, 1: 3.0}}  # equal seeds: only the items spread
-    low, high = two_way_bootstrap(by_seed, [0, 1], iterations=4000)
-    assert low == pytest.approx(1.0) and high == pytest.approx(3.0)
-    by_seed = {0: {0: 1.0, 1: 1.0}, 1: {0: 5.0, 1: 5.0}}  # equal items: only the seeds spread
-    low, high = two_way_bootstrap(by_seed, [0, 1], iterations=4000)
-    assert low == pytest.approx(1.0) and high == pytest.approx(5.0)
+def test_the_crossed_interval_counts_the_items_and_the_seeds():
+    by_seed = {0: {0: 1.0, 1: 3.0}, 1: {0: 1.0, 1: 3.0}}  # equal seeds: only the items spread (MS_I = 4, 1 df)
+    row = crossed_interval(by_seed, [0, 1])
+    assert row["re_df"] == pytest.approx(1.0) and row["re_high"] - 2.0 == pytest.approx(12.7062047, rel=1e-6)
+    by_seed = {0: {0: 1.0, 1: 1.0}, 1: {0: 5.0, 1: 5.0}}  # equal items: the seed-level t interval (1 df)
+    row = crossed_interval(by_seed, [0, 1])
+    assert row["re_df"] == pytest.approx(1.0) and row["re_high"] - 3.0 == pytest.approx(12.7062047 * 2.0, rel=1e-6)
 
 
 def test_json_rows_carry_the_statistics_and_positive_means_the_arm_is_better(store, capsys):
     assert main(["table", str(store), "--metric", "hellaswag/gold_logprob", "--by-item", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     row = out["rows"][0]
-    for key in ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "boot_low", "boot_high", "p"):
+    for key in ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "re_low", "re_high", "re_df", "p"):
         assert key in row, key
     assert row["arm"] == "sink-logit" and row["mean"] > 0  # the arm's gold log-likelihoods are 0.4 higher
     assert any("positive means the arm is better" in w for w in out["warnings"])
     assert main(["table", str(store), "--metric", "hellaswag/acc_norm", "--by-item"]) == 0
     text = capsys.readouterr().out
-    assert "| 10M | sink-logit | 3 | 40 |" in text and "bootstrap 95%" in text
+    assert "| 10M | sink-logit | 3 | 40 |" in text and "crossed 95%" in text
 
 
 def test_a_differing_hash_is_refused_naming_the_task_and_the_item(store, capsys):
@@ -162,7 +159,7 @@ def test_one_seed_gives_the_item_level_interval_marked_as_item_variance_only(tmp
     assert row["sd"] == pytest.approx(deltas.std(ddof=1), rel=1e-12)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx(interval, rel=1e-9)
     assert row["p"] == pytest.approx(result.pvalue, rel=1e-9)
-    assert row["marks"] == "items-only"
+    assert row["marks"] == "exploratory,items-only"
     text = render_items(table, "md")
     assert "(1 seed: over items)" in text and "they cover the variance over items, not over training seeds" in text
 

@@ -35,7 +35,7 @@ def test_custom_arm_example_runs_as_written(tmp_path, sample_data):
     assert result.returncode == 0, result.stderr[-3000:]
     status, val_loss, extra = result.stdout.split()[-3:]
     assert status == "completed" and float(val_loss) < 10.8 and int(extra) == 2 * 2  # 2 layers × 2 heads
-    assert (tmp_path / "results" / "adhoc" / "smoke" / "scalar-gate" / "seed0" / "summary.json").is_file()
+    assert (tmp_path / "results" / "adhoc" / "smoke" / "learned-alibi" / "seed0" / "summary.json").is_file()
 
 
 def readme_block(name: str) -> str:

@@ -4,7 +4,8 @@ runs, with p adjusted over the experiment's declared comparisons when it declare
 
 from __future__ import annotations
 
-from ablate.analysis.hypotheses import DECLARED, adjust_over_family, declared_table
+from ablate.analysis.hypotheses import (DECLARED, adjust_over_family, count_diverged, declared_table,
+                                       exploratory_metric_table)
 from ablate.analysis.runs import Runs
 from ablate.analysis.scale import SCALE, ScaleTable, scale_table
 from ablate.analysis.tables import KINDS, Table, _fixed_arms, increments_table, overlap_table, paired_table
@@ -25,7 +26,10 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
             raise AblateError("--reference applies to --kind paired only; the scale table fits every increment, "
                               "declared comparison and gap")
         return scale_table(runs, declared)
+    if runs.metric is not None:  # a downstream metric: the declared family is on the loss (`exploratory_metric_table`)
+        declared = None
     family = declared_table(runs, declared) if declared is not None and declared.comparisons else None
+    family = count_diverged(family, runs) if family is not None else None
     if kind == DECLARED:
         if family is None:
             raise AblateError(f"{runs.name!r} has no declared comparisons: give an experiment whose file declares "
@@ -39,4 +43,7 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
         )
     else:
         table = increments_table(runs) if kind == "increments" else overlap_table(runs)
+    table = count_diverged(table, runs)
+    if runs.metric is not None:
+        return exploratory_metric_table(table)
     return adjust_over_family(table, family) if family is not None else table

@@ -24,7 +24,7 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, Table, _skip_note, _table, add_mark,
+from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision
@@ -59,12 +59,27 @@ class Declared:
         """(minuend, subtrahend) → the comparison's name."""
         return {(a, b): name for name, a, b in self.comparisons}
 
-    def describe(self, tiers: int | None = None) -> str:
+    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA) -> str:
+        """The family, the m Holm used in each group (the rows with a p: `holm` counts no other), and the
+        study-wide chance of any false "supported" the design allows."""
         names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
+        groups = family_groups(frame, self.family)
+        sizes: dict[str, int] = {}
+        for group, p in zip(groups, frame["p"].to_list()):
+            sizes[group] = sizes.get(group, 0) + (p is not None)
+        untested = frame.height - sum(sizes.values())
+        left = f"; {untested} row(s) without a p (one seed or no spread) are not counted" if untested else ""
+        evidence = [g for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g) and sizes[g]]
         if self.family == "tier":
-            return f"each tier's declared comparisons: {names}; m = {len(self.comparisons)} per tier"
-        size = f"; m = {len(self.comparisons) * tiers}" if tiers else ""
-        return f"the experiment's declared comparisons at every tier together: {names}{size}"
+            per = ", ".join(f"{g}: {sizes[g]}" for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g))
+            k = len(evidence)
+            study = (f"study-wide chance of any false supported: ≤ {min(1.0, k * alpha):.2f} ({k} tier families at "
+                     f"{alpha:g} each; {1 - (1 - alpha) ** k:.2f} if they were independent); declare "
+                     f'family="experiment" to hold it to {alpha:g}') if k > 1 else f"study-wide error ≤ {alpha:g}"
+            return f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}"
+        m = sum(sizes[g] for g in evidence)
+        return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {m}{left} "
+                f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -100,13 +115,20 @@ def declared_table(runs: Runs, declared: Declared) -> Table:
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
-    return dataclasses.replace(table, family=declared.describe(len(runs.tiers)))
+    return dataclasses.replace(table, family=declared.describe(frame))
+
+
+PIPELINE_GROUP = "pipeline-check"
+
+
+def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
+    """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
+    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all") for t in frame["tier"].to_list()]
 
 
 def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
-    """Holm of p within each family: a tier, or every tier that can carry evidence together."""
-    groups = [t if family == "tier" else ("pipeline-check" if is_pipeline_check(t) else "all")
-              for t in frame["tier"].to_list()]
+    """Holm of p within each family (`family_groups`)."""
+    groups = family_groups(frame, family)
     out: list[float | None] = [None] * frame.height
     p = frame["p"].to_list()
     for group in dict.fromkeys(groups):
@@ -155,6 +177,51 @@ def adjust_over_family(table: Table, family: Table) -> Table:
     return dataclasses.replace(table, frame=frame, family=family.family)
 
 
+METRIC_NOTE = ("the declared comparisons are on the validation loss, so no row of a downstream metric's table is in a "
+               "family: every row is exploratory (unadjusted p, p_holm empty) and none is called supported")
+
+
+def exploratory_metric_table(table: Table) -> Table:
+    """A downstream metric's table: no family (declarations are on the loss), so every row exploratory."""
+    columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
+    frame = table.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("p_holm"))
+    frame = add_mark(frame, pl.lit(True), EXPLORATORY).select(*columns, "p_holm", "marks")
+    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
+
+
+DIVERGED = "diverged"
+MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the row's statistics "
+                                "are over the seeds where both arms finished, and a diverged seed is an outcome of its "
+                                "arm (the note says how many and what dropping them does); a comparison whose better "
+                                "arm diverged is never called supported")
+
+
+def count_diverged(table: Table, runs: Runs) -> Table:
+    """Per row the seeds where one of its two arms diverged (column `diverged`, mark and note): dropping them
+    must not pass unseen, since it removes the unstable arm's worst seeds from its mean."""
+    gone = runs.frame.filter(pl.col("status") == "diverged")
+    if table.kind not in ("paired", "increments", DECLARED) or gone.is_empty():
+        return table
+    counts, arms_gone, notes = [], [], []
+    for row in table.frame.iter_rows(named=True):
+        pair = row_pair(table, row)
+        hit = gone.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair or ())))
+        seeds = sorted(set(hit["seed"].to_list()))
+        counts.append(len(seeds))
+        arms_gone.append(",".join(sorted(set(hit["arm"].to_list()))) or None)
+        if seeds:
+            total = runs.frame.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
+            who = ", ".join(f"{a} seed {s}" for a, s in hit.select("arm", "seed").sort("seed").iter_rows())
+            notes.append(f"{row['tier']} {row.get(table.key)}: {len(seeds)} of {total} seeds diverged ({who}); the row "
+                         f"is over the {row['n']} seed(s) where both arms finished; counting each diverged seed as a "
+                         f"loss of the arm that diverged, {total - len(seeds)} of {total} seeds are left to favour it")
+    columns = [c for c in table.frame.columns if c != "marks"]
+    frame = table.frame.with_columns(pl.Series("diverged", counts, dtype=pl.Int64),
+                                     pl.Series("diverged_arms", arms_gone, dtype=pl.String))
+    frame = add_mark(frame.select(*columns, "diverged", "diverged_arms", "marks"), pl.col("diverged") > 0, DIVERGED)
+    return dataclasses.replace(table, frame=frame, notes=table.notes + tuple(notes))
+
+
 def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
     """(tier, minuend, subtrahend) → whether that declared comparison is supported: p_holm < α in a
     fixed design, the design's decision "effect" in a sequential one; never in a pipeline-check tier."""
@@ -164,7 +231,10 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
             verdict = row["decision"] == "effect"
         else:
             verdict = row["p_holm"] is not None and row["p_holm"] < alpha
-        out[(row["tier"], row["minuend"], row["subtrahend"])] = verdict and not is_pipeline_check(row["tier"])
+        better = row["subtrahend"] if (row["mean"] or 0) > 0 else row["minuend"]
+        unstable = better in (row.get("diverged_arms") or "").split(",")  # its failed seeds left its mean
+        out[(row["tier"], row["minuend"], row["subtrahend"])] = (verdict and not unstable
+                                                                 and not is_pipeline_check(row["tier"]))
     return out
 
 

@@ -9,8 +9,10 @@ better; the seed's difference is the mean Δ over the items both runs answered.
 
 A row (tier, arm): `n` seeds, `items` the distinct items paired; mean, sd (ddof 1), se and the 95%
 Student-t interval over the seeds' differences, as for losses (`ablate.analysis.stats.summarise`);
-`boot_low`/`boot_high`, a two-way percentile bootstrap that resamples seeds and, crossed with them,
-items (the same resampled items in every seed; generator seed BOOT_SEED, BOOT_ITERATIONS draws). With
+`re_low`/`re_high` (`re_df` its degrees of freedom), the 95% interval of a crossed seed × item
+random-effects model (`crossed_interval`), which counts the items' own variance (the same questions in
+every seed) that the seed-level interval misses; not identified (empty) with one seed. Every row is
+exploratory: the declared comparisons are on the loss (p_holm empty, never supported). With
 one seed there is no seed spread: sd, se, the interval and p are then the item-level paired ones (Δ
 over items, m − 1 degrees of freedom), marked `items-only`: they cover the variance over items, not
 over training seeds. Torch-free: numpy, scipy and polars.
@@ -29,18 +31,17 @@ from scipy.special import stdtr, stdtrit
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.render import FORMATS, format_p, to_csv, to_json
 from ablate.analysis.runs import Runs, sort_runs
-from ablate.analysis.stats import CONFIDENCE, holm_by, summarise
-from ablate.analysis.tables import MARK_NOTES, Table, add_mark, is_pipeline_check
+from ablate.analysis.stats import CONFIDENCE, summarise
+from ablate.analysis.tables import EXPLORATORY, MARK_NOTES, Table, add_mark, is_pipeline_check
 from ablate.errors import AblateError, choice_error
 from ablate.evals.items import CORPUS_METRICS, GOLD, item_metrics, read_items
 from ablate.evals.results import read_eval, settings_fingerprint, split_metric
 
-BOOT_ITERATIONS = 2000
-BOOT_SEED = 0
+MIN_CROSSED_SEEDS = 2  # one seed has no seed spread: the crossed model is not identified
 ITEMS_ONLY = "items-only"
-MARK_NOTES.setdefault(ITEMS_ONLY, "one seed: sd, se, the 95% CI, the bootstrap interval and p are over the items of "
+MARK_NOTES.setdefault(ITEMS_ONLY, "one seed: sd, se, the 95% CI and p are over the items of "
                                   "that seed only; they cover the variance over items, not over training seeds")
-COLUMNS = ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "boot_low", "boot_high", "min", "max", "agree", "p")
+COLUMNS = ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "re_low", "re_high", "re_df", "min", "max", "agree", "p")
 SCHEMA = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "status": pl.String, "reason": pl.String}
 
 
@@ -51,7 +52,7 @@ class _Run:
     path: str
 
 
-def items_table(runs: Runs, metric: str, reference: str = "baseline", iterations: int = BOOT_ITERATIONS) -> Table:
+def items_table(runs: Runs, metric: str, reference: str = "baseline") -> Table:
     """The by-item paired table of TASK/METRIC: tier, arm, reference, COLUMNS, p_holm, interval_over, marks."""
     task, name = split_metric(metric)
     if runs.root is None:
@@ -61,7 +62,7 @@ def items_table(runs: Runs, metric: str, reference: str = "baseline", iterations
     scored, excluded, directions = _read_runs(runs, task, name, metric)
     _check_settings(scored, task)
     per_seed, matrices, notes = _pair(scored, task, reference)
-    frame = _rows(per_seed, matrices, reference, runs.arm_order, iterations)
+    frame = _rows(per_seed, matrices, reference, runs.arm_order)
     higher = directions.get(name, True)
     notes.insert(0, f"metric {metric} by item ({'higher' if higher else 'lower'} is better): Δ per item = "
                     f"{'arm − reference' if higher else 'reference − arm'}, positive means the arm is better; per seed "
@@ -115,7 +116,7 @@ def _check_settings(scored: dict, task: str) -> None:
 
 
 def _pair(scored: dict, task: str, reference: str):
-    """Per (tier, arm, seed): the mean item Δ; per (tier, arm): the Δ of each (seed, item) for the bootstrap."""
+    """Per (tier, arm, seed): the mean item Δ; per (tier, arm): the Δ of each (seed, item) for the crossed interval."""
     rows, matrices, counts = [], defaultdict(dict), defaultdict(dict)
     for (tier, arm, seed), run in scored.items():
         base = scored.get((tier, reference, seed))
@@ -146,18 +147,19 @@ def _pair(scored: dict, task: str, reference: str):
     return pl.DataFrame(rows, schema=schema), matrices, notes
 
 
-def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order, iterations: int) -> pl.DataFrame:
+def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order) -> pl.DataFrame:
     frame = summarise(per_seed, ["tier", "arm"])
     extra = []
     for tier, arm, n in frame.select("tier", "arm", "n").iter_rows():
         by_seed = matrices[(tier, arm)]
         item_ids = sorted(set().union(*by_seed.values()))
         row = {"tier": tier, "arm": arm, "items": len(item_ids)}
-        row["boot_low"], row["boot_high"] = two_way_bootstrap(by_seed, item_ids, iterations)
+        row.update(crossed_interval(by_seed, item_ids))
         if n == 1:
             row.update(_item_level(np.array(list(next(iter(by_seed.values())).values()))))
         extra.append(row)
-    schema = {"tier": pl.String, "arm": pl.String, "items": pl.Int64, "boot_low": pl.Float64, "boot_high": pl.Float64,
+    schema = {"tier": pl.String, "arm": pl.String, "items": pl.Int64, "re_low": pl.Float64, "re_high": pl.Float64,
+              "re_df": pl.Float64, "re_items": pl.Int64,
               **{k: pl.Float64 for k in ("sd_i", "se_i", "ci_low_i", "ci_high_i", "p_i")}}
     joined = frame.join(pl.DataFrame(extra, schema=schema), on=["tier", "arm"], how="left")
     one = pl.col("n") == 1
@@ -166,9 +168,9 @@ def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order, ite
                                  interval_over=pl.when(one).then(pl.lit("items")).otherwise(pl.lit("seeds")))
     joined = joined.with_columns(reference=pl.lit(reference), marks=pl.lit(None, dtype=pl.String))
     joined = sort_runs(joined, arm_order).select("tier", "arm", "reference", *COLUMNS, "interval_over", "marks")
-    joined = joined.with_columns(holm_by(joined, "tier")).select("tier", "arm", "reference", *COLUMNS, "p_holm",
+    joined = joined.with_columns(p_holm=pl.lit(None, dtype=pl.Float64)).select("tier", "arm", "reference", *COLUMNS, "p_holm",
                                                                  "interval_over", "marks")
-    joined = add_mark(joined, one, ITEMS_ONLY)
+    joined = add_mark(add_mark(joined, pl.lit(True), EXPLORATORY), one, ITEMS_ONLY)
     checks = [t for t in joined["tier"].unique().to_list() if is_pipeline_check(t)]
     return add_mark(joined, pl.col("tier").is_in(checks), "pipeline-check") if checks else joined
 
@@ -185,37 +187,40 @@ def _item_level(deltas: np.ndarray) -> dict:
     return {"sd_i": sd, "se_i": se, "ci_low_i": mean - half, "ci_high_i": mean + half, "p_i": p}
 
 
-def two_way_bootstrap(by_seed: dict, item_ids: list, iterations: int = BOOT_ITERATIONS,
-                      seed: int = BOOT_SEED) -> tuple[float | None, float | None]:
-    """95% percentile interval of the mean Δ, resampling seeds and (crossed with them) items.
+def crossed_interval(by_seed: dict, item_ids: list) -> dict:
+    """The 95% interval of the mean Δ under a crossed random-effects model, seed × item.
 
-    Each draw takes n seeds with replacement and the row's items with replacement (one draw of items
-    shared by every seed: the items are the same questions for every seed); a seed's mean is over the
-    drawn items it paired. Generator: numpy's default_rng(seed), so a table is reproducible.
+    Δ_si = μ + a_s + b_i + e_si (seed effects a, item effects b, residual e, all independent normal):
+    the items are the same questions for every seed, so the seed means share the item effects and
+    their spread alone misses σ_b²/m. On the items every seed paired (a balanced n × m matrix), the
+    two-way ANOVA mean squares MS_S (n − 1 df), MS_I (m − 1 df) and MS_E ((n − 1)(m − 1) df) give
+    Var(mean) = (MS_S + MS_I − MS_E)/(nm), unbiased; its Satterthwaite degrees of freedom are
+    (MS_S + MS_I − MS_E)² / (MS_S²/(n−1) + MS_I²/(m−1) + MS_E²/((n−1)(m−1))), and the interval is
+    mean ± t_df·√Var. When MS_I < MS_E (the item variance estimated below 0) Var is floored at MS_S/(nm)
+    with n − 1 df: the seed-level t interval. With fewer than MIN_CROSSED_SEEDS seeds or 2 items the interval
+    is not identified (None): there is no seed spread to estimate.
     """
-    if iterations < 1 or not item_ids:
-        return None, None
     seeds = sorted(by_seed)
-    column = {doc_id: j for j, doc_id in enumerate(item_ids)}
-    values, present = np.zeros((len(seeds), len(item_ids))), np.zeros((len(seeds), len(item_ids)))
-    for i, s in enumerate(seeds):
-        for doc_id, delta in by_seed[s].items():
-            values[i, column[doc_id]], present[i, column[doc_id]] = delta, 1.0
-    rng = np.random.default_rng(seed)
-    means, n, m = [], len(seeds), len(item_ids)
-    for start in range(0, iterations, 250):
-        size = min(250, iterations - start)
-        weights = rng.multinomial(m, np.full(m, 1.0 / m), size=size).T.astype(float)  # m × size: item counts
-        picks = rng.integers(0, n, size=(size, n))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            seed_means = (values @ weights) / (present @ weights)  # n × size
-        means.append(np.nanmean(np.take_along_axis(seed_means.T, picks, axis=1), axis=1))
-    draws = np.concatenate(means)
-    draws = draws[np.isfinite(draws)]
-    if not draws.size:
-        return None, None
-    low, high = np.percentile(draws, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
-    return float(low), float(high)
+    common = [d for d in item_ids if all(d in by_seed[s] for s in seeds)]
+    n, m = len(seeds), len(common)
+    none = {"re_low": None, "re_high": None, "re_df": None, "re_items": m}
+    if n < MIN_CROSSED_SEEDS or m < 2:
+        return none
+    y = np.array([[by_seed[s][d] for d in common] for s in seeds], dtype=float)
+    grand, seed_means, item_means = y.mean(), y.mean(axis=1), y.mean(axis=0)
+    ms_s = m * float(np.sum((seed_means - grand) ** 2)) / (n - 1)
+    ms_i = n * float(np.sum((item_means - grand) ** 2)) / (m - 1)
+    resid = y - seed_means[:, None] - item_means[None, :] + grand
+    ms_e = float(np.sum(resid ** 2)) / ((n - 1) * (m - 1))
+    combined = ms_s + ms_i - ms_e
+    if combined <= ms_s:  # the item part estimated ≤ 0: the seed means' variance alone, with its n − 1 df
+        combined, df = ms_s, float(n - 1)
+    else:
+        df = combined ** 2 / (ms_s ** 2 / (n - 1) + ms_i ** 2 / (m - 1) + ms_e ** 2 / ((n - 1) * (m - 1)))
+    if combined <= 0:
+        return none
+    half = float(stdtrit(df, 0.5 + CONFIDENCE / 2)) * math.sqrt(combined / (n * m))
+    return {"re_low": float(grand) - half, "re_high": float(grand) + half, "re_df": float(df), "re_items": m}
 
 
 def render_items(table: Table, fmt: str) -> str:
@@ -231,9 +236,9 @@ def render_items(table: Table, fmt: str) -> str:
 TITLE = "Paired by item and seed against {reference}"
 FOOTER = ("n: seeds; items: items paired (equal doc_hash and prompt_hash in both runs). mean: over seeds of each "
           "seed's mean item Δ; sd (ddof 1), se = sd/√n, 95% CI (Student-t, n − 1 degrees of freedom) and p (two-sided "
-          "t-test against 0) over seeds, as for losses; bootstrap: 95% percentile interval of a two-way bootstrap "
-          f"resampling seeds and items ({BOOT_ITERATIONS} draws, generator seed {BOOT_SEED}); p_holm: Holm over the "
-          "arms of one tier. With one seed (interval over items) every spread is over that seed's items only.")
+          "t-test against 0) over seeds, as for losses; crossed 95%: seed × item random effects (two-way ANOVA, "
+          "Satterthwaite df), counting the items' variance; \"not identified\" with one seed. Every row is exploratory: "
+          "no declared comparison is on a downstream metric, so p_holm is empty and nothing is called supported. With one seed (interval over items) every spread is over that seed's items only.")
 
 
 def _n(value, signed: bool = True) -> str:
@@ -247,11 +252,11 @@ def _cells(row: dict) -> list[str]:
     over = " (1 seed: over items)" if row["interval_over"] == "items" else ""
     return [row["tier"], row["arm"], str(row["n"]), str(row["items"]), f"{_n(row['mean'])} ± {spread}{over}",
             _n(row["se"], signed=False), f"[{_n(row['ci_low'])}, {_n(row['ci_high'])}]",
-            f"[{_n(row['boot_low'])}, {_n(row['boot_high'])}]", f"{row['agree']}/{row['n']}", format_p(row["p"]),
+            ("not identified" if row["re_low"] is None else f"[{_n(row['re_low'])}, {_n(row['re_high'])}] ({row['re_df']:.0f} df)"), f"{row['agree']}/{row['n']}", format_p(row["p"]),
             format_p(row["p_holm"]), (row["marks"] or "").replace(",", ", ")]
 
 
-HEAD = ["tier", "arm", "n", "items", "mean ± sd", "se", "95% CI", "bootstrap 95%", "agree", "p", "p_holm", "marks"]
+HEAD = ["tier", "arm", "n", "items", "mean ± sd", "se", "95% CI", "crossed 95%", "agree", "p", "p_holm", "marks"]
 
 
 def _markdown(table: Table) -> str:

@@ -161,7 +161,13 @@ def row_label(table: Table, row: dict) -> str:
     return f"{row[table.key]} ({DESCRIPTIONS[row[table.key]]})"
 
 
+METRIC_FOOTER = ("p_holm: empty, because no declared comparison is on this metric: every row is exploratory "
+                 "(unadjusted p) and none is called supported.")
+
+
 def holm_footer(table: Table) -> str:
+    if table.metric is not None and "p_holm" in table.columns and table.frame["p_holm"].is_null().all():
+        return METRIC_FOOTER
     if table.family:
         return FAMILY_FOOTER.format(family=table.family)
     return HOLM_FOOTER.format(reference=table.reference) if table.kind == "paired" else QUANTITY_HOLM_FOOTER

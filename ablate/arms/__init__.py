@@ -1,4 +1,5 @@
-"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve.
+"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve, then three
+registered examples outside the study (`ablate.arms.examples`: qk-norm, temperature, alibi).
 
     from ablate.arms import Arm, register_arm, get_arm, list_arms
 
@@ -8,7 +9,8 @@
         def value_gate(self, v, x): ...
 
 Names load on first use (PEP 562), so `ablate.arms.names` and the `ablate` command's parser stay
-torch-free; the first use registers the built-in arms, in the study's order, before anything else.
+torch-free; the first use registers the built-in arms, in the study's order, and the examples, before
+anything else.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ _EXPORTS = {
     "get_arm": "ablate.arms.base",
     "list_arms": "ablate.arms.base",
     "register_arm": "ablate.arms.base",
+    "study_arms": "ablate.arms.base",
     "AttentionRecord": "ablate.arms.kernel",
     "attention": "ablate.arms.kernel",
     "reference_attention": "ablate.arms.kernel",
@@ -30,4 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports("ablate.arms", globals(), _EXPORTS, first="ablate.arms.builtin")
+__getattr__, __dir__ = lazy_exports("ablate.arms", globals(), _EXPORTS, first="ablate.arms.examples")

@@ -6,10 +6,16 @@ An arm fills one or more *slots* of the one attention computation (each arm is a
 * routing slot    `routing_log_gate(v, x) -> log g`, per key, added to the logits inside the softmax
 * denominator slot `sink_logit() -> b`, per head, a phantom key with logit b_h and value exactly 0
 * output slot     `output_gate(o, x) -> g`, per query, multiplies the attention output o_i
+* query-key slot  `query_key(q, k) -> (q, k)`, per position, transforms the projections before RoPE and the
+                  scores (QK-norm, a temperature); it must act on each position alone, so keys stay cacheable
+* score-bias slot `score_bias(query_pos, key_pos) -> bias`, (H, Tq, Tk): an additive logit per head for
+                  each (query, key) pair, from their positions (ALiBi); positions count the sink token too
 
 `v` is the read (B, H_kv, T, d) after any junk injection and before any gate; `x` is the pre-normed
 hidden state entering the attention layer (B, T, C). A slot an arm does not override is unused.
 A *sequence* arm (sink-token) sets `sequence_token = True` and the model prepends a learned token.
+An *example* arm (`example = True`: qk-norm, temperature, alibi) is registered and listed like any
+other but is not one of the study's: an experiment's `arms="all"` leaves it out.
 
 One instance per layer. Parameters an arm owns are initialised by `init_parameter` from a generator
 keyed by (seed, full parameter name), so adding an arm never shifts another parameter's draw.
@@ -25,12 +31,14 @@ from torch import nn
 
 from ablate.errors import choice_error
 
-SLOTS = ("value", "routing", "denominator", "output")
+SLOTS = ("value", "routing", "denominator", "output", "query-key", "score-bias")
 _SLOT_METHODS = {
     "value": "value_gate",
     "routing": "routing_log_gate",
     "denominator": "sink_logit",
     "output": "output_gate",
+    "query-key": "query_key",
+    "score-bias": "score_bias",
 }
 
 
@@ -50,6 +58,7 @@ class Arm(nn.Module):
     name: ClassVar[str] = ""  # set by @register_arm
     description: ClassVar[str] = ""
     sequence_token: ClassVar[bool] = False
+    example: ClassVar[bool] = False  # a registered example outside the study (left out of arms="all")
     # Local parameter names kept out of weight decay; unioned over base classes, so a combo inherits them.
     no_weight_decay: ClassVar[frozenset[str]] = frozenset()
 
@@ -68,6 +77,12 @@ class Arm(nn.Module):
         raise NotImplementedError
 
     def output_gate(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def query_key(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def score_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def init_parameter(self, name: str, param: torch.Tensor, generator: torch.Generator) -> None:
@@ -121,5 +136,10 @@ def get_arm(name: str) -> type[Arm]:
 
 
 def list_arms() -> list[str]:
-    """Registered arm names in registration order (built-ins first, in the study's order)."""
+    """Registered arm names in registration order (built-ins first, in the study's order, then the examples)."""
     return list(_REGISTRY)
+
+
+def study_arms() -> list[str]:
+    """What an experiment's `arms="all"` means: every registered arm but the examples (`Arm.example`)."""
+    return [name for name, cls in _REGISTRY.items() if not cls.example]

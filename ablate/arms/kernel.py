@@ -15,6 +15,13 @@ The kernel's own max-shift covers the phantom logit, so off-by-one (b ≡ 0) is 
 (A learnable sink through a log-sum-exp is not used on purpose: on CPU, PyTorch's flash op returns an
 lse that carries no gradient, and FlashAttention has no backward for a sink.)
 
+The score-bias slot (a bias per head and (query, key) pair) cannot ride in a few columns: it goes in as
+SDPA's additive float mask, with the causal mask folded in (−inf above the diagonal) since SDPA takes a
+mask or is_causal, not both. With the phantom key the mask gains a first column of zeros (the sink key's
+logit b_h still comes from its extra column, so the bias touches real keys only) and the dummy query's
+row. The mask is (H, T, T) floats, not the weights: the kernel stays fused. The query-key slot needs no
+kernel support: the model applies it to q and k before RoPE (`ablate.model`).
+
 Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
 """
 
@@ -39,6 +46,7 @@ class AttentionRecord:
     phantom_mass: torch.Tensor | None = None  # (B, H, Tq)
     value_gate: torch.Tensor | None = None
     routing_log_gate: torch.Tensor | None = None  # (B, Hkv, Tk)
+    score_bias: torch.Tensor | None = None  # (H, Tq, Tk), before the causal mask
     output_gate: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 
@@ -57,16 +65,25 @@ def key_signals(arm: Arm, v: torch.Tensor, x: torch.Tensor):
     return values, value_gate, log_gate
 
 
+def score_bias(arm: Arm, n_query: int, n_key: int, offset: int, device) -> torch.Tensor | None:
+    """The score-bias slot's (H, Tq, Tk) bias, queries at key positions offset … offset+Tq−1; None without it."""
+    if not arm.has_slot("score-bias"):
+        return None
+    query_pos = torch.arange(offset, offset + n_query, device=device)
+    return arm.score_bias(query_pos, torch.arange(n_key, device=device))
+
+
 def attention(
     arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True
 ) -> tuple[torch.Tensor, AttentionRecord | None]:
     """Causal self-attention over one full sequence. Returns (o (B, H, T, d), record or None)."""
     values, value_gate, log_gate = key_signals(arm, v, x)
     sink = arm.sink_logit() if arm.has_slot("denominator") else None
+    bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
     if fused:
-        o, record = _fused(q, k, values, sink, log_gate), None
+        o, record = _fused(q, k, values, sink, log_gate, bias), None
     else:
-        o, record = reference_attention(q, k, values, sink, log_gate, offset=0)
+        o, record = reference_attention(q, k, values, sink, log_gate, offset=0, bias=bias)
         record.reads, record.value_gate = v, value_gate
     if arm.has_slot("output"):
         gate = arm.output_gate(o, x)
@@ -76,12 +93,24 @@ def attention(
     return o, record
 
 
-def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None) -> torch.Tensor:
+def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
     n_head, d = q.shape[1], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     gqa = k.shape[1] != n_head
-    if sink is None and log_gate is None:
+    if sink is None and log_gate is None and bias is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    q2, k2, v2 = _extra_columns(q, k, v, sink, log_gate, scale)
+    mask = None if bias is None else _bias_mask(bias, sink is not None, q2.dtype)
+    o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
+    return o[:, :, 1:, :d] if sink is not None else o[..., :d]
+
+
+def _extra_columns(q, k, v, sink, log_gate, scale: float):
+    """q, k, v with the denominator and routing slots in extra head dimensions (unchanged without them)."""
+    if sink is None and log_gate is None:
+        return q, k, v
+    n_head, d = q.shape[1], q.shape[-1]
     B, T = q.shape[0], q.shape[2]
     q_extra, k_extra = [], []
     if sink is not None:
@@ -103,17 +132,30 @@ def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None) ->
         q2 = torch.cat([q2.new_zeros(B, n_head, 1, q2.shape[-1]), q2], dim=2)  # dummy query at position 0
         k2 = torch.cat([sink_key, k2], dim=2)
         v2 = torch.cat([v2.new_zeros(B, v.shape[1], 1, v2.shape[-1]), v2], dim=2)  # the phantom's value is 0
-    o = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=scale, enable_gqa=gqa)
-    return o[:, :, 1:, :d] if sink is not None else o[..., :d]
+    return q2, k2, v2
 
 
-def reference_attention(q, k, values, sink, log_gate, *, offset: int):
-    """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding)."""
+def _bias_mask(bias: torch.Tensor, with_sink: bool, dtype: torch.dtype) -> torch.Tensor:
+    """(1, H, n, n) additive mask: the bias where j ≤ i, −inf above the diagonal. With the phantom key, a first
+    row and column of zeros go in front: column 0 is the sink key (its logit b_h is in its extra column, so the
+    bias does not touch it); row 0 is the dummy query, which then sees the sink key alone, as under is_causal."""
+    if with_sink:
+        bias = F.pad(bias, (1, 0, 1, 0))
+    n = bias.shape[-1]
+    future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)
+    return bias.to(dtype).masked_fill(future, float("-inf")).unsqueeze(0)
+
+
+def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torch.Tensor | None = None):
+    """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding);
+    bias (H, Tq, Tk) is the score-bias slot's, for those positions."""
     n_head, d = q.shape[1], q.shape[-1]
     Tq, Tk = q.shape[2], k.shape[2]
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
     if log_gate is not None:
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
     key_pos = torch.arange(Tk, device=q.device)
     query_pos = torch.arange(Tq, device=q.device).unsqueeze(1) + offset
     logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
@@ -125,5 +167,6 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int):
     else:
         weights = torch.softmax(logits, dim=-1)
     o = weights @ _expand_kv(values, n_head)  # (B, H, Tq, d)
-    record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom, routing_log_gate=log_gate)
+    record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom,
+                             routing_log_gate=log_gate, score_bias=bias)
     return o, record

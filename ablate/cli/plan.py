@@ -34,7 +34,8 @@ def add_commands(subparsers) -> None:
     power = parser.add_argument_group("how many seeds (needs an experiment that declares hypotheses=)")
     power.add_argument("--power", action="store_true",
                        help="seeds a paired t-test needs per tier and declared comparison, and their GPU-hours")
-    power.add_argument("--effect", type=float, metavar="E", help="--power: the true mean difference to detect, nats")
+    power.add_argument("--effect", type=float, metavar="E", help="--power: the true mean difference to detect, nats; --sequential: the effect its power "
+                            "and expected seeds are simulated under (with --sd)")
     power.add_argument("--sd", type=float, metavar="S",
                        help="--power: the seed-to-seed sd of the paired differences, nats (with --pilot: for "
                             "comparisons the pilot lacks)")
@@ -104,14 +105,31 @@ def _pilots(args, experiment) -> dict:
 
 
 def _sequential(args, experiment) -> int:
-    from ablate.plan import sequential_plan  # the library loads in the handler: see ablate.cli
+    from ablate.plan import sequential_plan, throughput  # the library loads in the handler: see ablate.cli
 
     _needs(args, "--sequential", "looks", "max_seeds")
-    plan = sequential_plan(experiment, args.looks, args.max_seeds, args.alpha)
+    plan = sequential_plan(experiment, args.looks, args.max_seeds, args.alpha, effect=args.effect, sd=args.sd,
+                           tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check))
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
     print(sequential_text(experiment.name, plan["sequential"]))
+    operating = plan["operating"]
+    if operating:
+        print(f"under effect/sd = {args.effect:g}/{args.sd:g} ({operating['paths']:,} simulated studies, generator "
+              f"seed {operating['seed']}): power {operating['power']:.3f}, expected seeds {operating['expected_seeds']:.1f}")
+    for t in plan["tiers"]:
+        line = (f"tier {t['tier']}: {t['gpu_hours_first_look']:.1f} GPU-hours to the first look, at most "
+                f"{t['gpu_hours_max']:.1f}")
+        if operating:
+            fixed = "–" if t["fixed_power"] is None else f"{t['fixed_power']:.3f}"
+            line += (f"; expected {t['expected_gpu_hours']:.1f} (the fixed design: {_seeds(t['fixed_seeds'])}, "
+                     f"{t['fixed_gpu_hours']:.1f} GPU-hours, power {fixed})")
+        else:
+            line += f" (the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours)"
+        print(line)
+    print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
+    print(f"next: {plan['next']}")
     return 0
 
 

@@ -1,0 +1,255 @@
+"""The query-key and score-bias slots, and their registered examples (qk-norm, temperature, alibi): fused =
+reference in float64 values and gradients, composed with the phantom key and the routing slot; KV-cache
+decoding = the full forward; formulas, init, counts, parameter matching, `ablate arms`, `arms="all"`."""
+
+import math
+
+import pytest
+import torch
+
+from ablate.arms import ArmContext, attention, get_arm, list_arms, study_arms
+from ablate.arms.base import _REGISTRY
+from ablate.arms.builtin import Renorm, SinkLogit
+from ablate.arms.examples import Alibi, QKNorm, Temperature, alibi_slopes
+from ablate.arms.names import BUILTIN_ARMS
+from ablate.sizing import MATCH_TOLERANCE, _meta_counts, model_config
+from ablate.tiers import TIERS
+from test_arms import C, D, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
+
+EXAMPLES = ("qk-norm", "temperature", "alibi")
+
+
+class LearnedBias(Alibi):
+    """A score bias with learned parameters (slopes and an absolute-position term): its gradient must flow."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.slope = torch.nn.Parameter(torch.zeros(ctx.n_head))
+        self.position = torch.nn.Parameter(torch.zeros(ctx.n_head))
+
+    def score_bias(self, query_pos, key_pos):
+        distance = (query_pos.unsqueeze(1) - key_pos.unsqueeze(0)).to(self.slope.dtype)
+        absolute = torch.cos(query_pos.unsqueeze(1) * 0.3 + key_pos.unsqueeze(0)).to(self.slope.dtype)
+        return -self.slope.view(-1, 1, 1) * distance + self.position.view(-1, 1, 1) * absolute
+
+    def init_parameter(self, name, param, generator):
+        if name in ("slope", "position"):
+            torch.nn.init.zeros_(param)
+        else:
+            super().init_parameter(name, param, generator)
+
+
+class AlibiSink(Alibi, SinkLogit):
+    """The score bias next to the phantom key (its extra column and the mask's extra row and column)."""
+
+
+class BiasRenormSink(LearnedBias, Renorm, SinkLogit):
+    """Every column trick at once, with a learned bias."""
+
+
+class Everything(QKNorm, Temperature, BiasRenormSink):
+    """Both new slots with the phantom key and the routing slot (the query-key slots chain via super())."""
+
+    def query_key(self, q, k):
+        q, k = QKNorm.query_key(self, q, k)
+        return Temperature.query_key(self, q, k)
+
+
+COMPOSED = {"test-alibi-sink": AlibiSink, "test-bias-renorm-sink": BiasRenormSink, "test-everything": Everything}
+
+
+@pytest.fixture
+def composed_arms(monkeypatch):
+    """Register the composed arms for one test only, so that no other test's list of arms sees them."""
+    for name, cls in COMPOSED.items():
+        monkeypatch.setattr(cls, "name", name)
+        monkeypatch.setitem(_REGISTRY, name, cls)
+
+
+def make_composed(cls, seed=0):
+    arm = cls(ArmContext(H, HKV, D, C, n_layer=1, layer=0)).double()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in arm.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.7)
+    return arm
+
+
+def test_examples_are_registered_after_the_study_and_left_out_of_all():
+    assert tuple(list_arms()[:15]) == BUILTIN_ARMS + EXAMPLES
+    assert study_arms() == list(BUILTIN_ARMS)  # what arms="all" means
+    from ablate.experiment import load_experiment
+
+    assert load_experiment("demo").arm_names() == list(BUILTIN_ARMS)
+    assert get_arm("qk-norm").slots() == get_arm("temperature").slots() == ("query-key",)
+    assert get_arm("alibi").slots() == ("score-bias",)
+    assert all(not get_arm(name).example for name in BUILTIN_ARMS) and all(get_arm(n).example for n in EXAMPLES)
+
+
+@pytest.mark.parametrize("cls", [Alibi, LearnedBias, AlibiSink, BiasRenormSink], ids=lambda c: c.__name__)
+def test_score_bias_fused_equals_reference_in_values_and_all_gradients(cls):
+    """Attention level, float64: the bias as SDPA's mask (with the phantom's row and column) = materialised."""
+    arm = make_composed(cls)
+    results = []
+    for fused in (True, False):
+        q, k, v, x = qkvx()
+        arm.zero_grad()
+        o, _ = attention(arm, q, k, v, x, fused=fused)
+        (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()
+        grads = [q.grad, k.grad, v.grad] + [p.grad for p in arm.parameters()]
+        assert all(g is not None for g in grads)
+        results.append((o.detach(), grads))
+    (o_f, g_f), (o_r, g_r) = results
+    torch.testing.assert_close(o_f, o_r, rtol=1e-10, atol=1e-12)
+    for a, b in zip(g_f, g_r):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_alibi_reference_is_the_formula_and_the_bias_changes_the_output():
+    q, k, v, x = qkvx(seed=3)
+    arm = make_arm("alibi")
+    o, record = attention(arm, q, k, v, x, fused=False)
+    i, j = torch.arange(11).view(-1, 1), torch.arange(11).view(1, -1)
+    slopes = torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)], dtype=torch.float64).view(-1, 1, 1)
+    logits = q @ k.repeat_interleave(H // HKV, 1).transpose(-2, -1) / math.sqrt(D) - slopes * (i - j)
+    weights = torch.softmax(logits.masked_fill(j > i, float("-inf")), dim=-1)
+    torch.testing.assert_close(record.weights, weights)
+    torch.testing.assert_close(o, weights @ v.repeat_interleave(H // HKV, 1))
+    assert not torch.allclose(o, attention(make_arm("baseline"), q, k, v, x, fused=False)[0])
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(h + 1) for h in range(8)], dtype=torch.float64))
+
+
+class RowShift(AlibiSink):
+    """A bias of 2 on every (query, key) pair: the real keys' logits shift, the phantom's must not."""
+
+    def score_bias(self, query_pos, key_pos):
+        return torch.full((H, len(query_pos), len(key_pos)), 2.0, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_bias_leaves_the_phantom_logit_alone(fused):
+    """o = Σ e^(l+c) v / (e^b + e^c Z) = o_plain · e^c / (m + e^c (1 − m)), m the plain phantom mass."""
+    q, k, v, x = qkvx(seed=5)
+    plain_arm, shifted_arm = make_composed(AlibiSink), make_composed(RowShift)
+    with torch.no_grad():
+        plain_arm.slopes.zero_()  # the sink alone
+    plain, record = attention(plain_arm, q, k, v, x, fused=False)
+    mass, c = record.phantom_mass.unsqueeze(-1), 2.0
+    assert (mass > 0.05).any()
+    expected = plain * math.exp(c) / (mass + math.exp(c) * (1 - mass))
+    torch.testing.assert_close(attention(shifted_arm, q, k, v, x, fused=fused)[0], expected)
+
+
+def test_temperature_and_qk_norm_are_their_formulas():
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, H, 5, D, generator=gen, dtype=torch.float64), torch.randn(2, HKV, 5, D, generator=gen,
+                                                                                    dtype=torch.float64)
+    temp = make_arm("temperature")
+    q2, k2 = temp.query_key(q, k)
+    torch.testing.assert_close((q2 @ k.transpose(-2, -1).repeat_interleave(2, 1)),
+                               (q @ k.transpose(-2, -1).repeat_interleave(2, 1)) / temp.log_temperature.exp().view(-1, 1, 1))
+    assert k2 is k
+    norm = make_arm("qk-norm")
+    qn, kn = norm.query_key(q, k)
+    torch.testing.assert_close(qn, q / q.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * norm.q_norm_weight)
+    torch.testing.assert_close(kn, k / k.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * norm.k_norm_weight)
+
+
+def test_query_key_slot_comes_before_rope():
+    """A per-channel norm weight does not commute with RoPE's rotation: the model applies the slot first."""
+    model = small_model("qk-norm").double()
+    randomise_arm_parameters(model)
+    attn = model.blocks[0].attn
+    x = torch.randn(1, 6, C, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    seen = []
+    attn.arm.query_key = lambda q, k: seen.append(q) or QKNorm.query_key(attn.arm, q, k)
+    attn(x, *model.rope(0, 6, torch.float64))
+    q = attn.c_attn(x)[..., : H * D].view(1, 6, H, D).transpose(1, 2)
+    torch.testing.assert_close(seen[0], q)  # the projection as it is, not yet rotated
+
+
+@pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))
+def test_fused_equals_reference_through_the_whole_model(name, composed_arms):
+    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for fused in (True, False):
+        model = small_model(name, fused=fused).double()
+        model.init_weights(seed=5)
+        randomise_arm_parameters(model)
+        out = model(idx[:, :-1], idx[:, 1:])
+        out.loss.backward()
+        outs.append((out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=0)
+    for n in outs[0][1]:
+        assert outs[0][1][n] is not None, n
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+@pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))
+def test_kv_cache_decoding_equals_full_forward(name, composed_arms):
+    """The cache holds keys after the query-key slot and RoPE; the bias gets the decoded queries' positions
+    (ALiBi alone cannot tell: a wrong query position shifts a row by a constant; the sink and the learned
+    absolute-position bias can)."""
+    model = small_model(name).double().eval()
+    model.init_weights(seed=2)
+    randomise_arm_parameters(model, scale=0.3)
+    idx = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx).logits
+        cache = model.new_cache()
+        pieces = [model(idx[:, :6], cache=cache).logits] + [model(idx[:, t:t + 1], cache=cache).logits
+                                                              for t in range(6, 20)]
+        assert not torch.allclose(full, small_model("baseline").double()(idx).logits, atol=1e-3)
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    assert model.generate(idx[:, :5], max_new_tokens=3).shape == (2, 8)
+
+
+def test_fused_alibi_never_materialises_the_weights():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for name in ("alibi",):
+        arm = make_arm(name, dtype=torch.float32)
+        q, k, v, x = (t.detach().float().requires_grad_() for t in qkvx(T=64))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o, record = attention(arm, q, k, v, x, fused=True)
+            o.sum().backward()
+        assert record is None and torch.isfinite(q.grad).all()
+
+
+def test_init_decay_and_parameter_counts():
+    d = C // H
+    model = small_model("qk-norm", n_kv_head=H)
+    arm = model.blocks[0].attn.arm
+    assert torch.equal(arm.q_norm_weight, torch.ones(d)) and torch.equal(arm.k_norm_weight, torch.ones(d))
+    assert torch.equal(small_model("temperature").blocks[1].attn.arm.log_temperature, torch.zeros(H))
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(small_model("temperature")(idx).logits, small_model("baseline")(idx).logits,
+                               rtol=0, atol=0)  # T_h = 1 at the start: the baseline, bit for bit
+    base = small_model("baseline", n_kv_head=H).param_counts()["total"]
+    for name, per_layer in (("qk-norm", 2 * d), ("temperature", H), ("alibi", 0)):
+        counts = small_model(name, n_kv_head=H).param_counts()
+        assert counts["arm_extra"] == 2 * per_layer and counts["total"] == base + 2 * per_layer, name
+        decay, no_decay = small_model(name).param_groups(0.1)
+        arm_names = [n for n in decay["names"] + no_decay["names"] if ".arm." in n]
+        assert arm_names == [n for n in no_decay["names"] if ".arm." in n], name  # none of them decays
+    assert "slopes" not in small_model("alibi").state_dict().__repr__()  # fixed: not in checkpoints
+
+
+@pytest.mark.parametrize("tier", ["smoke", "10M", "124M"])
+def test_examples_are_parameter_matched_like_the_others(tier):
+    base = _meta_counts(model_config(TIERS[tier], "baseline"))["non_embedding"]
+    for name in EXAMPLES:
+        config = model_config(TIERS[tier], name, match_params=True)
+        assert config == model_config(TIERS[tier], name)  # within the tolerance: the baseline's width
+        gap = _meta_counts(config)["non_embedding"] / base - 1
+        assert 0 <= gap <= MATCH_TOLERANCE and (gap > 0) is (name != "alibi"), (name, gap)
+
+
+def test_arms_command_lists_the_examples(capsys):
+    from ablate.cli import main
+
+    assert main(["arms", "--d-model", "64", "--n-head", "2"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["qk-norm"][1:3] == ["query-key", "64"]  # 2·d = 2·32
+    assert rows["temperature"][1:3] == ["query-key", "2"]
+    assert rows["alibi"][1:3] == ["score-bias", "0"]
