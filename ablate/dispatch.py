@@ -26,15 +26,15 @@ import submitit
 
 from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
-from ablate.errors import AblateError
+from ablate.errors import AblateError, error_line
 from ablate.evals.run import EvalJob
 from ablate.experiment import Experiment, RunSpec, recorded_sequential
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sizing import run_micro_batch
-from ablate.status import error_line, experiment_dir, status
-from ablate.store import SUBMIT_LOCK, record_ledger
+from ablate.status import status
+from ablate.store import SUBMIT_LOCK, experiment_dir, record_ledger
 from ablate.tiers import get_gpu, get_tier
 from ablate.workers import RunJob, run_local
 
@@ -175,21 +175,18 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
         return outcomes
 
     chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
-    for tier in dict.fromkeys(s.tier for s in chosen):
-        tier_specs = [s for s in chosen if s.tier == tier]
-        logs = folder / "slurm" / f"eval-{tier}"
-        executor_ = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
-        params = executor_parameters(profile, f"ablate-eval-{experiment.name}-{tier}")
+
+    def after_training(tier_specs) -> dict:  # after the training array: runs that failed are refused by the evaluation
         after = sorted({training_jobs[s.key].split("_")[0] for s in tier_specs if s.key in training_jobs})
-        if after:  # after the training array: runs that failed are refused by the evaluation itself
-            params.setdefault("slurm_additional_parameters", {})["dependency"] = "afterany:" + ":".join(after)
-        executor_.update_parameters(**params)
-        submitted = map_array(executor_, job, tier_specs, profile)
+        return {"slurm_additional_parameters": {"dependency": "afterany:" + ":".join(after)}} if after else {}
+
+    for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, chosen, profile, "eval-",
+                                                             lambda tier_specs: job, after_training):
         entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                                      "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
-                                  "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
+                                        "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
         outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
     return outcomes
 
@@ -219,28 +216,40 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 
 
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
-
     folder = experiment_dir(results, experiment)
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                  {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+    gpu = profile.get("gpu")
+
+    def job_of(tier_specs):
+        return RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile)) if gpu else job
+
     jobs = {}
-    for tier in dict.fromkeys(s.tier for s in specs):
-        tier_specs = [s for s in specs if s.tier == tier]
-        logs = folder / "slurm" / tier
-        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
-        executor.update_parameters(**executor_parameters(profile, f"ablate-{experiment.name}-{tier}"))
-        tier_job = job
-        if profile.get("gpu"):
-            tier_job = RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile))
-        submitted = map_array(executor, tier_job, tier_specs, profile)
+    for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, specs, profile, "", job_of):
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
-                                  "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
-                                  **({"data": options["data_dir"]} if options.get("data_dir") else {})})
+                                        "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
+                                        **({"data": options["data_dir"]} if options.get("data_dir") else {})})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
+
+
+def _array_per_tier(experiment, folder: Path, specs: list[RunSpec], profile: dict, prefix: str, job_of,
+                    parameters_of=lambda tier_specs: {}):
+    """One SLURM array per tier of `specs` (runs of a tier share their resources), logs under
+    FOLDER/slurm/<prefix><tier>/; yields (tier, its specs, the submitted jobs, the log folder). `job_of(specs)`
+    is the tier's job, `parameters_of(specs)` extra executor parameters (an evaluation's dependency)."""
+    for tier in dict.fromkeys(s.tier for s in specs):
+        tier_specs = [s for s in specs if s.tier == tier]
+        logs = folder / "slurm" / f"{prefix}{tier}"
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
+        params = executor_parameters(profile, f"ablate-{prefix}{experiment.name}-{tier}")
+        for key, value in parameters_of(tier_specs).items():
+            params.setdefault(key, {}).update(value)
+        executor.update_parameters(**params)
+        yield tier, tier_specs, map_array(executor, job_of(tier_specs), tier_specs, profile), logs
 
 
 def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profile: dict) -> list:

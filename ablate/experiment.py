@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, read_ledger
+from ablate.store import check_name, read_ledger, run_key
 from ablate.tiers import get_tier
 
 
@@ -33,7 +34,7 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.tier}/{self.arm}/seed{self.seed}"
+        return run_key(self.tier, self.arm, self.seed)
 
 
 FAMILIES = ("tier", "experiment")
@@ -254,6 +255,15 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
     return experiment
+
+
+def start_task(experiment_file: str | None) -> None:
+    """The start of every SLURM array task, a run's or an evaluation's: ablate's log lines go to the job's log,
+    and the experiment file is imported again, so the arms it registers exist before a model is built."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if experiment_file:
+        load_experiment(experiment_file)
 
 
 def named_experiment(source: str | os.PathLike) -> Experiment | None:

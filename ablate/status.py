@@ -22,18 +22,20 @@ import submitit
 from ablate.evals.results import valid_evals
 from ablate.experiment import Experiment, RunSpec, recorded_sequential
 from ablate.lock import live_holder
+from ablate.errors import error_line
 from ablate.store import (
     CONFIG,
     METRICS,
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    experiment_dir,
     finished,
     iter_run_dirs,
     read_json_file,
     read_ledger,
     read_metrics,
-    run_dir,
+    run_dir_of,
     run_lock_path,
 )
 
@@ -41,10 +43,6 @@ ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still 
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
           "damaged", "unknown")
 JUST_SUBMITTED = dt.timedelta(minutes=2)  # accounting may not have seen a job this young yet
-
-
-def experiment_dir(results: Path, experiment: Experiment) -> Path:
-    return Path(results) / experiment.name
 
 
 def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
@@ -199,21 +197,6 @@ def read_text(path) -> str | None:
         return None
 
 
-def error_line(text: str | None) -> str | None:
-    """The one line that says what went wrong: `ablate: error: …` or a traceback's last `Type: message` line."""
-    if not text:
-        return None
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("ablate: error:"):
-            return line.removeprefix("ablate: error:").strip()
-    for line in reversed(lines):
-        head = line.split(":", 1)[0]
-        if ":" in line and head.replace(".", "").replace("_", "").isalnum() and head[:1].isupper() and " " not in head:
-            return line
-    return lines[-1][:300] if lines else None
-
-
 def progress_of(metrics: list[dict], summary: dict, running_since: float | None, written_at: float | None) -> dict:
     """steps, total, elapsed (training time so far, over every attempt, counted once) and, for a running
     run, an ETA from the step rate of this attempt (rows of earlier attempts are minutes or days apart).
@@ -267,7 +250,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     `queued` in the row means: something still holds the run (SLURM, the local submit, or a run lock
     that is not provably dead), so `submit` must not queue it again.
     """
-    folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+    folder = run_dir_of(results, spec)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
     summary_path = folder / SUMMARY
     summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
@@ -356,7 +339,7 @@ def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmVie
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
-    valid, stale = valid_evals(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed))
+    valid, stale = valid_evals(run_dir_of(results, spec))
     wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
     if wanted and wanted <= set(valid):
         return "evaluated"

@@ -34,10 +34,9 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
-STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 LEDGER = "ledger.json"
 RUN_LOG = "run.log"
-STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run is finished)
+STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 PROBE_FILE = "probe.json"  # `ablate probe`: sink diagnostics of the final weights
 HEATMAP_FILE = "probe_first_key_mass.png"
 INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
@@ -66,12 +65,27 @@ def check_name(kind: str, name: object) -> str:
     return text
 
 
+def experiment_dir(results: str | os.PathLike, experiment) -> Path:
+    """RESULTS/<experiment>: the folder of an experiment's runs, its ledger and its report."""
+    return Path(results) / check_name("experiment", experiment.name)
+
+
+def run_key(tier: str, arm: str, seed: int) -> str:
+    """<tier>/<arm>/seed<k>: a run's name within its experiment (the ledger's key, the path under its folder)."""
+    return f"{tier}/{arm}/seed{int(seed)}"
+
+
+def run_dir_of(results: str | os.PathLike, spec) -> Path:
+    """The run folder of a `RunSpec` (its experiment, tier, arm and seed) under RESULTS (`run_dir`)."""
+    return run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+
+
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int) -> Path:
     """RESULTS/<experiment>/<tier>/<arm>/seed<k>; every part is checked, so the folder lies inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
-    return (Path(results) / check_name("experiment", experiment) / check_name("tier", tier)
-            / check_name("arm", arm) / f"seed{int(seed)}")
+    check_name("tier", tier), check_name("arm", arm)
+    return Path(results) / check_name("experiment", experiment) / run_key(tier, arm, seed)
 
 
 def run_lock_path(folder: str | os.PathLike) -> Path:

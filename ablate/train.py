@@ -41,7 +41,7 @@ from ablate.provenance import git_commit, now, versions
 from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
-                          run_dir, run_lock_path)
+                          run_dir_of, run_key, run_lock_path)
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
-    folder = run_dir(results or default_results(), spec.experiment, spec.tier, spec.arm, spec.seed)
+    folder = run_dir_of(results or default_results(), spec)
     if launched_child(run_lock_path(folder)):
         return Trainer(folder, config).fit(), True
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
@@ -294,7 +294,7 @@ class Trainer:
                     backward=fabric.backward, no_sync=lambda enabled: fabric.no_backward_sync(model, enabled=enabled),
                     all_reduce=(lambda loss: fabric.all_reduce(loss, reduce_op="mean")) if world > 1 else None,
                     halt_on_nonfinite=every_step)  # read every step anyway: a bad loss stops before its update
-        bar = progress_bar(total_steps, run.step, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
+        bar = progress_bar(total_steps, run.step, run_key(config['tier'], config['arm'], config['seed'])) if (
             rank == 0 and config["progress"]) else None
         requests = StopRequests().install()
         readback = ReadBack(config["global_batch"] * config["seq_len"], self._log_metrics, bar)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -19,10 +18,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm.auto import tqdm
 
-from ablate.errors import AblateError
-from ablate.experiment import RunSpec, load_experiment
-from ablate.status import error_line, experiment_dir
-from ablate.store import RUN_LOG, record_ledger, run_dir
+from ablate.errors import AblateError, error_line
+from ablate.experiment import RunSpec, start_task
+from ablate.store import RUN_LOG, experiment_dir, record_ledger, run_dir_of
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -43,11 +41,7 @@ class RunJob(_Checkpointable):
     def __call__(self, spec: RunSpec) -> dict:
         from ablate.train import run  # training code loads in the task that trains, not in `submit`
 
-        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-        if self.experiment_file:
-            load_experiment(self.experiment_file)
+        start_task(self.experiment_file)
         summary = run(spec, self.results, **self.options)
         if summary.get("status") == "failed":
             raise RuntimeError(summary.get("error"))
@@ -93,7 +87,7 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
             {"executor": "local", "runs": [s.key for s in specs],
              **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
-        run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed).mkdir(parents=True, exist_ok=True)
+        run_dir_of(results, spec).mkdir(parents=True, exist_ok=True)
     codes, interrupted, bar_lock = {}, [], threading.Lock()
     stop, workers = threading.Event(), set()
 
@@ -212,7 +206,7 @@ def worker_main(results: str, payload_json: str) -> int:
             except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
                 code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
             if code:
-                with open(run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed) / RUN_LOG, "a",
+                with open(run_dir_of(results, spec) / RUN_LOG, "a",
                           encoding="utf-8") as log:
                     log.write(text)
             tell({"event": "done", "key": spec.key, "code": code, "error": error})

@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py                      # on a GPU: writes gpu_check.json, prints a table
     python benchmarks/gpu_check.py --device cpu --tiny  # the same code at the smoke shape on CPU (tests)
 
-What it measures, per arm (model built by `ablate.tiers.model_config`, weights by `GPT.init_weights`):
+What it measures, per arm (model built by `ablate.sizing.model_config`, weights by `GPT.init_weights`):
 * accuracy: the fused path under bf16 autocast against the reference path in float32 (materialised
   attention weights), same weights, one batch: the largest absolute logit error and both losses;
 * backend: forward+backward with `sdpa_kernel` restricted to the flash kernel, then to the

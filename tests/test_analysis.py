@@ -285,6 +285,32 @@ def test_absent_arms_skip_quantities_with_a_note(tmp_path):
     assert "Skipped" in render(overlap, "md")
 
 
+def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
+    """One registry (`ablate.analysis.kinds`): build_table, argparse and the renderers take their kinds from it,
+    so a kind registered there is listed and built, and any other name is refused in one line everywhere
+    (build_table used to build an overlap table for any name it did not know)."""
+    from ablate.analysis.kinds import KINDS, TableKind, register_kind
+    from ablate.cli import main
+
+    for name, kind in KINDS.items():
+        if name not in ("declared",):  # declared needs a declared family (its own test)
+            table = build_table(runs, name)
+            assert table.kind == name and render(table, "json") if name != "scale" else table.kind == name
+    with pytest.raises(AblateError, match=r"^unknown kind 'lossess'; valid kinds: paired, increments, overlap, "
+                                          r"losses, declared, scale$"):
+        build_table(runs, "lossess")
+    with pytest.raises(SystemExit):
+        main(["table", str(store), "--kind", "lossess"])
+    assert "invalid choice: 'lossess'" in capsys.readouterr().err
+    register_kind(TableKind("final-losses", "ablate.analysis.build:build_losses", "t", "e", "a kind added in a test"))
+    try:
+        assert build_table(runs, "final-losses").kind == "losses"
+        assert main(["table", str(store), "--kind", "final-losses", "--format", "csv"]) == 0
+        assert capsys.readouterr().out.startswith("tier,arm,")
+    finally:
+        KINDS.pop("final-losses")
+
+
 def test_kind_format_and_reference_errors(runs):
     with pytest.raises(AblateError, match="unknown kind 'pairs'.*paired, increments, overlap"):
         build_table(runs, "pairs")

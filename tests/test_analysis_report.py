@@ -19,7 +19,8 @@ from ablate.analysis.load import load_curves, load_runs
 
 from ablate.analysis.plots import find_crossover
 from ablate.analysis.report import SECTIONS, write_report
-from ablate.analysis.tables import KINDS, Table, increments_table
+from ablate.analysis.kinds import KINDS, paired_seed_kinds
+from ablate.analysis.tables import Table, increments_table
 from ablate.errors import AblateError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def report(tmp_path_factory):
 
 def test_report_files_and_images(report):
     names = {p.name for p in report.iterdir()}
-    expected = {f"{k}.{ext}" for k in (*KINDS, "losses") for ext in ("md", "csv")}
+    expected = {f"{k}.{ext}" for k in (*paired_seed_kinds(), "losses") for ext in ("md", "csv")}
     assert expected | {"increments.png", "curves.png", "paired.png", "summary.md"} <= names
     assert "synthetic.png" not in names  # no synthetic results in this experiment
     for image in ("increments.png", "curves.png", "paired.png"):
@@ -86,7 +87,7 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
     assert not (folder / "overlap.md").exists()  # no gate arm: the experiment cannot have an overlap
-    for kind in (*(k for k in KINDS if k != "overlap"), "losses"):
+    for kind in (*(k for k in paired_seed_kinds() if k != "overlap"), "losses"):
         text = (folder / f"{kind}.md").read_text()
         if "| smoke |" in text:
             assert "pipeline-check" in text and "carry no evidence" in text, kind
@@ -235,7 +236,9 @@ def test_table_and_report_commands(tmp_path, capsys):
     assert str(folder / "report") in capsys.readouterr().out
     with pytest.raises(AblateError, match="needs an experiment's run store"):
         write_report(tmp_path / "p.csv")
-    assert analysis_cli.KINDS == (*KINDS, "losses", "declared", "scale")
+    assert paired_seed_kinds() == ("paired", "increments", "overlap")
+    assert analysis_cli.KINDS is KINDS and list(KINDS) == ["paired", "increments", "overlap", "losses", "declared",
+                                                          "scale"]
 
 
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module

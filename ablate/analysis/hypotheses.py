@@ -24,7 +24,8 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, MARK_NOTES, Table, _skip_note, _table, add_mark,
+from ablate.analysis.kinds import INCREMENTS
+from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision

@@ -21,7 +21,8 @@ from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.store import completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics
+from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics,
+                          run_key)
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -114,7 +115,7 @@ def _runs_from_store(folder: Path) -> Runs:
                     "moved run folder?); move it out of the experiment folder")
         key = (tier, arm, where["seed"])
         if key in seen:
-            raise AblateError(f"run {tier}/{arm}/seed{where['seed']} appears twice: {seen[key]} and {run}")
+            raise AblateError(f"run {run_key(tier, arm, where['seed'])} appears twice: {seen[key]} and {run}")
         seen[key] = run
         row = {
             "tier": tier, "arm": arm, "seed": where["seed"],
@@ -182,7 +183,7 @@ def _runs_from_table(path: Path) -> Runs:
     if dupes.height:
         first = dupes.row(0, named=True)
         raise AblateError(
-            f"{str(path)!r} has more than one row for run {first['tier']}/{first['arm']}/seed{first['seed']}; "
+            f"{str(path)!r} has more than one row for run {run_key(first['tier'], first['arm'], first['seed'])}; "
             "each (tier, arm, seed) must appear once"
         )
     if "status" not in frame.columns:

@@ -19,7 +19,7 @@ from pathlib import Path
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
-from ablate.store import CONFIG, read_json
+from ablate.store import CONFIG, read_json, run_key
 
 FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 SETTINGS = "settings_fingerprint"  # of shared_config: equal for every run of one tier
@@ -84,7 +84,7 @@ def parameter_matched(a: dict, b: dict) -> bool:
 
 
 def _name(row: dict) -> str:
-    return row["path"] or f"{row['tier']}/{row['arm']}/seed{row['seed']}"
+    return row["path"] or run_key(row['tier'], row['arm'], row['seed'])
 
 
 def _settings_differences(a: dict, b: dict, across_seeds: bool) -> list:

@@ -14,7 +14,8 @@ import polars as pl
 
 from ablate.analysis.crossover import (FILTERING_FORMS, ZERO_OPTION, Crossover, find_crossover,  # noqa: F401
                                        format_params, sized)
-from ablate.analysis.tables import DESCRIPTIONS, INCREMENTS, Table, is_pipeline_check
+from ablate.analysis.kinds import DESCRIPTIONS, INCREMENTS
+from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
 from ablate.tiers import tier_rank

@@ -32,11 +32,12 @@ from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
-from ablate.analysis.render import DESCRIPTIONS, decision_text, effect_cells, format_p, render
+from ablate.analysis.render import decision_text, effect_cells, format_p, render
 from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
 from ablate.analysis.build import build_table
-from ablate.analysis.tables import (INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK, Table,
-                                    is_pipeline_check, losses_table, pipeline_check_text)
+from ablate.analysis.kinds import (DESCRIPTIONS, INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK,
+                                   paired_seed_kinds)
+from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes
@@ -195,10 +196,8 @@ def flags_section(ctx: ReportContext) -> str:
                      if is_pipeline_check(r["tier"])})
     left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
     if verdicts is None:
-        kinds = {"paired": "the arms of one tier against the reference", "increments": "the increments of one tier",
-                 "overlap": "the overlaps of one tier"}
         rule = (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
-                "seeds, Holm-adjusted within each family (" + "; ".join(kinds[k] for k in _kinds(ctx))
+                "seeds, Holm-adjusted within each family (" + "; ".join(KINDS[k].family for k in _kinds(ctx))
                 + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
     else:
         rule = (f"Only the declared comparisons can be supported ({family.family}): "
@@ -317,8 +316,8 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
 
 
 def _kinds(ctx: ReportContext) -> list[str]:
-    """The paired-seed tables this experiment can have (KINDS less those its arms cannot give)."""
-    return [kind for kind in KINDS if kind not in ctx.left_out]
+    """The paired-seed tables this experiment can have (`paired_seed_kinds` less those its arms cannot give)."""
+    return [kind for kind in paired_seed_kinds() if kind not in ctx.left_out]
 
 
 def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
@@ -373,8 +372,8 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
         raise AblateError(f"no runs of the study in {runs.name!r} (only synthetic-task runs)")
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
-    tables = {kind: build_table(runs, kind, reference if kind == "paired" else None, declared) for kind in KINDS}
-    tables["losses"] = losses_table(runs)
+    tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
+              for kind in (*paired_seed_kinds(), "losses")}
     if declared is not None:
         tables[DECLARED] = build_table(runs, DECLARED, declared=declared)
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS

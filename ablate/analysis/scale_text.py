@@ -9,7 +9,7 @@ import polars as pl
 
 from ablate.analysis.scale import (CROSSING_COLUMNS, GAP_DESCRIPTIONS, GAPS, ScaleTable, _p, _params)
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.tables import DESCRIPTIONS
+from ablate.analysis.kinds import DESCRIPTIONS
 from ablate.errors import choice_error
 
 

@@ -5,22 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale")  # tables.KINDS, losses, declared, scale
+from ablate.analysis.kinds import KINDS  # import-light: names and words only (no polars)
+
 FORMATS = ("md", "csv", "latex", "json")
 
 
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="paired-seed tables: paired differences, increments, the 2×2 overlap, the declared comparisons, or the "
-             "scale model (slopes per decade, crossings)",
+        help="tables of the runs: " + "; ".join(kind.help for kind in KINDS.values()),
         description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
     table.add_argument("source", metavar="SOURCE",
                        help="experiment name or experiments/*.py file (runs under --results), an experiment "
                             "folder, or a .csv/.parquet file")
-    table.add_argument("--kind", choices=KINDS, default="paired", help="which table (default: paired)")
+    table.add_argument("--kind", choices=list(KINDS), default="paired", help="which table (default: paired)")
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
@@ -79,12 +79,7 @@ def table_command(args: argparse.Namespace) -> int:
         return _by_item(args)
     folder = results_of(args.source, args.results)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
-    if args.kind == "losses":
-        from ablate.analysis.tables import losses_table
-
-        table = losses_table(runs)
-    else:
-        table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
+    table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
     if args.kind == "scale":
         from ablate.analysis.scale_text import render_scale
 

@@ -23,10 +23,10 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--aside", action="store_true",
                         help="also remove folders kept aside by `ablate run --force` (seed<k>.old-*): they hold "
                              "OLDER RESULTS that cannot be rebuilt")
-    parser.set_defaults(func=_clean_cli)
+    parser.set_defaults(func=clean_command)
 
 
-def _clean_cli(args) -> int:
+def clean_command(args) -> int:
     from ablate.clean import clean, human  # the library loads in the handler: see ablate.cli
     from ablate.experiment import load_experiment
     from ablate.status import with_queued_seeds

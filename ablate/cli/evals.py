@@ -32,10 +32,10 @@ def add_commands(subparsers) -> None:
                         help=f"bootstrap draws for the stderr of perplexities (default {DEFAULT_BOOTSTRAP_ITERS:,}, "
                              "lm-eval's; 0: no stderr for any metric)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.set_defaults(func=_eval)
+    parser.set_defaults(func=eval_command)
 
 
-def _eval(args) -> int:
+def eval_command(args) -> int:
     from ablate.evals.run import evaluate_run, require_lm_eval
 
     require_lm_eval()

@@ -48,7 +48,7 @@ def add_commands(subparsers) -> None:
     power.add_argument("--looks", type=int, metavar="K", help="--sequential: number of looks")
     power.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
     power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
-    parser.set_defaults(func=_plan)
+    parser.set_defaults(func=plan_command)
 
 
 def _needs(args, flag: str, *names: str) -> None:
@@ -143,7 +143,7 @@ def sequential_text(name: str, design: dict) -> str:
     return "\n".join(lines)
 
 
-def _plan(args) -> int:
+def plan_command(args) -> int:
     from ablate.experiment import load_experiment
     from ablate.plan import plan_grid, throughput
     from ablate.profiles import load_profile

@@ -11,7 +11,7 @@ def add_commands(subparsers) -> None:
     probe = subparsers.add_parser("probe", help="sink diagnostics of a trained run (probe.json + heatmap)")
     probe.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
     _batch_options(probe)
-    probe.set_defaults(func=_probe)
+    probe.set_defaults(func=probe_command)
 
     inject = subparsers.add_parser("inject", help="junk injection into quiet reads: loss increase over clean")
     inject.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
@@ -22,7 +22,7 @@ def add_commands(subparsers) -> None:
                         metavar="KIND", help="junk kinds, space-separated (default: all four)")
     inject.add_argument("--seed", type=int, default=0, help="seed of the junk draws (default 0)")
     _batch_options(inject)
-    inject.set_defaults(func=_inject)
+    inject.set_defaults(func=inject_command)
 
     synthetic = subparsers.add_parser(
         "synthetic", help="train tiny models on the synthetic abstention task and probe them (a CPU demo)")
@@ -37,7 +37,7 @@ def add_commands(subparsers) -> None:
                            help="experiment folder: write OUT/synthetic/synthetic.json (drawn by `ablate report` "
                                 "as synthetic.png) and run folders OUT/synthetic/runs/<arm>/seed<k>/ that "
                                 "`ablate probe` and `ablate inject` read")
-    synthetic.set_defaults(func=_synthetic)
+    synthetic.set_defaults(func=synthetic_command)
 
 
 def _batch_options(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def _numbers(values: list[str], what: str, kind=float) -> list:
         raise AblateError(f"--{what} {' '.join(values)!r} is not a list of {noun} (e.g. --{what} 0 1)") from err
 
 
-def _probe(args) -> int:
+def probe_command(args) -> int:
     from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
     from ablate.modelio import default_device
 
@@ -85,7 +85,7 @@ def format_probe(probe: dict) -> str:
     return "\n".join(lines)
 
 
-def _inject(args) -> int:
+def inject_command(args) -> int:
     from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
     from ablate.modelio import default_device
 
@@ -97,7 +97,7 @@ def _inject(args) -> int:
     return 0
 
 
-def _synthetic(args) -> int:
+def synthetic_command(args) -> int:
     from ablate.arms import list_arms
     from ablate.errors import choice_error
 

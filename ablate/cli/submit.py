@@ -39,7 +39,7 @@ def add_commands(subparsers) -> None:
     sequential.add_argument("--looks", type=int, metavar="K", help="--sequential: looks (first submit only)")
     sequential.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
     sequential.add_argument("--alpha", type=float, default=None, help="--sequential: family-wise error (default 0.05)")
-    parser.set_defaults(func=_submit_cli)
+    parser.set_defaults(func=submit_command)
 
 
 def _resolve(args):
@@ -58,7 +58,7 @@ def _hint(args) -> str:
     return Selection.of(args).status_command()
 
 
-def _submit_cli(args) -> int:
+def submit_command(args) -> int:
     try:
         return _submit_and_tell(args)
     except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)

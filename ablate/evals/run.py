@@ -29,7 +29,7 @@ from ablate.evals.tasks import (
     task_manager,
     task_version,
 )
-from ablate.experiment import RunSpec, load_experiment
+from ablate.experiment import RunSpec, start_task
 from ablate.lock import FileLock
 from ablate.modelio import default_device, load_run
 from ablate.store import (completed, 
@@ -41,7 +41,8 @@ from ablate.store import (completed,
     file_sha256,
     iter_run_dirs,
     read_json_file,
-    run_dir,
+    run_dir_of,
+    run_key,
     run_lock_path,
 )
 
@@ -152,7 +153,7 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     """(completed run folders of the grid, one line per run skipped and why)."""
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
-        folder = run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        folder = run_dir_of(results, spec)
         _sort_evaluable(folder, spec.key, folders, skipped)
     return folders, skipped
 
@@ -166,7 +167,7 @@ def folder_runs_to_evaluate(experiment_dir, tiers=None, arms=None, seeds=None) -
         seed = int(seed_dir.removeprefix("seed"))
         if (tiers and tier not in tiers) or (arms and arm not in arms) or (seeds is not None and seed not in seeds):
             continue
-        _sort_evaluable(folder, f"{tier}/{arm}/seed{seed}", folders, skipped)
+        _sort_evaluable(folder, run_key(tier, arm, seed), folders, skipped)
     return folders, skipped
 
 
@@ -192,9 +193,6 @@ class EvalJob:
         self.tasks, self.options = list(tasks), dict(options or {})
 
     def __call__(self, spec: RunSpec) -> dict:
-        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        if self.experiment_file:
-            load_experiment(self.experiment_file)
-        folder = run_dir(self.results, spec.experiment, spec.tier, spec.arm, spec.seed)
+        start_task(self.experiment_file)
+        folder = run_dir_of(self.results, spec)
         return evaluate_run(folder, self.tasks, **self.options)

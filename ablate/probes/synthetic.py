@@ -31,7 +31,7 @@ from ablate.store import (
     atomic_write_json,
     read_json_file,
 )
-from ablate.store import synthetic_results_path as results_path
+from ablate.store import run_key, synthetic_results_path as results_path
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ def train_and_save_synthetic(arm: str, seed: int, *, steps: int | None = None, o
     probe = probe_model(run.model, synthetic_validation(run.task, PROBE_BATCH_SIZE, PROBE_BATCHES))
     if out is None:
         return run, probe
-    run_dir = Path(out) / (SYNTHETIC_TIER if tier_dir else "") / arm / f"seed{int(seed)}"
+    key = run_key(SYNTHETIC_TIER, arm, seed)
+    run_dir = Path(out) / (key if tier_dir else key.split("/", 1)[1])  # older layout: <arm>/seed<k>
     identity = {"tier": SYNTHETIC_TIER, "arm": arm, "seed": int(seed)}
     atomic_write_json(run_dir / CONFIG, {**identity, "model": run.config, SYNTHETIC_KEY: asdict(run.task),
                                          "steps": len(run.losses), "seq_len": run.task.seq_len})
