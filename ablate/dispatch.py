@@ -28,10 +28,11 @@ from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError, error_line
 from ablate.evals.run import EvalJob
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
+from ablate.sequential import recorded_design
 from ablate.sizing import run_micro_batch
 from ablate.status import status
 from ablate.store import SUBMIT_LOCK, experiment_dir, record_ledger
@@ -40,10 +41,13 @@ from ablate.workers import RunJob, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
-    """submitit parameters for one run per array task (GPUs run data-parallel inside the task)."""
-    params = {"name": name, "timeout_min": profile["time_min"], "cpus_per_task": profile["cpus_per_run"],
+    """submitit parameters for one run per array task: k data-parallel processes (`processes_per_run`, one
+    per GPU) are k SLURM tasks on one node, which Lightning joins into one run (`devices = k`)."""
+    processes = profile.get("processes_per_run") or 1
+    params = {"name": name, "timeout_min": profile["time_min"],
+              "cpus_per_task": max(1, profile["cpus_per_run"] // processes),
               "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
-              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": 1, "nodes": 1}
+              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": processes, "nodes": 1}
     if profile["gpus_per_run"]:
         params["gpus_per_node"] = profile["gpus_per_run"]
     for key in ("partition", "account", "qos", "constraint"):
@@ -108,7 +112,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
-    tier it leaves out; `sequential`: the design's ledger record (kind SEQUENTIAL), written once, under
+    tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
     the submit lock, before anything is queued.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
@@ -140,7 +144,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
-        if sequential is not None and recorded_sequential(folder) is None:
+        if sequential is not None and recorded_design(folder) is None:
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
@@ -149,7 +153,7 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.token)
+            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
                                             list(eval_tasks), eval_options or {}, report["jobs"])
@@ -217,8 +221,10 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
     folder = experiment_dir(results, experiment)
+    processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "threads": options.get("threads") or profile["cpus_per_run"]})
+                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
+                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
     gpu = profile.get("gpu")
 
     def job_of(tier_specs):
@@ -269,4 +275,4 @@ def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
     prints it."""
     chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}
     return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen,
-                                                      world_size=profile["gpus_per_run"] or 1)}
+                                                      world_size=profile.get("processes_per_run") or 1)}

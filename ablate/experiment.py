@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, read_ledger, run_key
+from ablate.store import check_name, run_key
 from ablate.tiers import get_tier
 
 
@@ -38,7 +38,6 @@ class RunSpec:
 
 
 FAMILIES = ("tier", "experiment")
-SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
 
 
 @dataclass(frozen=True)
@@ -274,16 +273,6 @@ def named_experiment(source: str | os.PathLike) -> Experiment | None:
     if Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text or find_file("experiments", f"{text}.py") is None:
         return None
     return load_experiment(text)
-
-
-def recorded_sequential(folder: str | os.PathLike) -> dict | None:
-    """The sequential design `submit --sequential` recorded in the experiment folder's ledger, else None:
-    {"kind", "design", "comparisons": [[name, minuend, subtrahend], …], "family", "looks", "max_seeds", "alpha"}."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    found = [s for s in read_ledger(folder)["submissions"] if isinstance(s, dict) and s.get("kind") == SEQUENTIAL]
-    return found[-1] if found else None
 
 
 def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:

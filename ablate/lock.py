@@ -20,6 +20,7 @@ line naming the file, never judged or removed. This module has no torch dependen
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -29,13 +30,14 @@ import time
 import uuid
 from pathlib import Path
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, writing
 
 log = logging.getLogger(__name__)
 REFRESH_S = 30.0
 STALE_AFTER_S = 300.0  # another host's lock unrefreshed this long is dead (10 refreshes missed)
 TORN_AFTER_S = 60.0  # a lock without a holder (torn, or being written) this old was left by a writer that died
-TOKEN_ENV = "ABLATE_LOCK_TOKEN"  # a holder's token, handed down to the child processes it starts
+TOKEN_ENV = "ABLATE_LOCK_TOKEN"  # a holder's secret token, handed down (only) to the child processes it starts
+CHILD_RUN_ENV = "ABLATE_CHILD_OF_RUN"  # the key of the run whose data-parallel children a process starts
 PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no process anywhere has a larger id
 
 
@@ -153,12 +155,34 @@ def live_holder(path: str | os.PathLike, stale_after_s: float = STALE_AFTER_S) -
     return holder if lock_alive(holder, mtime, stale_after_s) else None  # a young torn lock is being written
 
 
+def token_digest(token: str) -> str:
+    """What a lock file keeps of its holder's token: its SHA-256, so the file (world-readable) never shows it."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of a live process (from /proc), or None if unknown or gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="utf-8") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def held_by_parent(path: str | os.PathLike) -> bool:
-    """Whether the lock at `path` is held by this process's parent, which handed its token down (TOKEN_ENV)."""
+    """Whether the lock at `path` is held by this process's live parent, which handed its token down.
+
+    Two things an outside process cannot arrange: the holder is this process's parent in the live process
+    tree (by pid and kernel start time, read from /proc, not from the lock file), and this process was given
+    the holder's secret token (TOKEN_ENV), of which the lock file keeps only the SHA-256.
+    """
     token, found = os.environ.get(TOKEN_ENV), read_lock(path)
     holder = found[0] if found else {}
-    return bool(token) and holder.get("token") == token and holder.get("host") == socket.gethostname() \
-        and holder.get("pid") == os.getppid()
+    if not token or holder.get("token_sha256") != token_digest(token) or holder.get("host") != socket.gethostname():
+        return False
+    parent = os.getppid()
+    return holder.get("pid") == parent == parent_pid(os.getpid()) and holder.get("start_time") is not None \
+        and holder.get("start_time") == process_start_time(parent)
 
 
 class FileLock:
@@ -169,7 +193,8 @@ class FileLock:
         self.path = Path(path)
         self.what = what or str(self.path)
         self.refresh_s, self.stale_after_s = refresh_s, stale_after_s
-        self.token = uuid.uuid4().hex
+        self.token = uuid.uuid4().hex  # secret: handed down to children (`handed_down`), never written
+        self.lock_id = uuid.uuid4().hex  # public: names this holding (e.g. a submission in the ledger)
         self.extra = extra or {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,7 +202,9 @@ class FileLock:
     def holder(self) -> dict:
         pid = os.getpid()
         return {"host": socket.gethostname(), "pid": pid, "start_time": process_start_time(pid),
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "token": self.token,
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
+                "id": self.lock_id,
+                "token_sha256": token_digest(self.token),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **self.extra}
 
     def acquire(self) -> "FileLock":
@@ -200,8 +227,12 @@ class FileLock:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            self._write_holder(handle)
+        try:
+            with writing(self.path), os.fdopen(fd, "w", encoding="utf-8") as handle:
+                self._write_holder(handle)
+        except BaseException:  # e.g. a full disk: leave no torn lock that refuses the next attempt
+            self.path.unlink(missing_ok=True)
+            raise
         return True
 
     def _write_holder(self, handle) -> None:
@@ -251,7 +282,7 @@ class FileLock:
 
     def held(self) -> bool:
         found = read_lock(self.path)
-        return found is not None and found[0].get("token") == self.token
+        return found is not None and found[0].get("token_sha256") == token_digest(self.token)
 
     def release(self) -> None:
         self._stop.set()
@@ -261,17 +292,20 @@ class FileLock:
             self.path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def handed_down(self):
-        """While inside: the child processes started get this lock's token (`held_by_parent` checks it)."""
-        before = os.environ.get(TOKEN_ENV)
-        os.environ[TOKEN_ENV] = self.token
+    def handed_down(self, **environment: str):
+        """While inside: the child processes started get this lock's token (`held_by_parent` checks it), and
+        the other `environment` variables given (e.g. which run they are children of)."""
+        settings = {TOKEN_ENV: self.token, **environment}
+        before = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
         try:
             yield self
         finally:
-            if before is None:
-                os.environ.pop(TOKEN_ENV, None)
-            else:
-                os.environ[TOKEN_ENV] = before
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def __enter__(self) -> "FileLock":
         return self.acquire()
@@ -280,7 +314,7 @@ class FileLock:
         self.release()
 
 
-RANK_VARIABLES = ("LOCAL_RANK", "RANK")
+RANK_VARIABLES = ("LOCAL_RANK", "RANK", "SLURM_PROCID")
 
 
 def claimed_rank() -> int:
@@ -295,12 +329,33 @@ def claimed_rank() -> int:
     return 0
 
 
+def held_by_step_sibling(path: str | os.PathLike) -> bool:
+    """Whether the lock at `path` is held by rank 0 of this process's own SLURM job step, on this node.
+
+    `srun` starts the k tasks of a data-parallel run side by side, so rank 0 cannot hand its token down
+    to the others. What shows them to be its siblings is the live process tree: the holder (by pid and
+    kernel start time) and this process have the same parent, the step's slurmstepd, and the lock names
+    this job and step. (The guards that keep a finished or different run from being trained hold for
+    every process anyway: see `ablate.train.check_child_run_dir`.)
+    """
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    found = read_lock(path)
+    holder = found[0] if found else {}
+    if not job or not step or holder.get("slurm_job_id") != job or holder.get("slurm_step_id") != step \
+            or holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    pid = holder["pid"]
+    return pid != os.getpid() and parent_pid(pid) == os.getppid() == parent_pid(os.getpid()) \
+        and holder.get("start_time") is not None and holder.get("start_time") == process_start_time(pid)
+
+
 def launched_child(lock_path: Path) -> bool:
-    """True only in a data-parallel child of the process that holds the run (it handed down the run lock's
-    token, `FileLock.handed_down`). Anything else that claims a rank is an ordinary run, with every guard."""
+    """True only in a data-parallel child of the process that holds the run: one it started (it handed down
+    the run lock's token, `FileLock.handed_down`), or a task of its own SLURM job step. Anything else that
+    claims a rank is an ordinary run, with every guard."""
     if not claimed_rank():
         return False
-    if held_by_parent(lock_path):
+    if held_by_parent(lock_path) or held_by_step_sibling(lock_path):
         return True
     log.warning("the environment claims rank %d, but this process's parent does not hold %s: running it as an "
                 "ordinary run", claimed_rank(), lock_path)

@@ -24,7 +24,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, writing
 from ablate.store import atomic_write_bytes, read_metrics
 
 STATE_KEYS = {"model", "optimizer", "stream", "data_fingerprint"}  # what every checkpoint holds
@@ -296,7 +296,7 @@ class MetricsLog:
         self.path, self.log_dict = path, log_dict
 
     def write(self, row: dict):
-        with open(self.path, "a", encoding="utf-8") as handle:
+        with writing(self.path), open(self.path, "a", encoding="utf-8") as handle:  # a torn line is skipped
             handle.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
         if self.log_dict is not None:
             self.log_dict({k: v for k, v in row.items() if k != "step"}, step=row["step"])

@@ -10,8 +10,10 @@ nothing with -100, cross-entropy's ignore index).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import json
 from pathlib import Path
 
 import torch
@@ -19,8 +21,10 @@ import torch
 from ablate.data import validation_batches
 from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask, synthetic_validation
 from ablate.errors import AblateError
+from ablate.lock import FileLock
 from ablate.model import GPT, GPTConfig
-from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json
+from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json, run_lock_path,
+                          verified_weights_sha256)
 
 
 def save_model(model: GPT, path: str | Path) -> None:
@@ -30,10 +34,34 @@ def save_model(model: GPT, path: str | Path) -> None:
 
 
 def load_model(path: str | Path) -> GPT:
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**blob["config"]))
-    model.load_state_dict(blob["state_dict"])
+    """The model saved at `path` (`save_model`), loaded without running code (weights_only). A damaged file,
+    or one that is not weights ablate saved, is refused in one line naming it."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        model = GPT(GPTConfig(**blob["config"]))
+        model.load_state_dict(blob["state_dict"])
+    except AblateError:
+        raise
+    except Exception as err:  # UnpicklingError, zip/EOF errors, a foreign dict (KeyError/TypeError), shapes
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise AblateError(f"{path} is damaged or is not weights ablate saved ({err.__class__.__name__}: {first}); "
+                          "rerun the run with `ablate run ... --force`") from None
     return model.eval()
+
+
+@contextlib.contextmanager
+def final_weights_held(run_dir: str | Path, device: str = "cpu"):
+    """`with final_weights_held(RUN_DIR) as (model, config, identity, weights_sha256):` the run's final weights,
+    checked to be those it completed with, and its lock for as long as the reader works (as `ablate eval`
+    holds it): no `ablate run --force` replaces the run meanwhile, so the result written inside, with the
+    weights' sha256 beside it, is of the weights it names."""
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise AblateError(f"run folder {str(run_dir)!r} does not exist")
+    with FileLock(run_lock_path(folder), what=f"run {folder}"):
+        weights = verified_weights_sha256(folder)
+        model, config, identity = load_run(folder, device)
+        yield model, config, identity, weights
 
 
 def load_trained_model(run_dir: str | Path) -> GPT:
@@ -86,9 +114,15 @@ def validation_batches_for_run(config: dict, n_batches: int, batch_size: int) ->
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):
-    """(model in eval mode on `device`, config dict, identity dict) of a trained run."""
+    """(model in eval mode on `device`, config dict, identity dict) of a trained run. Weights of another model
+    than the run's config.json names (a model.pt copied in from elsewhere) are refused."""
     config = read_run_config(run_dir)
     model = load_trained_model(run_dir).to(device)
+    saved = json.loads(json.dumps(dataclasses.asdict(model.config)))
+    if isinstance(config.get("model"), dict) and config["model"] != saved:
+        differ = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
+        raise AblateError(f"{Path(run_dir) / CHECKPOINTS / FINAL_WEIGHTS} holds another model than the run's "
+                          f"{CONFIG} (they differ in: {', '.join(differ)}): not this run's weights")
     return model, config, run_identity(run_dir, config, model.config.arm)
 
 

@@ -38,6 +38,9 @@ CALIBRATION_SEED = 20240521  # the numpy Generator seed the sequential boundarie
 PATHS_PER_INVERSE_ALPHA = 4000
 MIN_PATHS = 200_000
 MAX_PATHS = 5_000_000
+# A spread of paired differences at or below this fraction of the losses' magnitude is float rounding, not
+# noise (3.9 − 3.8 and 4.3 − 4.2 differ in binary by ~1e-16): no spread, so no t. The tables' rule too.
+RESOLUTION = 1e-9
 
 
 # ---------------------------------------------------------------- checks
@@ -337,7 +340,8 @@ def _boundary(t: np.ndarray, crossings: int) -> float:
     return float((ordered[-crossings - 1] + ordered[-crossings]) / 2)
 
 
-def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[float], design: Mapping) -> dict:
+def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[float], design: Mapping,
+                        scale: float | None = None) -> dict:
     """Where a comparison stands in a `sequential_design`, from its paired differences so far.
 
     `differences_by_seed` maps seed → difference (taken in seed order) or is a sequence in seed order.
@@ -349,8 +353,13 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
     crossing to α', these intervals cover the true mean at every look at once with probability
     ≥ 1 − α', so the one at the look where the design stopped is valid whatever stopped it (and it
     excludes 0 exactly when the decision is "effect"). Before the first look there is no interval.
+
+    A spread at float resolution is no spread (sd ≤ RESOLUTION × `scale`, the losses' magnitude, else the
+    largest |difference|): t and the interval are then None, and t never crosses a boundary (equal differences would give
+    |t| = ∞, differences equal up to rounding |t| ≈ 4e14, and either would read "effect" on no evidence).
     """
     values = _ordered_values(differences_by_seed)
+    floor = RESOLUTION * (float(np.max(np.abs(values))) if scale is None and values.size else float(scale or 0.0))
     looks = list(design["looks"])
     result = {"look": 0, "seeds": 0, "decision": "continue", "sign": None, "mean": None, "t": None,
               "t_boundary": None, "ci_low": None, "ci_high": None, "next_seeds": looks[0]["seeds"],
@@ -361,11 +370,11 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
             break
         sample = values[:n]
         mean, half = float(sample.mean()), float(look["t_boundary"]) * float(sample.std(ddof=1)) / math.sqrt(n)
-        t = _signed_t(sample)
-        crossed = abs(t) >= float(look["t_boundary"])
+        t = _signed_t(sample, floor)
+        crossed = t is not None and abs(t) >= float(look["t_boundary"])
         last = k == len(looks)
-        result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]), ci_low=mean - half,
-                      ci_high=mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
+        result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]),
+                      ci_low=None if t is None else mean - half, ci_high=None if t is None else mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
                       decision="effect" if crossed else ("max seeds reached" if last else "continue"),
                       sign=int(np.sign(mean)) if crossed else None)
         if crossed:
@@ -384,11 +393,11 @@ def _ordered_values(differences_by_seed: Mapping[int, float] | Sequence[float]) 
     return np.asarray([value for _, value in pairs], dtype=float)
 
 
-def _signed_t(sample: np.ndarray) -> float:
-    """The one-sample t of the differences (±inf when they are all equal and nonzero, 0 when all zero)."""
+def _signed_t(sample: np.ndarray, floor: float = 0.0) -> float | None:
+    """The one-sample t of the differences; None when their sd is at or below `floor` (no spread: no t)."""
     mean, sd = float(sample.mean()), float(sample.std(ddof=1))
-    if sd == 0:
-        return 0.0 if mean == 0 else math.copysign(math.inf, mean)
+    if sd <= floor:
+        return None
     return mean * math.sqrt(sample.size) / sd
 
 

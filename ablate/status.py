@@ -20,15 +20,19 @@ from pathlib import Path
 import submitit
 
 from ablate.evals.results import valid_evals
-from ablate.experiment import Experiment, RunSpec, recorded_sequential
+from ablate.experiment import Experiment, RunSpec
+from ablate.errors import AblateError
 from ablate.lock import live_holder
 from ablate.errors import error_line
+from ablate.sequential import recorded_design
 from ablate.store import (
     CONFIG,
     METRICS,
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    config_disagreement,
+    check_results_folder,
     experiment_dir,
     finished,
     iter_run_dirs,
@@ -50,8 +54,11 @@ def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
     the declared seed count look by look, and status, clean, eval and the resume hints must see those runs
     too (else they count 6 of 12 completed runs). No recorded design: the experiment as declared."""
     folder = experiment_dir(results, experiment)
-    if recorded_sequential(folder) is None:
-        return experiment
+    try:
+        if recorded_design(folder) is None:
+            return experiment
+    except AblateError:
+        pass  # a damaged design record: the ledger's runs still say which seeds were queued, and status shows them
     queued: dict[str, int] = {}
     for key in read_ledger(folder)["runs"]:
         tier, _, seed = key.removeprefix("eval:").rpartition("/seed")
@@ -163,6 +170,10 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
     held = (slurm.queue or {}).get(job_id)
     told = (slurm.accounting or {}).get(job_id, "")
     state = held[0] if held else told
+    if not held and slurm.queue is not None and told in RUNNING + PAUSED and not _just_submitted(entry):
+        # a runaway: accounting still says it is active, but the controller (which squeue asks) has no such job
+        return "unknown", (f"SLURM's accounting says job {job_id} is {told}, but the controller no longer holds it "
+                           "(a runaway job record); `ablate submit` queues the run again")
     if state == "COMPLETING" and told in ENDED:  # it has ended (its processes are being cleaned up): say how
         state = told
     if state in QUEUED:
@@ -183,11 +194,16 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
         return "failed", error_line(read_text(stderr)) or f"SLURM job {job_id}: {state}"
     if slurm.queue is None:
         return "unknown", f"SLURM does not answer about job {job_id} ({'; '.join(slurm.errors.values())})"
-    submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
-    if dt.datetime.now() - submitted < JUST_SUBMITTED:
+    if _just_submitted(entry):
         return "queued", None
     why = slurm.errors.get("sacct") or "sacct has no record of it"
     return "unknown", f"SLURM no longer holds job {job_id} and its accounting is silent ({why})"
+
+
+def _just_submitted(entry: dict) -> bool:
+    """Submitted so recently that the controller and accounting may not agree about the job yet."""
+    submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
+    return dt.datetime.now() - submitted < JUST_SUBMITTED
 
 
 def read_text(path) -> str | None:
@@ -266,7 +282,8 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
            "val_loss_final": summary.get("status") == "completed"}  # else: the last mid-run evaluation
     row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
-                                                       damage(summary, progress["steps"], bool(metrics)), way_out)
+                                                       damage(summary, progress["steps"], bool(metrics))
+                                                       or config_disagreement(folder, summary), way_out)
     if row["state"] != "running":
         row["eta_s"] = None
     return row
@@ -296,7 +313,7 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
         if entry.get("exit_code") not in (None, 0) or status == "failed":
             why = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
             return "failed", why, False
-        if entry.get("exit_code") is None and submit_holder and submit_holder.get("token") == entry.get("submission"):
+        if entry.get("exit_code") is None and submit_holder and submit_holder.get("id") == entry.get("submission"):
             return "queued", None, True
     if status in ("failed", "running", "completed"):  # completed without its final loss: it resumes
         return "failed", error_line(summary.get("error")) or ("the run stopped without finishing (killed?); "
@@ -308,7 +325,7 @@ def status(experiment: Experiment | str, results: Path, specs: list[RunSpec] | N
     """One row per run (`run_status`): of the experiment's grid (or `specs`, a part of it); given a name
     instead of an Experiment (ad-hoc runs), of `specs`, which the caller lists (`folder_runs`)."""
     name = experiment if isinstance(experiment, str) else experiment.name
-    folder = Path(results) / name
+    folder = check_results_folder(results) / name
     ledger = read_ledger(folder)
     specs = specs if specs is not None or isinstance(experiment, str) else experiment.runs()
     keys = [s.key for s in specs] + [f"eval:{s.key}" for s in specs]
@@ -326,7 +343,7 @@ def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> 
     """The runs found in RESULTS/<name> without an experiment file (`ablate run`'s ad-hoc runs, or any
     `--experiment NAME` of it): every run folder with its config.json (written as a run starts), filtered."""
     specs = []
-    for folder in iter_run_dirs(Path(results) / name, holding=CONFIG):
+    for folder in iter_run_dirs(check_results_folder(results) / name, holding=CONFIG):
         tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
         if (not tiers or tier in tiers) and (not arms or arm in arms) and (seeds is None or seed in seeds):
             specs.append(RunSpec(name, tier, arm, seed))

@@ -17,6 +17,8 @@ This module has no torch dependency: the analysis reads the store through it.
 
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
 import json
 import math
@@ -27,7 +29,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, writing
+from ablate.identity import config_fingerprint
 
 CONFIG = "config.json"
 SUMMARY = "summary.json"
@@ -56,18 +59,46 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 SEED_DIR = re.compile(r"seed(0|[1-9][0-9]*)")  # exactly seed<k>: folders kept aside (seed0.old-…) never count
 
 
+NAME_ROOM = 16  # the most ablate adds to a name to make a file or folder name of it (`eval-<tier>`, `<name>.py`)
+
+
+@functools.lru_cache(maxsize=1)
+def name_max() -> int:
+    """The filesystem's longest file name (NAME_MAX, 255 on ext4, XFS, Lustre, NFS), 255 when it cannot say."""
+    try:
+        return int(os.pathconf(".", "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
+
+
 def check_name(kind: str, name: object) -> str:
-    """`name` if it is safe as one folder name (letters, digits, . _ + -, not starting with . and no `..`)."""
+    """`name` if it is safe as one folder name (letters, digits, . _ + -, not starting with . and no `..`),
+    and short enough that every file or folder name made of it fits the filesystem's limit."""
     text = str(name)
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(text) or ".." in text:
         raise AblateError(f"invalid {kind} name {text!r}: use letters, digits and . _ + - (no path separators, "
                           "no '..', not starting with '.')")
+    longest = name_max() - NAME_ROOM
+    if len(text) > longest:
+        raise AblateError(f"invalid {kind} name {text[:40]!r}… ({len(text)} characters): names are at most {longest} "
+                          f"characters (the filesystem's limit of {name_max()} less {NAME_ROOM} for what ablate adds)")
     return text
+
+
+def check_results_folder(results: str | os.PathLike) -> Path:
+    """The results folder, refused in one line when it, or a folder above it, is a symbolic link to nothing
+    (a scratch filesystem not mounted on this node): every run would look not yet submitted."""
+    path = Path(results)
+    for part in (path, *path.parents):
+        if part.is_symlink() and not part.exists():
+            raise AblateError(f"results folder {str(path)!r}: {part} is a symbolic link to {os.readlink(part)!r}, "
+                              "which does not exist here (is its filesystem mounted on this node?)")
+    return path
 
 
 def experiment_dir(results: str | os.PathLike, experiment) -> Path:
     """RESULTS/<experiment>: the folder of an experiment's runs, its ledger and its report."""
-    return Path(results) / check_name("experiment", experiment.name)
+    return check_results_folder(results) / check_name("experiment", experiment.name)
 
 
 def run_key(tier: str, arm: str, seed: int) -> str:
@@ -85,7 +116,7 @@ def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, se
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
     check_name("tier", tier), check_name("arm", arm)
-    return Path(results) / check_name("experiment", experiment) / run_key(tier, arm, seed)
+    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed)
 
 
 def run_lock_path(folder: str | os.PathLike) -> Path:
@@ -106,19 +137,20 @@ def remove_stray_temporaries(folder: str | os.PathLike) -> list[Path]:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a shared run store must stay readable
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a shared run store must stay readable
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -163,6 +195,33 @@ def completed(summary: dict) -> bool:
     loss = summary.get("val_loss")
     return summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool) \
         and math.isfinite(loss)
+
+
+def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
+    """Why a run's config.json is not the configuration it trained with, or None.
+
+    summary.json's `config_fingerprint` is computed by training from the configuration it ran; config.json
+    is what every reader compares settings with. A hand-edited config.json (`"steps": 2 → 3`) would make a
+    2-step run read as a 3-step one, so every reader (the tables, the report, status) recomputes the
+    fingerprint from config.json and calls a run whose two files disagree damaged. A run recorded before
+    the fingerprint existed, or without a config.json, cannot be checked here: the tables refuse it as
+    unverified (`--allow-unverified` counts it, named in the footer).
+    """
+    recorded = summary.get("config_fingerprint")
+    path = Path(folder) / CONFIG
+    if recorded is None or not path.is_file():
+        return None
+    try:
+        config = read_json_file(path, "")
+    except AblateError:
+        return f"its {CONFIG} is damaged (not a JSON object)"
+    if not isinstance(recorded, str):
+        return f"summary.json's config_fingerprint is {recorded!r}, not a fingerprint"
+    found = config_fingerprint(config)
+    if found != recorded:
+        return (f"its {CONFIG} is not the configuration it trained with (its fingerprint {found[:12]}… differs from "
+                f"summary.json's config_fingerprint {recorded[:12]}…: {CONFIG} was edited after the run?)")
+    return None
 
 
 def finished(summary: dict) -> bool:
@@ -230,6 +289,32 @@ def final_weights_sha256(folder: str | os.PathLike) -> str | None:
     return _HASHED[key]
 
 
+def verified_weights_sha256(folder: str | os.PathLike) -> str:
+    """The SHA-256 of checkpoints/model.pt, checked to be the weights the run completed with: what every
+    reader of a run's final weights (`ablate eval`, `probe`, `inject`) records beside its results, so that
+    a result of other weights is never read as the run's. Refused in one line otherwise.
+
+    The caller holds the run's lock (no `--force` can replace the run meanwhile). A folder without a
+    summary holds weights saved by hand (or by `ablate synthetic`): its model.pt is the run's.
+    """
+    folder = Path(folder)
+    summary_path = folder / SUMMARY
+    summary = read_json_file(summary_path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
+        if summary_path.is_file() else None
+    if summary is not None and not completed(summary):
+        raise AblateError(f"run {folder} is {summary.get('status')}, not completed with its final loss: only final "
+                          "weights are read")
+    weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+    if not weights.is_file():
+        raise AblateError(f"{folder} has no trained weights ({weights} is missing): has the run completed?")
+    found = file_sha256(weights)
+    kept = (summary or {}).get("weights_sha256")
+    if kept is not None and kept != found:
+        raise AblateError(f"{weights} is not the weights the run completed with (summary.json keeps sha256 "
+                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with `ablate run ... --force`")
+    return found
+
+
 # ---------------------------------------------------------------------------------------------- the ledger
 def read_ledger(folder: Path) -> dict:
     """RESULTS/<experiment>/ledger.json: what was submitted (job ids, times); empty when nothing was."""
@@ -240,7 +325,28 @@ def read_ledger(folder: Path) -> dict:
                                   "keep running) and submit again")
     if not isinstance(ledger.get("runs"), dict) or not isinstance(ledger.get("submissions"), list):
         raise AblateError(f"{path} is damaged (no 'runs' or 'submissions'); move it aside and submit again")
+    for key, entry in ledger["runs"].items():
+        why = _entry_damage(entry)
+        if why:
+            raise AblateError(f"{path} is damaged: its entry runs[{key!r}] {why}; move the ledger aside (the runs' own "
+                              "folders keep their results; SLURM jobs it lists keep running) and submit again")
     return ledger
+
+
+def _entry_damage(entry: object) -> str | None:
+    """Why a ledger run entry cannot be read (status and submit read its fields), or None."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an object"
+    if entry.get("executor") == "slurm":
+        absent = [k for k in ("job_id", "folder") if not isinstance(entry.get(k), str)]
+        if absent:
+            return f"is a SLURM job without {' and '.join(absent)}"
+    if "submitted" in entry:
+        try:
+            datetime.datetime.fromisoformat(entry["submitted"])
+        except (TypeError, ValueError):
+            return f"has submitted {entry['submitted']!r}, not a time"
+    return None
 
 
 _LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time

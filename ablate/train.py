@@ -12,12 +12,13 @@ is a pure function of (data, seed, global batch, seq len, k) (`ablate.data.Batch
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
+import functools
 import logging
 import math
 import os
 import time
 import traceback
+import uuid
 import warnings
 from functools import partial
 from pathlib import Path
@@ -29,15 +30,16 @@ from ablate import modelio  # the module, not its function: a test stops a run i
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, validation_windows
 from ablate.data.shards import read_manifest
-from ablate.errors import AblateError
+from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
-from ablate.lock import FileLock, launched_child
+from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
+from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group
 from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
@@ -106,7 +108,13 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
     folder = run_dir_of(results or default_results(), spec)
+    if int(config["devices"]) > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
+        finished_summary = await_step_rank0(folder, config)
+        if finished_summary is not None:
+            return finished_summary, True
+        return Trainer(folder, config).fit(), True
     if launched_child(run_lock_path(folder)):
+        check_child_run_dir(folder, config)
         return Trainer(folder, config).fit(), True
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
         state = prepare_run_dir(folder, config, force)
@@ -120,7 +128,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config)
-        with lock.handed_down():  # the proof the data-parallel children this process starts show
+        with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
             return Trainer(folder, config).fit(), False
 
 
@@ -156,6 +164,7 @@ class Trainer:
             torch.set_num_threads(int(config["threads"]))
         cuda = torch.cuda.is_available()
         devices = int(config["devices"])
+        launch_env = {name: os.environ.get(name) for name in LAUNCH_ENV}
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision=config["precision"], loggers=self._loggers())
@@ -169,6 +178,8 @@ class Trainer:
             self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
                                val_loss=None, finished=now(), error=str(err))
             return read_json(self.summary_path)
+        except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
+            raise
         except AblateError as err:  # bad input: one line (the command shows it), no traceback
             self.write_summary(status="failed", finished=now(), error=f"ablate: error: {err}")
             raise
@@ -180,11 +191,18 @@ class Trainer:
             if handler is not None:
                 logging.getLogger("ablate").removeHandler(handler)
                 handler.close()
+            if devices > 1:  # this run's process group ends with it: a worker's next run starts its own children
+                end_process_group(launch_env)
 
-    @property
+    @functools.cached_property
     def logger_run_id(self) -> str:
-        """The logger's run id: a function of the run folder, so a requeued job logs into the same run."""
-        return hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]
+        """The logger's run id, kept in the run's summary from its first step on, so that a requeued or resumed
+        job logs into the same run. A new run draws a new one: also one that `--force` starts in the folder
+        of a run kept aside (which keeps its own id, in its summary), since one id for two different runs
+        would merge them (`wandb sync --id`)."""
+        summary = read_json(self.summary_path) if self.summary_path.is_file() else {}
+        kept = summary.get("logger_run_id") if isinstance(summary, dict) else None
+        return kept if isinstance(kept, str) and kept else uuid.uuid4().hex[:16]
 
     def _loggers(self):
         kind = self.config["logger"]

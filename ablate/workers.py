@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from tqdm.auto import tqdm
 
 from ablate.errors import AblateError, error_line
+from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
 from ablate.store import RUN_LOG, experiment_dir, record_ledger, run_dir_of
 
@@ -188,10 +189,12 @@ def worker_main(results: str, payload_json: str) -> int:
     loop's signal handling), no further run starts, exit code 130. The end of stdin (the parent is gone)
     is taken as that SIGINT.
     """
-    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
-                     daemon=True).start()
     payload = json.loads(payload_json)
     job = RunJob(payload["experiment_file"], results, payload["options"])
+    if claimed_rank() and os.environ.get(CHILD_RUN_ENV):  # its parent watches stdin for it (and it must exit 0)
+        return child_main(job, payload, os.environ[CHILD_RUN_ENV])
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),
+                     daemon=True).start()
     current = None
     try:
         for fields in payload["specs"]:
@@ -215,6 +218,24 @@ def worker_main(results: str, payload_json: str) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if current is not None:
             tell({"event": "interrupted", "key": current})
+        return 130
+    return 0
+
+
+def child_main(job: RunJob, payload: dict, key: str) -> int:
+    """A data-parallel child of a worker (Lightning starts the worker's command again, with a rank): it
+    trains exactly its parent's current run, `key`, beside its parent, then exits. It tells nothing (its
+    stdout is its parent's: the parent reports the run), and never takes another run of the list."""
+    spec = next((s for s in (RunSpec(**fields) for fields in payload["specs"]) if s.key == key), None)
+    if spec is None:
+        sys.stderr.write(f"ablate: error: this data-parallel child's run {key!r} is not in its worker's list\n")
+        return 2
+    try:
+        job(spec)
+    except AblateError as err:
+        sys.stderr.write(f"ablate: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
         return 130
     return 0
 

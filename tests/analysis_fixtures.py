@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from ablate.identity import config_fingerprint
 from ablate.store import run_dir
 
 TIERS = ("10M", "50M", "124M", "350M")
@@ -94,13 +95,14 @@ def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, va
         "params_total": 1, "params_non_embedding": 1, "params_arm_extra": 0, "git_commit": "0" * 40,
         "versions": {}, "started": "2025-01-01T00:00:00", "finished": "2025-01-01T01:00:00", "wall_seconds": 3600.0,
     }
-    summary.update(summary_extra)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "summary.json").write_text(json.dumps(summary))  # plain write: fixtures need no fsync
-    if settings is not False:
+    if settings is not False:  # the summary's config_fingerprint is that of config.json, as training writes it
         config = {"experiment": experiment, "tier": tier, "arm": arm, "seed": seed, "data_seed": seed, "steps": steps,
                   "lr": 1e-3, "model": {"arm": arm, "d_model": 64}, **(settings or {})}
+        summary["config_fingerprint"] = config_fingerprint(config)
         (folder / "config.json").write_text(json.dumps(config))
+    summary.update(summary_extra)
+    (folder / "summary.json").write_text(json.dumps(summary))  # plain write: fixtures need no fsync
     final = val_loss if val_loss is not None else 5.0
     lines = []
     for i in range(1, curve_points + 1):

@@ -120,7 +120,7 @@ def test_two_takers_of_the_same_torn_lock_do_not_both_get_it(tmp_path, monkeypat
         thread.join(10)
     try:
         assert len(won) == 1 and len(refused) == 1, (won, refused)
-        assert won[0].held() and json.loads(path.read_text())["token"] == won[0].token
+        assert won[0].held() and json.loads(path.read_text())["id"] == won[0].lock_id
     finally:
         for lock in won:
             lock.release()

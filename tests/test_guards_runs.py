@@ -4,7 +4,9 @@ and a mistyped --data leaves nothing that refuses the corrected command."""
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -69,12 +71,12 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     lock = run_lock_path(folder)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from ablate.lock import FileLock\n"
-         "with FileLock(sys.argv[1], 'run'):\n    print('held', flush=True); time.sleep(120)", str(lock)],
+         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)", str(lock)],
         cwd=REPO, env=_without_token(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         before = _snapshot(folder)
-        token = json.loads(lock.read_text())["token"]  # the lock is world-readable: its token is no proof alone
+        token = json.loads(lock.read_text())["token_sha256"]  # all a world-readable lock shows: no proof
         out = ablate_cli(*_args(results, sample_data), env={"LOCAL_RANK": "1", TOKEN_ENV: token}, check=False,
                          timeout=300)
         assert out.returncode == 2, out.stderr
@@ -84,6 +86,38 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     finally:
         holder.kill()
         holder.wait()
+
+
+def _forge_lock(lock, pid: int, token: str) -> None:
+    """A lock file as an attacker writes it: a live pid that is this process's ancestor, its real start time,
+    and a token of its choosing (plainly, and as the digest a genuine lock keeps)."""
+    from ablate.lock import process_start_time, token_digest
+
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "start_time": process_start_time(pid),
+                                "token": token, "token_sha256": token_digest(token), "id": "forged"}))
+
+
+def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, tmp_path):
+    """The lock file names the shell (the parent of `ablate run`) and a chosen token: the run is refused
+    and stays as it was, byte for byte, mtime for mtime."""
+    results, folder = completed
+    lock = run_lock_path(folder)
+    lock.unlink(missing_ok=True)  # a dead holder's lock an earlier test may leave (its holder killed)
+    before = _snapshot(folder)
+    command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli", *map(str, _args(results, sample_data, 1))]))
+    script = (f"{shlex.quote(sys.executable)} -c 'import json, sys; sys.path.insert(0, \"tests\"); "
+              f"from test_guards_runs import _forge_lock; from pathlib import Path; "
+              f"_forge_lock(Path(sys.argv[1]), int(sys.argv[2]), \"chosen\")' {shlex.quote(str(lock))} $$; "
+              f"LOCAL_RANK=1 {TOKEN_ENV}=chosen {command}; echo exit=$?")
+    try:
+        out = subprocess.run(["bash", "-c", script], cwd=REPO, env={**_without_token(), "OMP_NUM_THREADS": "1"},
+                             capture_output=True, text=True, timeout=300)
+        assert "exit=0" in out.stdout or "exit=2" in out.stdout, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert json.loads(lock.read_text())["id"] == "forged"  # the forger's file, never taken over or trained under
+    finally:
+        lock.unlink(missing_ok=True)
+    assert _snapshot(folder) == before  # bitwise untouched, not one mtime changed
 
 
 def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(tmp_path, sample_data):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 
 import pytest
@@ -131,7 +132,10 @@ def test_report_summarises_probes_by_tier_and_arm(tmp_path):
     probe = json.loads((source / PROBE_FILE).read_text())
     for seed in (0, 1):
         probe["run"].update(tier="10M", seed=seed)
-        (store / "10M" / "sink-logit" / f"seed{seed}" / PROBE_FILE).write_text(json.dumps(probe))
+        folder = store / "10M" / "sink-logit" / f"seed{seed}"
+        (folder / PROBE_FILE).write_text(json.dumps(probe))
+        (folder / "checkpoints").mkdir(exist_ok=True)  # the weights it probed are the run's final weights
+        shutil.copy(source / "checkpoints" / "model.pt", folder / "checkpoints" / "model.pt")
     report = write_report(store)
     summary = (report / "summary.md").read_text()
     assert "## Probes" in summary and "| 10M | sink-logit | 2 |" in summary

@@ -1,28 +1,26 @@
-"""The synthetic abstention task: a pure function of its seed, and the direction the study reports.
+"""The synthetic abstention task: a pure function of its seed, and what every machine shows after training.
 
-Trained with the same seed (same shared init, same batches), the baseline parks the mass of queries
-that find nothing on the first key (a sink), while sink-logit puts it on the phantom key; and the
-demo's budget (`DEFAULT_STEPS` at `DEFAULT_LR`) leaves the task unsaturated, so the losses differ too.
+Trained with the same seed (same shared init, same batches), the two arms differ only in their attention.
+What they learn within the demo's budget (`DEFAULT_STEPS` at `DEFAULT_LR`) is chaotic: the same seed on
+another CPU kernel set (`ATEN_CPU_CAPABILITY`) or another vendor's CPU ends elsewhere, because the last
+bits of rounding grow over 600 steps. Measured at seed 0 (2 layers, 2 heads, d_model 64, one thread), the
+retrieval layer's first-key mass FK and sink-logit's phantom mass PM at absent-key answers:
 
-Where to look. Abstention is needed by the retrieval (last) layer at the answer positions whose key
-was never stored. Measured there (2 layers, 2 heads, d_model 64, 600 steps, lr 5e-3, weight decay 0.1,
-CPU, one thread), first-key mass FK and sink-logit's phantom mass PM at absent / present-key answers:
+    machine, kernel set        | baseline acc / loss / FK | sink-logit acc / loss / FK / PM
+    ---------------------------|--------------------------|--------------------------------
+    AMD EPYC, AVX2 (recorded)  | 0.855 / 0.373 / 0.467    | 0.979 / 0.076 / 0.000 / 0.844
+    Intel Xeon, AVX2           | 0.952 / 0.134 / 0.497    | 0.861 / 0.380 / 0.449 / 0.123
+    Intel Xeon, AVX512         | 0.639 / 0.983 / 0.001    | 0.803 / 0.573 / 0.020 / 0.134
+    Intel Xeon, DEFAULT        | 0.766 / 0.648 / 0.122    |
 
-    seed | baseline acc / loss | sink-logit acc / loss | baseline FK absent / present | sink-logit FK absent | PM absent / present
-    -----|---------------------|-----------------------|------------------------------|---------------------|--------------------
-      0  |    0.855 / 0.373    |     0.979 / 0.076     |        0.467 / 0.419         |        0.000        |   0.844 / 0.676
-      1  |    0.520 / 1.208    |     0.510 / 1.310     |        0.024 / 0.044         |        0.136        |   0.033 / 0.032
-      2  |    0.519 / 1.231    |     0.492 / 1.398     |        0.133 / 0.127         |        0.062        |   0.024 / 0.024
-
-At this budget only seed 0 has learned the task (seeds 1 and 2 answer NONE and little else), so the
-demo and this test use seed 0; with seed 1 at 800 steps the direction even reverses. The budget is
-what keeps the task unsaturated within a minute of CPU; see `DEFAULT_STEPS` for the tuning record.
-
-The test uses seed 0 and asks for: the baseline below 95% accuracy and above 0.1 nats (not saturated);
-both arms above 80% accuracy (they learned the task, or the comparison means nothing); the baseline's
-first-key mass at absent-key answers above 3 × sink-logit's and 0.08 above it, and above its own at
-present-key answers (a sink used where nothing is found); sink-logit's phantom mass at absent-key
-answers above 0.2 and above its mass at present-key answers (it abstains where nothing is there).
+Seeds 1 and 2 scatter as widely (Intel Xeon, AVX2 and AVX512: baseline accuracy 0.51-0.77, first-key mass
+0.002-0.128; sink-logit seed 1 accuracy 0.86-0.87, phantom mass 0.002-0.006). So no test asserts which arm is
+better, that the baseline builds a sink or that sink-logit abstains on its phantom: none of these holds at
+every seed and kernel set (the task that makes the mechanism robust on a CPU is its own piece of work). What
+holds, with margin, in every run measured (three seeds; AMD AVX2, Intel AVX2, AVX512, DEFAULT): both arms learn
+to answer NONE where the key is absent (NONE accuracy 0.93-1.00 in the Intel runs; asked: above 0.8) and their
+validation loss falls to at most 0.33 of the first training step's loss (asked: below half); and the attention split at answers
+accounts for all the mass, with a phantom share only where there is a phantom key.
 """
 
 from __future__ import annotations
@@ -43,11 +41,8 @@ from ablate.probes.synthetic import (ATTENTION_BATCH_SIZE, ATTENTION_BATCHES, IG
 from ablate.store import synthetic_results_path as results_path
 
 SEED = 0
-MIN_RATIO = 3.0  # baseline / sink-logit first-key mass, retrieval layer, absent-key answers
-MIN_GAP = 0.08  # baseline − sink-logit first-key mass there
-MIN_PHANTOM = 0.2  # sink-logit phantom mass there
-MIN_ACCURACY = 0.8  # both models must have learned the task, or the comparison means nothing
-MAX_BASELINE_ACCURACY, MIN_BASELINE_LOSS = 0.95, 0.1  # the demo's budget leaves the baseline short of the task
+MIN_ABSENT_ACCURACY = 0.8  # NONE where the key is absent: measured ≥ 0.93 at every seed and kernel set
+MAX_LOSS_SHARE = 0.5  # the validation loss against the first training step's: measured ≤ 0.33
 
 
 def test_batches_are_a_pure_function_of_the_seed_and_answer_correctly():
@@ -85,28 +80,23 @@ def trained():
 
 
 @pytest.mark.slow
-def test_both_arms_learn_the_task_and_the_baseline_does_not_saturate(trained):
+def test_both_arms_learn_to_abstain_at_every_kernel_set(trained):
     runs, _ = trained
     for arm, run in runs.items():
-        assert run.val_accuracy > MIN_ACCURACY, (arm, run.val_accuracy)
-        assert run.absent_accuracy > MIN_ACCURACY, (arm, run.absent_accuracy)
-    base = runs["baseline"]
-    assert base.val_accuracy < MAX_BASELINE_ACCURACY and base.val_loss > MIN_BASELINE_LOSS, (base.val_accuracy,
-                                                                                              base.val_loss)
-    assert runs["sink-logit"].val_loss < base.val_loss  # abstaining costs sink-logit one logit, not a sink
+        assert run.absent_accuracy > MIN_ABSENT_ACCURACY, (arm, run.absent_accuracy)
+        assert run.val_loss < MAX_LOSS_SHARE * run.losses[0], (arm, run.val_loss, run.losses[0])
 
 
 @pytest.mark.slow
-def test_baseline_builds_a_sink_and_sink_logit_abstains_on_the_phantom(trained):
+def test_the_attention_split_of_trained_models_accounts_for_all_mass(trained):
     _, attention = trained
-    base, sink = attention["baseline"], attention["sink-logit"]
-    report = f"last layer at answers: baseline {base}, sink-logit {sink}"
-    assert base["absent"]["first_key"] > MIN_RATIO * sink["absent"]["first_key"], report
-    assert base["absent"]["first_key"] - sink["absent"]["first_key"] > MIN_GAP, report
-    assert base["absent"]["first_key"] > base["present"]["first_key"], report  # the sink serves absent keys
-    assert base["absent"]["phantom"] is None
-    assert sink["absent"]["phantom"] > MIN_PHANTOM, report
-    assert sink["absent"]["phantom"] > sink["present"]["phantom"], report  # it abstains where nothing is there
+    for arm, shares in attention.items():
+        for case in ("absent", "present"):
+            total = sum(v for v in shares[case].values() if v is not None)
+            assert total == pytest.approx(1.0, abs=1e-6), (arm, case, shares)
+        assert shares["absent"]["queried_pair"] is None and shares["present"]["queried_pair"] > 0
+    assert attention["baseline"]["absent"]["phantom"] is None
+    assert attention["sink-logit"]["absent"]["phantom"] > 0 and attention["sink-logit"]["present"]["phantom"] > 0
 
 
 def test_run_synthetic_writes_results_run_folders_and_probes(tmp_path):

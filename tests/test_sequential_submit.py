@@ -11,8 +11,8 @@ from ablate.analysis.render import render
 from ablate.analysis.build import build_table
 from ablate.cli import main
 from ablate.errors import AblateError
-from ablate.experiment import SEQUENTIAL, recorded_sequential
 from ablate.power import sequential_design
+from ablate.sequential import SEQUENTIAL, recorded_design
 from ablate.store import read_ledger, record_ledger
 from analysis_fixtures import write_run
 from datafix import sample_data  # noqa: F401  (fixture)
@@ -96,7 +96,7 @@ def test_submit_sequential_dry_run_queues_look_by_look(tmp_path, sample_data, ca
     code, out, _ = submit(capsys, file, "--sequential", "--results", results)
     assert code == 0 and "(recorded)" in out and "smoke: seeds 0–3" in out
     assert "smoke/sink-logit/seed3" in out and "seed0" not in out  # 0 and 1 are completed
-    assert recorded_sequential(folder)["looks"] == 2 and len(read_ledger(folder)["submissions"]) == 1
+    assert recorded_design(folder).looks == 2 and len(read_ledger(folder)["submissions"]) == 1
 
     assert main(["submit", str(file), "--sequential", "--looks", "3", "--results", str(results), "--dry-run"]) == 2
     assert "--looks 3 (recorded: 2)" in capsys.readouterr().err

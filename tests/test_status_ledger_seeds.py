@@ -12,9 +12,10 @@ import pytest
 from ablate.cli.evals import _targets
 from ablate.config import resolve_config
 from ablate.errors import AblateError
-from ablate.experiment import SEQUENTIAL, RunSpec
+from ablate.experiment import RunSpec
 from ablate.paths import default_results
 from ablate.power import sequential_design
+from ablate.sequential import SEQUENTIAL
 from ablate.store import record_ledger
 from analysis_fixtures import write_run
 from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)

@@ -51,6 +51,24 @@ def test_the_queue_decides_first_and_silent_accounting_is_unknown_never_failed()
     assert SlurmView(queue=None).holds("54_1") and not SlurmView(queue={}).holds("54_1")
 
 
+def test_a_runaway_job_is_unknown_and_resubmittable_never_queued_forever(tmp_path):
+    """Accounting says RUNNING (or SUSPENDED) but squeue, which answered, does not hold the job."""
+    for told in ("RUNNING", "SUSPENDED"):
+        view = SlurmView(queue={}, accounting={"54_1": told}, errors={})
+        job, why = slurm_job_state(ENTRY, view)
+        assert job == "unknown" and "54_1" in why and told in why and "ablate submit" in why
+        spec = RunSpec("e", "smoke", "baseline", 0)
+        ledger = {"runs": {spec.key: ENTRY}, "submissions": []}
+        row = run_status(tmp_path, spec, ledger, view)
+        assert row["state"] == "unknown" and row["queued"] is False  # `submit` queues it again
+    # the controller still holding it, or silent, or a job just submitted: not a runaway
+    assert slurm_job_state(ENTRY, SlurmView(queue={"54_1": ("RUNNING", "None")}, accounting={"54_1": "RUNNING"}))[0] \
+        == "running"
+    assert slurm_job_state(ENTRY, SlurmView(queue=None, accounting={"54_1": "RUNNING"}))[0] == "running"
+    fresh = {**ENTRY, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+    assert slurm_job_state(fresh, SlurmView(queue={}, accounting={"54_1": "RUNNING"}))[0] == "running"
+
+
 def test_elapsed_counts_training_time_once_and_eta_only_from_this_attempt():
     now = time.time()
     # an earlier attempt a day ago at 1 step/s; this attempt (from `since`) at 0.1 step/s

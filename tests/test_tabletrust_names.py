@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -112,9 +113,14 @@ def test_every_cell_is_escaped_for_its_format():
         assert pl.read_csv(render(table, "csv").encode()).height == table.frame.height
 
 
+WEIGHTS = b"weights"  # a run folder's final weights, as bytes: probe.json names their sha256
+
+
 def _probe(folder, arm: str, seed: int, summary: dict):
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "probe.json").write_text(json.dumps({"run": {"tier": "10M", "arm": arm, "seed": seed}, "summary": summary}))
+    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoints" / "model.pt").write_bytes(WEIGHTS)
+    (folder / "probe.json").write_text(json.dumps({"run": {"tier": "10M", "arm": arm, "seed": seed}, "summary": summary,
+                                                   "weights_sha256": hashlib.sha256(WEIGHTS).hexdigest()}))
 
 
 def test_the_probes_table_has_as_many_cells_as_its_delimiter_row(tmp_path):
@@ -126,7 +132,8 @@ def test_the_probes_table_has_as_many_cells_as_its_delimiter_row(tmp_path):
     assert len({_cells(line) for line in rows}) == 1, rows
     inject = tmp_path / "10M" / "x" / "seed0" / "inject.json"
     # the run is named by its folder (a file naming another run is left out); a junk name is data too
-    inject.write_text(json.dumps({"run": {"tier": "10M", "arm": "x", "seed": 0}, "by_cutoff": {"p25": {"rows": [
+    inject.write_text(json.dumps({"run": {"tier": "10M", "arm": "x", "seed": 0},
+                                  "weights_sha256": hashlib.sha256(WEIGHTS).hexdigest(), "by_cutoff": {"p25": {"rows": [
         {"junk": "a|b", "eps": 0.1, "increase": 0.2}]}}}))
     rows = _table_lines(summarise_injections(tmp_path))
     assert len(rows) >= 3 and len({_cells(line) for line in rows}) == 1, rows

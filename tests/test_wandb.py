@@ -151,3 +151,22 @@ def test_sigkill_after_a_checkpoint_sends_no_step_twice(tmp_path, sample_data):
     assert second == list(range(stopped_at + 1, 25))  # steps 13..stopped_at were sent before the kill
     assert set(first) <= set(range(0, stopped_at + 1)) and len(set(first)) == len(first)
     assert [r["step"] for r in read_metrics(folder / "metrics.jsonl")] == list(range(0, 25))
+
+
+def test_force_logs_the_new_run_into_a_new_id_and_the_kept_aside_run_keeps_its_own(tmp_path, sample_data):
+    """`ablate run --force` starts a different run in the same folder: one id for both would merge them."""
+    results, cwd, wandb_dir = tmp_path / "results", tmp_path / "cwd", tmp_path / "wb"
+    cwd.mkdir()
+    args = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "2", "--data", sample_data,
+            "--no-progress", "--threads", "1", "--logger", "wandb", "--results", results]
+    env = wandb_env(tmp_path, wandb_dir)
+    folder = run_dir(results, "adhoc", "smoke", "baseline", 0)
+    for extra in ([], ["--force"]):
+        done = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, args + extra)], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    (aside,) = folder.parent.glob("seed0.old-*")
+    old, new = read_json(aside / "summary.json")["logger_run_id"], read_json(folder / "summary.json")["logger_run_id"]
+    assert old and new and old != new
+    runs = sorted(run for part in segments(wandb_dir / "wandb") for run in part["runs"])
+    assert sorted(r[0] for r in runs) == sorted([old, new])  # each run logged under its own id, once

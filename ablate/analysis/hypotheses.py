@@ -29,6 +29,7 @@ from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.power import sequential_decision
+from ablate.sequential import FAMILIES
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -51,8 +52,8 @@ class Declared:
         """From `Comparison`s (anything with name, minuend, subtrahend) or triples."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
-        if family not in ("tier", "experiment"):
-            raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+        if family not in FAMILIES:
+            raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         return cls(triples, family, design)
 
     @property
@@ -143,12 +144,19 @@ def _sequential_columns(frame: pl.DataFrame, diffs: pl.DataFrame, design: dict) 
     values = {column: [] for column in SEQUENTIAL_COLUMNS}
     for tier, name in frame.select("tier", "comparison").iter_rows():
         part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)).sort("seed")
-        decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+        decision = _decision(part, design)
         for column, key in (("look", "look"), ("seeds_used", "seeds"), ("decision", "decision"), ("sign", "sign"),
                             ("t_boundary", "t_boundary"), ("seq_ci_low", "ci_low"), ("seq_ci_high", "ci_high"),
                             ("next_seeds", "next_seeds")):
             values[column].append(decision[key])
     return {column: pl.Series(column, values[column], dtype=dtype) for column, dtype in SEQUENTIAL_COLUMNS.items()}
+
+
+def _decision(part: pl.DataFrame, design: dict) -> dict:
+    """The design's decision on one comparison's paired differences (seed, diff, scale), with float
+    resolution relative to the losses behind them, as the fixed-sample statistics take it."""
+    scale = part["scale"].abs().max() if "scale" in part.columns and part.height else None
+    return sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design, scale)
 
 
 def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
@@ -163,18 +171,24 @@ def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
 
 
 def adjust_over_family(table: Table, family: Table) -> Table:
-    """The table with p_holm from the declared family for its declared rows; every other row exploratory."""
-    adjusted = {(r["tier"], r["minuend"], r["subtrahend"]): r["p_holm"] for r in family.frame.iter_rows(named=True)}
-    p_holm, declared = [], []
+    """The table with p_holm from the declared family for its declared rows; every other row exploratory.
+
+    In a sequential study the declared rows also carry the design's look and decision (SEQUENTIAL_COLUMNS):
+    every table then says where the design stands, and the fixed-sample p_holm decides nothing."""
+    adjusted = {(r["tier"], r["minuend"], r["subtrahend"]): r for r in family.frame.iter_rows(named=True)}
+    carried = ["p_holm", *(SEQUENTIAL_COLUMNS if "decision" in family.columns else ())]
+    values, declared = {column: [] for column in carried}, []
     for row in table.frame.iter_rows(named=True):
         key = row_pair(table, row)
-        found = key is not None and (row["tier"], *key) in adjusted
-        declared.append(found)
-        p_holm.append(adjusted[(row["tier"], *key)] if found else None)
+        found = adjusted.get((row["tier"], *key)) if key is not None else None
+        declared.append(found is not None)
+        for column in carried:
+            values[column].append(found[column] if found is not None else None)
     columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
-    frame = table.frame.with_columns(pl.Series("p_holm", p_holm, dtype=pl.Float64),
+    types = {"p_holm": pl.Float64, **SEQUENTIAL_COLUMNS}
+    frame = table.frame.with_columns(*(pl.Series(c, values[c], dtype=types[c]) for c in carried),
                                      pl.Series("_declared", declared, dtype=pl.Boolean))
-    frame = add_mark(frame, ~pl.col("_declared"), EXPLORATORY).select(*columns, "p_holm", "marks")
+    frame = add_mark(frame, ~pl.col("_declared"), EXPLORATORY).select(*columns, *carried, "marks")
     return dataclasses.replace(table, frame=frame, family=family.family)
 
 
@@ -266,7 +280,7 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
             if part is None or part.is_empty():
                 needed.append(first)
                 continue
-            decision = sequential_decision(dict(zip(part["seed"].to_list(), part["diff"].to_list())), design)
+            decision = _decision(part, design)
             needed.append(decision["next_seeds"] or 0)
         out[tier] = max(needed, default=0)
     return out

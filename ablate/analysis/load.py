@@ -16,13 +16,14 @@ from pathlib import Path
 import polars as pl
 
 from ablate.errors import AblateError
-from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
+from ablate.analysis.numerics import NUMERICS, numerics_label
+from ablate.analysis.matching import DATA_ID, FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, read_json_file, read_metrics,
-                          run_key)
+from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, config_disagreement, iter_run_dirs,
+                          read_json_file, read_metrics, run_key)
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -35,11 +36,13 @@ RUN_SCHEMA = {
     "data_fingerprint": pl.String,
     "config_fingerprint": pl.String,
     "val_fingerprint": pl.String,
+    DATA_ID: pl.String,  # the training data's identity (split and shard checksums), whatever folder held it
     SETTINGS: pl.String,  # of everything but arm and seed (ablate.identity.shared_config), from config.json
     "eval_fingerprint": pl.String,
     "init_fingerprint_common": pl.String,
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
+    NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
     "reason": pl.String,
     "path": pl.String,
 }
@@ -113,6 +116,10 @@ def _runs_from_store(folder: Path) -> Runs:
                 raise AblateError(
                     f"{run} holds a run of {key} {summary[key]!r}, but its folder says {expected!r} (a copied or "
                     "moved run folder?); move it out of the experiment folder")
+        damaged = config_disagreement(run, summary)
+        if damaged:
+            raise AblateError(f"run {run} is damaged: {damaged}; put its {CONFIG} back, rerun it (`ablate run ... "
+                              "--force` keeps the damaged folder aside) or move the folder out of the experiment")
         key = (tier, arm, where["seed"])
         if key in seen:
             raise AblateError(f"run {run_key(tier, arm, where['seed'])} appears twice: {seen[key]} and {run}")
@@ -123,8 +130,10 @@ def _runs_from_store(folder: Path) -> Runs:
             "val_loss": summary.get("val_loss"),
             "mlp_hidden": summary.get("mlp_hidden"),
             "eval_fingerprint": None,
+            DATA_ID: summary.get(DATA_ID),
             "init_fingerprint_common": summary.get("init_fingerprint_common"),
             "path": str(run),
+            NUMERICS: numerics_label(summary.get("versions")),
         }
         row.update({key: summary.get(key) for key in FINGERPRINTS})
         row[SETTINGS] = _settings_fingerprint(run)
@@ -195,9 +204,9 @@ def _runs_from_table(path: Path) -> Runs:
     frame = frame.with_columns(
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
-        path=pl.lit(None, dtype=pl.String), mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
+        path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)}, mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
-        **{SETTINGS: pl.lit(None, dtype=pl.String)},
+        **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "
             "runs of one seed differ only in the arm")

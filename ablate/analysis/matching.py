@@ -5,8 +5,8 @@ Two checks, both before any table is built:
 * within one (tier, seed), the runs of the arms form pairs: they must share the initial weights, the
   batches, every setting but the arm and the validation tokens (the fingerprints of FINGERPRINTS);
 * within one tier, the runs of every seed are averaged into one row: they must share every setting but
-  the arm and the seed (`settings_fingerprint`, from `ablate.identity.shared_config`) and the
-  validation tokens (and, for a downstream metric, the evaluation settings).
+  the arm and the seed (`settings_fingerprint`, from `ablate.identity.shared_config`), the training
+  data (`data_id`, the shards' checksums: `data_dir` is only where they lay) and the validation tokens (and, for a downstream metric, the evaluation settings).
 
 A refusal names what differs as plainly as it can: the settings themselves (`steps: 2 vs 3`) from the
 runs' config.json when those differ, and the fingerprint only when the settings agree.
@@ -23,9 +23,10 @@ from ablate.store import CONFIG, read_json, run_key
 
 FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 SETTINGS = "settings_fingerprint"  # of shared_config: equal for every run of one tier
+DATA_ID = "data_id"  # the training data's identity: equal for every run of one tier (older runs lack it)
 # Within a seed: the settings first, so that a different step count is named as such and not as other batches.
 PAIR_COLUMNS = ("config_fingerprint", "init_fingerprint", "data_fingerprint", "val_fingerprint")
-ROW_COLUMNS = (SETTINGS, "val_fingerprint")
+ROW_COLUMNS = (SETTINGS, DATA_ID, "val_fingerprint")
 EVAL = "eval_fingerprint"
 WAY_OUT = ("rerun one of them with the other's settings (`ablate run ... --force` keeps the old folder aside) or "
            "move it out of the experiment folder")
@@ -105,6 +106,8 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         "val_fingerprint": "; their final losses were measured on different validation tokens",
         "init_fingerprint": "; they did not start from the same initial weights",
         "data_fingerprint": "; they were not trained on the same batches",
+        DATA_ID: ("; they were trained on different prepared data (data_id is the split's shard checksums, "
+                  "whatever folder held them)"),
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
     }.get(column, "")
     if across_seeds:

@@ -11,10 +11,12 @@ import logging
 import math
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 from ablate.analysis.escape import markdown_cell
 from ablate.arms.names import BUILTIN_ARMS
-from ablate.store import INJECT_FILE, PROBE_FILE, iter_run_dirs, read_json
+from ablate.errors import AblateError
+from ablate.store import INJECT_FILE, PROBE_FILE, final_weights_sha256, iter_run_dirs, read_json
 from ablate.tiers import tier_rank
 
 log = logging.getLogger(__name__)
@@ -38,11 +40,13 @@ PROBE_COLUMNS = (
 )
 
 
-def _runs_with(experiment_dir, filename: str):
+def _runs_with(experiment_dir, filename: str, stale: list[str] | None = None):
     """(tier, arm, seed, parsed json) for every run folder holding `filename`, skipping unreadable files.
 
     The run folders are the store's (`iter_run_dirs`: `<tier>/<arm>/seed<k>` only, never a folder kept aside
     by `--force`), and a run is named by its folder; a file that names another run (copied) is left out.
+    So is a file of other weights than the run's final ones (its `weights_sha256`, which `ablate probe` and
+    `ablate inject` record, is checked against the run's): its folder is added to `stale`.
     """
     for folder in iter_run_dirs(experiment_dir, holding=filename):
         path = folder / filename
@@ -52,6 +56,12 @@ def _runs_with(experiment_dir, filename: str):
             continue
         if not isinstance(data, dict):
             continue
+        why = weights_problem(folder, data)
+        if why is not None:
+            log.warning("%s %s: left out of the summary", path, why)
+            if stale is not None:
+                stale.append(str(folder))
+            continue
         tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
         run = data.get("run") if isinstance(data.get("run"), dict) else {}
         claimed = {"tier": run.get("tier", tier), "arm": run.get("arm", arm), "seed": run.get("seed", seed)}
@@ -59,6 +69,29 @@ def _runs_with(experiment_dir, filename: str):
             log.warning("%s names the run %s, not the one of its folder: left out of the summary", path, claimed)
             continue
         yield tier, arm, seed, data
+
+
+def weights_problem(folder: Path, data: dict) -> str | None:
+    """Why a probe.json / inject.json is not of the run's final weights, or None when it is."""
+    try:
+        weights = final_weights_sha256(folder)
+    except AblateError as err:
+        return f"belongs to a damaged run ({err})"
+    if weights is None:
+        return "belongs to a run without final weights (not completed)"
+    recorded = data.get("weights_sha256")
+    if recorded != weights:
+        found = "records no weights' sha256" if recorded is None else f"is of weights {str(recorded)[:12]}…"
+        return f"{found}, not the run's final weights ({weights[:12]}…): stale, rerun the probe on this run"
+    return None
+
+
+def stale_note(stale: list[str], filename: str, command: str) -> list[str]:
+    """The line a summary adds for the files it left out as stale (none: no line)."""
+    if not stale:
+        return []
+    return ["", f"Left out: {len(stale)} {filename} not of their run's final weights (stale; `{command} RUN_DIR` "
+                f"again): {', '.join(stale[:3])}{' …' if len(stale) > 3 else ''}."]
 
 
 def _row(cells) -> str:
@@ -88,11 +121,12 @@ def _cell(values: list[float], percent: bool) -> str:
 def summarise_probes(experiment_dir) -> str:
     """One row per (tier, arm): each probe figure's mean over seeds (± sd), and the number of seeds."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for tier, arm, _seed, probe in _runs_with(experiment_dir, PROBE_FILE):
+    stale: list[str] = []
+    for tier, arm, _seed, probe in _runs_with(experiment_dir, PROBE_FILE, stale):
         if isinstance(probe.get("summary"), dict):
             groups[(tier, arm)].append(probe["summary"])
     if not groups:
-        return ""
+        return "\n".join(stale_note(stale, PROBE_FILE, "ablate probe")).strip()
     used = [c for c in PROBE_COLUMNS if any(s.get(c[0]) is not None for runs in groups.values() for s in runs)]
     lines = [
         _row(["tier", "arm", "seeds", *(header for _, header, _ in used)]),
@@ -109,7 +143,7 @@ def summarise_probes(experiment_dir) -> str:
     lines.append("Means over layers and heads (queries i ≥ 1), then over seeds (± sd). Exposure: mass on reads "
                  "below the head's 25th-percentile norm. Max |residual|: the largest activation over layers; mean over layers of max |residual|: "
                  "each layer's largest activation, averaged over layers. Heads key-0 >0.3: share of heads whose first-key mass exceeds 0.3.")
-    return "\n".join(lines)
+    return "\n".join(lines + stale_note(stale, PROBE_FILE, "ablate probe"))
 
 
 def summarise_injections(experiment_dir) -> str:
@@ -117,7 +151,8 @@ def summarise_injections(experiment_dir) -> str:
     cells: dict[tuple, list[float]] = defaultdict(list)  # (cutoff, tier, arm, junk, eps) → increases
     not_applicable: set[tuple] = set()
     seeds: dict[tuple, set] = defaultdict(set)
-    for tier, arm, seed, data in _runs_with(experiment_dir, INJECT_FILE):
+    stale: list[str] = []
+    for tier, arm, seed, data in _runs_with(experiment_dir, INJECT_FILE, stale):
         for cutoff, result in (data.get("by_cutoff") or {}).items():
             for row in result.get("rows", []):
                 key = (cutoff, tier, arm, row["junk"], float(row["eps"]))
@@ -127,8 +162,9 @@ def summarise_injections(experiment_dir) -> str:
                     cells[key].append(float(row["increase"]))
                     seeds[(cutoff, tier, arm)].add(seed)
     keys = set(cells) | not_applicable
+    note = "\n".join(stale_note(stale, INJECT_FILE, "ablate inject")).strip()
     if not keys:
-        return ""
+        return note
     sections = []
     for cutoff in sorted({k[0] for k in keys}, key=lambda c: (c != "p25", c)):
         eps = sorted({k[4] for k in keys if k[0] == cutoff})
@@ -147,7 +183,7 @@ def summarise_injections(experiment_dir) -> str:
             n = len(seeds.get((cutoff, tier, arm), ()))
             lines.append(_row([tier, arm, junk, n, *values]))
         sections.append("\n".join(lines))
-    return "\n\n".join(sections)
+    return "\n\n".join(sections + ([note] if note else []))
 
 
 def _junk_rank(junk: str) -> int:

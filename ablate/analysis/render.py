@@ -38,6 +38,9 @@ QUANTITY_HOLM_FOOTER = ("p_holm: Holm's step-down adjustment of p over the rows 
 FAMILY_FOOTER = ("p_holm: Holm's step-down adjustment over the declared family only ({family}); an effect counts "
                  "as supported only if p_holm < 0.05. Rows marked exploratory are not in the family: their p is "
                  "unadjusted and they are never called supported.")
+SEQUENTIAL_HOLM_FOOTER = ("p_holm: Holm's step-down adjustment over the declared family only ({family}), as a fixed "
+                          "design would take it: it ignores the looks and decides nothing here. Rows marked "
+                          "exploratory are not in the family and are never called supported.")
 SEQUENTIAL_FOOTER = ("Sequential design: look = the last look whose seeds are all in; decision = effect (|t| reached "
                      "that look's boundary), continue (the next look's seeds are needed) or max seeds reached; the "
                      "design interval is the repeated confidence interval valid for the design at the look reached "
@@ -136,6 +139,8 @@ METRIC_FOOTER = ("p_holm: empty, because no declared comparison is on this metri
 
 
 def holm_footer(table: Table) -> str:
+    if "decision" in table.columns:  # a sequential study: the design decides, never the fixed-sample p_holm
+        return SEQUENTIAL_HOLM_FOOTER.format(family=table.family)
     if table.metric is not None and "p_holm" in table.columns and table.frame["p_holm"].is_null().all():
         return METRIC_FOOTER
     if table.family:
@@ -155,6 +160,8 @@ def decision_text(row: dict) -> str:
 
 
 def sequential_cells(row: dict) -> list[str]:
+    if row["look"] is None:  # not a declared comparison: the design says nothing about it
+        return ["–", "– (exploratory)", "–"]
     interval = "–" if row["seq_ci_low"] is None else f"[{_num(row['seq_ci_low'])}, {_num(row['seq_ci_high'])}]"
     return [f"{row['look']} ({row['seeds_used']} seeds)", decision_text(row), interval]
 
@@ -238,10 +245,11 @@ def to_latex(table: Table) -> str:
     if table.kind == "losses":
         head, spec = "Tier & Arm & $n$ & Mean $\\pm$ sd & se & Marks \\\\", "llrlll"
     else:
-        holm = "p_holm" in table.columns
+        holm, sequential = "p_holm" in table.columns, "decision" in table.columns
         head = (f"Tier & {key.capitalize()} & $n$ & Mean $\\pm$ sd & se & 95\\% CI & Range & Agree & $p$"
-                + (" & $p_\\mathrm{Holm}$" if holm else "") + " & Marks \\\\")
-        spec = "llrlllllr" + "l" * (2 if holm else 1)
+                + (" & $p_\\mathrm{Holm}$" if holm else "") + (" & Look & Decision" if sequential else "")
+                + " & Marks \\\\")
+        spec = "llrlllllr" + "l" * (2 if holm else 1) + ("ll" if sequential else "")
     lines = [
         "% " + latex_text(f"{title(table)} — {table.name}. " + caption(table)),
         f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
@@ -260,6 +268,7 @@ def to_latex(table: Table) -> str:
             interval = f"$[{_num(row['ci_low'])}, {_num(row['ci_high'])}]$"
         span = f"$[{_num(row['min'])}, {_num(row['max'])}]$"
         ps = [format_p(row["p"])] + ([format_p(row["p_holm"])] if "p_holm" in row else [])
+        ps += sequential_cells(row)[:2] if "decision" in row else []
         lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "
                      f"{row['agree']}/{row['n']} & " + " & ".join(latex_text(p) for p in ps) + f" & {marks} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]

@@ -207,6 +207,9 @@ def flags_section(ctx: ReportContext) -> str:
     lines = ["## Supported effects", "", rule, ""]
     if supported:
         lines += supported
+    elif verdicts is not None and "decision" in family.columns:  # the design decides, never a fixed-sample p
+        lines.append("- none: the sequential design has decided effect for no declared comparison yet (its look and "
+                     "decision are listed under the declared comparisons)")
     elif tested:
         lines.append(f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}")
     else:

@@ -15,12 +15,14 @@ import polars as pl
 # The Student-t quantile and distribution function; scipy.stats costs ~1 s to import.
 from scipy.special import stdtr, stdtrit
 
+from ablate.power import RESOLUTION
 
 STAT_COLUMNS = ("n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p")
 CONFIDENCE = 0.95
-# A spread of the differences at or below this fraction of the losses' magnitude is rounding, not noise:
+# A spread of the differences at or below RESOLUTION × the losses' magnitude is rounding, not noise:
 # 3.9 − 3.8 and 4.3 − 4.2 differ in binary by ~1e-16, and a t-test on that would call any gain certain.
-RESOLUTION = 1e-9
+# RESOLUTION has one owner (ablate.power), so that the fixed-sample tables and the sequential decision
+# apply one rule.
 
 
 def paired_differences(completed: pl.DataFrame, arms: Sequence[str], reference: str) -> pl.DataFrame:

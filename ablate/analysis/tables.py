@@ -20,6 +20,7 @@ import polars as pl
 from ablate.errors import AblateError
 from ablate.store import run_key
 from ablate.analysis.kinds import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
+from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
 from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
 from ablate.tiers import TIERS, tier_rank
@@ -39,6 +40,7 @@ MARK_NOTES = {
                     "shows the harness runs end to end; its numbers carry no evidence about the arms",
     EXPLORATORY: "not one of the experiment's declared comparisons: its p is unadjusted, it is in no family "
                  "(p_holm empty) and it is never called supported",
+    MIXED_NUMERICS: MIXED_NUMERICS_NOTE,
 }
 
 
@@ -157,8 +159,9 @@ def losses_table(runs: Runs) -> Table:
     ).with_columns(sd=pl.when(pl.col("n") >= 2).then(pl.col("sd"))).with_columns(se=pl.col("sd") / pl.col("n").sqrt())
     frame = sort_runs(frame, runs.arm_order).select("tier", "arm", *LOSS_COLUMNS)
     frame = _with_marks(frame.cast({"n": pl.Int64, **{c: pl.Float64 for c in LOSS_COLUMNS if c != "n"}}))
+    frame, mixed = _mark_mixed_numerics(frame, runs, "arm")
     return Table(kind="losses", key="arm", frame=frame, name=runs.name, reference=None, missing=runs.missing,
-                 excluded=runs.excluded.select("tier", "arm", "seed", "status", "reason"), notes=runs.notes,
+                 excluded=runs.excluded.select("tier", "arm", "seed", "status", "reason"), notes=runs.notes + mixed,
                  metric=runs.metric, higher_is_better=runs.higher_is_better, source_notes=runs.notes)
 
 
@@ -223,12 +226,37 @@ def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=(), differe
                                     and c not in ("n", "agree")}))
     used = pl.col("arm").is_in(list(arms))
     source_notes = runs.notes_for(arms)
+    frame, mixed = _mark_mixed_numerics(frame, runs, key, reference)
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
         missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
-        notes=tuple(notes) + source_notes, differences=differences, metric=runs.metric,
+        notes=tuple(notes) + mixed + source_notes, differences=differences, metric=runs.metric,
         higher_is_better=runs.higher_is_better, source_notes=source_notes,
     )
+
+
+def _row_arms(key: str, row: dict, reference: str | None) -> tuple[str, ...]:
+    """The arms whose runs one row draws on: an arm (and its reference), a comparison's two, a quantity's."""
+    if "minuend" in row:
+        return row["minuend"], row["subtrahend"]
+    if key == "quantity":
+        return INCREMENTS[row["quantity"]]
+    if key == "gate":
+        return (OVERLAP_BASE, OVERLAP_SINK, *OVERLAP_GATES[row["gate"]])
+    return (row["arm"],) + ((reference,) if reference else ())
+
+
+def _mark_mixed_numerics(frame: pl.DataFrame, runs: Runs, key: str, reference: str | None = None):
+    """Mark the rows whose runs were computed on more than one kernel set or device; a note per such row."""
+    mixed = {}
+    for row in frame.iter_rows(named=True):
+        found = mixed_numerics(runs.completed, row["tier"], _row_arms(key, row, reference))
+        if found:
+            mixed[f"{row['tier']}/{row[key]}"] = found
+    if not mixed:
+        return frame, ()
+    frame = add_mark(frame, pl.concat_str("tier", pl.lit("/"), key).is_in(list(mixed)), MIXED_NUMERICS)
+    return frame, tuple(f"{MIXED_NUMERICS} {row}: {found}" for row, found in mixed.items())
 
 
 def _skip_note(what: str, needed, absent) -> str:

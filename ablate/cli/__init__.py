@@ -13,7 +13,7 @@ import os
 import sys
 
 from ablate import __version__
-from ablate.errors import AblateError
+from ablate.errors import DISK_FULL, AblateError, disk_full
 
 # Each module defines `add_commands(subparsers)`; its handlers take the parsed args and return an exit code.
 COMMAND_MODULES = (
@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ablate status --json | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        print(f"ablate: error: {disk_full(err.filename or 'a file', err)}", file=sys.stderr)  # a writer not wrapped
+        return 2
 
 
 if __name__ == "__main__":

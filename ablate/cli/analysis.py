@@ -52,21 +52,25 @@ def add_commands(subparsers) -> None:
 
 def declared_of(source, folder):
     """The declared comparisons the tables adjust over: the experiment's (when SOURCE names one), else those a
-    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design. None: no family."""
+    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design, which the
+    experiment must still declare (a changed design is refused). None: no family."""
     from pathlib import Path  # the library loads in the handler: see ablate.cli
 
     from ablate.analysis.hypotheses import Declared
-    from ablate.experiment import named_experiment, recorded_sequential
+    from ablate.experiment import named_experiment
+    from ablate.sequential import recorded_design
+    from ablate.store import LEDGER
 
     experiment = named_experiment(source)
-    record = recorded_sequential(folder) if Path(folder).is_dir() else None
+    design = recorded_design(folder) if Path(folder).is_dir() else None
+    if design is not None and experiment is not None:
+        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
+                              str(Path(folder) / LEDGER))
+    if design is not None:
+        return Declared.of(design.comparisons, design.family, design.boundaries)
     if experiment is not None and experiment.hypotheses:
-        comparisons, family = experiment.hypotheses, experiment.family
-    elif record is not None:
-        comparisons, family = record["comparisons"], record["family"]
-    else:
-        return None
-    return Declared.of(comparisons, family, record["design"] if record else None)
+        return Declared.of(experiment.hypotheses, experiment.family)
+    return None
 
 
 def table_command(args: argparse.Namespace) -> int:

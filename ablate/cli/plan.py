@@ -151,7 +151,7 @@ def plan_command(args) -> int:
     gpu, world_size = args.gpu, 1
     if args.profile:
         profile = load_profile(args.profile)
-        gpu, world_size = gpu or profile.get("gpu") or None, profile.get("gpus_per_run") or 1
+        gpu, world_size = gpu or profile.get("gpu") or None, profile.get("processes_per_run") or 1
     experiment = load_experiment(args.experiment) if args.experiment else None
     if args.power or args.sequential:
         from ablate.errors import AblateError

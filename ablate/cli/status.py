@@ -30,8 +30,9 @@ def _runs(args):
     from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
     from ablate.experiment import experiment_file, load_experiment
     from ablate.status import folder_runs
+    from ablate.store import check_results_folder
 
-    results = results_folder(args.results)
+    results = check_results_folder(results_folder(args.results))
     text = str(args.experiment)
     folder = results / text
     try:

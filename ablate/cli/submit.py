@@ -70,43 +70,14 @@ def submit_command(args) -> int:
         return 130
 
 
-def sequential_record(experiment, folder, looks, max_seeds, alpha) -> tuple[dict, bool]:
-    """(the design's ledger record, whether it is new): the one the ledger holds, or a new one from the options."""
-    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import SEQUENTIAL, recorded_sequential
-    from ablate.power import sequential_design
-
-    record = recorded_sequential(folder)
-    if record is not None:
-        given = {"looks": looks, "max_seeds": max_seeds, "alpha": alpha}
-        changed = [f"--{k.replace('_', '-')} {v} (recorded: {record[k]})" for k, v in given.items()
-                   if v is not None and v != record[k]]
-        if changed:
-            raise AblateError(f"{folder}/ledger records a sequential design; a design cannot change once seeds are "
-                              f"queued: {', '.join(changed)}; submit again without them, or use another --results")
-        return record, False
-    if not experiment.hypotheses:
-        raise AblateError(f"experiment {experiment.name!r} declares no comparisons, so nothing decides when to stop; "
-                          "add hypotheses=[Comparison(name, minuend, subtrahend), …] to its file")
-    if looks is None or max_seeds is None:
-        raise AblateError("the first `submit --sequential` needs --looks K and --max-seeds N (e.g. --looks 3 "
-                          "--max-seeds 12; `ablate plan EXPERIMENT --sequential` shows the design)")
-    alpha = 0.05 if alpha is None else alpha
-    design = sequential_design(alpha, experiment.family_size(), looks, max_seeds)
-    return {"kind": SEQUENTIAL, "design": design, "looks": looks, "max_seeds": max_seeds, "alpha": alpha,
-            "family": experiment.family,
-            "comparisons": [[c.name, c.minuend, c.subtrahend] for c in experiment.hypotheses]}, True
-
-
-def sequential_counts(record: dict, folder, tiers) -> dict[str, int]:
+def sequential_counts(design, folder, tiers) -> dict[str, int]:
     """Per tier the seeds the design needs queued now, from the completed runs in `folder`."""
     from ablate.analysis.hypotheses import Declared, seeds_to_queue  # the library loads in the handler
     from ablate.analysis.load import load_runs
     from ablate.store import iter_run_dirs
 
     runs = load_runs(folder) if Path(folder).is_dir() and next(iter_run_dirs(folder), None) else None
-    declared = Declared.of(record["comparisons"], record["family"], record["design"])
-    return seeds_to_queue(runs, declared, tiers)
+    return seeds_to_queue(runs, Declared.of(design.comparisons, design.family, design.boundaries), tiers)
 
 
 def _submit_and_tell(args) -> int:
@@ -121,12 +92,16 @@ def _submit_and_tell(args) -> int:
             from ablate.errors import AblateError
 
             raise AblateError("--sequential chooses the seeds look by look; drop --seeds")
-        record, new = sequential_record(experiment, results / experiment.name, args.looks, args.max_seeds, args.alpha)
-        counts = sequential_counts(record, results / experiment.name, args.tiers or experiment.tiers)
-        experiment = dataclasses.replace(experiment, seeds=int(record["max_seeds"]))
-        sequential = {"record": record if new else None, "counts": counts}
+        from ablate.sequential import design_to_follow
+
+        tiers = args.tiers or experiment.tiers
+        design, new = design_to_follow(experiment, results / experiment.name, args.looks, args.max_seeds, args.alpha,
+                                       tiers)
+        counts = sequential_counts(design, results / experiment.name, tiers)
+        experiment = dataclasses.replace(experiment, seeds=design.max_seeds)
+        sequential = {"record": design.to_record() if new else None, "counts": counts}
         print(f"{experiment.name}: sequential design ({'new' if new else 'recorded'}): looks at "
-              + ", ".join(str(look["seeds"]) for look in record["design"]["looks"]) + " seeds; "
+              + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
               + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
                           for tier, n in counts.items()))
     report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,

@@ -38,12 +38,12 @@ from ablate.store import (completed,
     FINAL_WEIGHTS,
     SUMMARY,
     atomic_write_json,
-    file_sha256,
     iter_run_dirs,
     read_json_file,
     run_dir_of,
     run_key,
     run_lock_path,
+    verified_weights_sha256,
 )
 
 log = logging.getLogger(__name__)
@@ -100,18 +100,7 @@ def evaluate_run(folder: str | os.PathLike, tasks, *, limit: int | None = None, 
 
 
 def _evaluate_locked(folder: Path, tasks, limit, batch_size, task_data, bootstrap_iters, device) -> dict:
-    summary = run_summary(folder)
-    if summary is not None and not completed(summary):
-        raise AblateError(f"run {folder} is {summary.get('status')}, not completed with its final loss: only final "
-                          "weights are evaluated")
-    if not weights_path(folder).is_file():
-        raise AblateError(f"{folder} has no trained weights ({weights_path(folder)} is missing): has the run completed?")
-
-    weights = file_sha256(weights_path(folder))
-    kept = (summary or {}).get("weights_sha256")
-    if kept is not None and kept != weights:
-        raise AblateError(f"{weights_path(folder)} is not the weights the run completed with (summary.json keeps sha256 "
-                          f"{str(kept)[:12]}…, the file has {weights[:12]}…): rerun the run with `ablate run ... --force`")
+    weights = verified_weights_sha256(folder)
     settings = wanted_settings(tasks, limit, task_data)
     data = read_eval(folder)
     todo = [name for name in tasks if not is_current(data["tasks"].get(name), settings[name], weights, bootstrap_iters)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.modelio import load_run, split_batch, validation_batches_for_run
+from ablate.modelio import final_weights_held, split_batch, validation_batches_for_run
 from ablate.store import HEATMAP_FILE, PROBE_FILE, atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -218,14 +218,15 @@ def plot_first_key_mass(probe: dict, path: str | Path, title: str = "") -> None:
 
 def probe_run(run_dir: str | Path, *, n_batches: int = 8, batch_size: int = 8, batches=None,
               device: str = "cpu", progress: bool = False) -> dict:
-    """Probe a run's final weights; write RUN_DIR/probe.json (atomically) and the heatmap PNG."""
-    model, config, identity = load_run(run_dir, device)
-    if batches is None:
-        batches = validation_batches_for_run(config, n_batches, batch_size)
-    probe = {"run": identity, **probe_model(model, batches, progress=progress)}
+    """Probe a run's final weights; write RUN_DIR/probe.json (atomically, with the weights' sha256, which every
+    reader checks) and the heatmap PNG, holding the run's lock throughout (`final_weights_held`)."""
     run_dir = Path(run_dir)
-    atomic_write_json(run_dir / PROBE_FILE, probe)
-    label = " / ".join(str(v) if k != "seed" else f"seed {v}" for k, v in identity.items() if v is not None)
-    plot_first_key_mass(probe, run_dir / HEATMAP_FILE, title=f"first-key mass, {label}")
+    with final_weights_held(run_dir, device) as (model, config, identity, weights_sha256):
+        if batches is None:
+            batches = validation_batches_for_run(config, n_batches, batch_size)
+        probe = {"run": identity, "weights_sha256": weights_sha256, **probe_model(model, batches, progress=progress)}
+        atomic_write_json(run_dir / PROBE_FILE, probe)
+        label = " / ".join(str(v) if k != "seed" else f"seed {v}" for k, v in identity.items() if v is not None)
+        plot_first_key_mass(probe, run_dir / HEATMAP_FILE, title=f"first-key mass, {label}")
     log.info("wrote %s and %s", run_dir / PROBE_FILE, run_dir / HEATMAP_FILE)
     return probe

@@ -38,7 +38,7 @@ import torch
 
 from ablate.arms.builtin import NormGate, ProjGate, Renorm
 from ablate.errors import AblateError, choice_error
-from ablate.modelio import load_run, split_batch, validation_batches_for_run
+from ablate.modelio import final_weights_held, split_batch, validation_batches_for_run
 from ablate.sizing import loss_chunk_for
 from ablate.store import INJECT_FILE, atomic_write_json, read_json
 
@@ -287,15 +287,17 @@ def inject_run(run_dir: str | Path, *, cutoff: str = "p25", eps=DEFAULT_EPS, jun
     inject.json keeps one entry per cutoff: a later call with the other cutoff adds to the file, one
     with the same cutoff replaces that cutoff's entry.
     """
-    model, config, identity = load_run(run_dir, device)
-    if batches is None:
-        batches = validation_batches_for_run(config, n_batches, batch_size)
-    result = inject_model(model, batches, cutoff=cutoff, eps=eps, junk=junk, seed=seed, progress=progress,
-                          loss_chunk=config.get("loss_chunk"))
     path = Path(run_dir) / INJECT_FILE
-    previous = read_json(path) if path.is_file() else {}
-    by_cutoff = dict(previous.get("by_cutoff", {}))
-    by_cutoff[cutoff] = result
-    atomic_write_json(path, {"run": identity, "arm": model.config.arm, "by_cutoff": by_cutoff})
+    with final_weights_held(run_dir, device) as (model, config, identity, weights_sha256):
+        if batches is None:
+            batches = validation_batches_for_run(config, n_batches, batch_size)
+        result = inject_model(model, batches, cutoff=cutoff, eps=eps, junk=junk, seed=seed, progress=progress,
+                              loss_chunk=config.get("loss_chunk"))
+        previous = read_json(path) if path.is_file() else {}
+        previous = previous if isinstance(previous, dict) and previous.get("weights_sha256") == weights_sha256 else {}
+        by_cutoff = dict(previous.get("by_cutoff", {}))  # entries of other weights than these are dropped
+        by_cutoff[cutoff] = result
+        atomic_write_json(path, {"run": identity, "arm": model.config.arm, "weights_sha256": weights_sha256,
+                                 "by_cutoff": by_cutoff})
     log.info("wrote %s", path)
     return result

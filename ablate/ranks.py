@@ -1,0 +1,77 @@
+"""The processes of one data-parallel run besides its rank 0: how a child is told from an impostor, the
+guards it runs under (the same as every process), and the end of a run's process group.
+
+A child holds no lock and writes nothing; what makes a process a child is checked in `ablate.lock`
+(`launched_child`: the live process tree and a secret only its parent had). Whether or not it is one,
+no process trains a run that is finished or has other settings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ablate.config import semantic, with_device_defaults
+from ablate.errors import AblateError
+from ablate.lock import claimed_rank, held_by_step_sibling
+from ablate.store import CONFIG, SUMMARY, finished, read_json_file, run_lock_path
+
+RANK0_WAIT_S = 600.0  # how long a SLURM task of rank > 0 waits for rank 0 to take the run
+
+
+def await_step_rank0(folder: Path, config: dict) -> dict | None:
+    """A task of rank > 0 of a data-parallel SLURM run (srun starts all k side by side): wait until rank 0
+    of this job step holds the run and has written its config (None: join it), or the run is finished
+    (its summary: nothing to do, as rank 0 found too). Refused after RANK0_WAIT_S."""
+    lock, deadline, problem = run_lock_path(folder), time.monotonic() + RANK0_WAIT_S, None
+    while time.monotonic() < deadline:
+        summary = read_json_file(folder / SUMMARY, "rerun it with --force") if (folder / SUMMARY).is_file() else {}
+        if finished(summary):
+            return summary
+        if held_by_step_sibling(lock):
+            try:
+                check_child_run_dir(folder, config)
+                return None
+            except AblateError as err:  # e.g. rank 0 has not written config.json yet
+                problem = err
+        time.sleep(0.5)
+    raise AblateError(f"task {claimed_rank()} of SLURM job {os.environ.get('SLURM_JOB_ID')} waited {RANK0_WAIT_S:.0f} s "
+                      f"for its rank 0 to start run {folder}" + (f" ({problem})" if problem else ""))
+
+
+def check_child_run_dir(folder: Path, config: dict) -> None:
+    """The guards of `prepare_run_dir` for a data-parallel child, which holds no lock and changes nothing: its
+    parent wrote config.json before starting it, and the run is not finished. A child that finds otherwise
+    is refused, so that no process, child or not, trains a finished run or one of other settings."""
+    if int(config["devices"]) < 2:
+        raise AblateError(f"this process claims to be a data-parallel child of run {folder}, but the run has "
+                          f"devices {config['devices']}: only a run with devices >= 2 has children")
+    way_out = "a data-parallel child trains only the run its parent started"
+    if not (folder / CONFIG).is_file():
+        raise AblateError(f"{folder} has no {CONFIG}: {way_out}")
+    previous = semantic(with_device_defaults(read_json_file(folder / CONFIG, way_out), torch.cuda.is_available()))
+    current = semantic(config)
+    if previous != current:
+        diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        raise AblateError(f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); {way_out}")
+    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
+    if finished(summary):
+        raise AblateError(f"{folder} is already {summary.get('status')}: {way_out}, never a finished one")
+
+
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")  # set by Lightning's launch
+
+
+def end_process_group(before: dict) -> None:
+    """After a data-parallel run: its process group destroyed and the environment Lightning's launcher set
+    (LOCAL_RANK=0 above all, which would make the next launch think its processes exist) as it was."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
