@@ -20,7 +20,9 @@ import contextlib
 import datetime as dt
 import io
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import submitit
 
@@ -105,10 +107,27 @@ def check_slurm() -> dict[str, dict]:
     return parse_sinfo(answer.stdout)
 
 
-def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
-           profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
-           dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None,
-           seeds_by_tier: dict[str, int] | None = None, sequential: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class Submission:
+    """What `ablate submit` asks for: where the runs go, which of the grid's runs (tiers, arms, seed indices),
+    the run options every run gets, and the evaluations that follow (`submit`)."""
+
+    results: Path
+    executor: str = "slurm"
+    profile: str = "local"
+    tiers: Sequence[str] | None = None
+    arms: Sequence[str] | None = None
+    seeds: Sequence[int] | None = None
+    parallel: int | None = None
+    dry_run: bool = False
+    options: Mapping = field(default_factory=dict)
+    eval_tasks: Sequence[str] | None = None
+    eval_options: Mapping = field(default_factory=dict)
+    seeds_by_tier: Mapping[str, int] | None = None
+    sequential: Mapping | None = None
+
+
+def submit(experiment: Experiment, experiment_file: str | None, request: Submission) -> dict:
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
@@ -121,22 +140,24 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     Checked first, before anything is queued: the executor, the profile, the data folders and their
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
+    results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
+    seeds_by_tier, sequential = request.seeds_by_tier, request.sequential
     if executor not in ("slurm", "local"):
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
-    specs = experiment.runs(tiers, arms, seeds)
+    specs = experiment.runs(request.tiers, request.arms, request.seeds)
     if seeds_by_tier is not None:
         specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
-    resources = load_profile(profile) if executor == "slurm" else None
-    options = {"progress": False, **(options or {})}
+    resources = load_profile(request.profile) if executor == "slurm" else None
+    options = {"progress": False, **request.options}
     partitions = preflight(experiment, specs, executor, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
-    if dry_run:
+    if request.dry_run:
         return {**_plan_submission(experiment, specs, results, resources), "misfits": misfits}
     if misfits:
         raise AblateError(f"profile {resources['name']!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
@@ -155,17 +176,16 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         elif todo:
             report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
-            report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
-                                            list(eval_tasks), eval_options or {}, report["jobs"])
+            report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources, report["jobs"])
     return report
 
 
-def _submit_evals(experiment, experiment_file, specs, results, executor, profile, tasks, eval_options,
-                  training_jobs) -> dict:
+def _submit_evals(experiment, experiment_file, specs, request: Submission, profile, training_jobs) -> dict:
     """Evaluation of every run of `specs` that is completed or was just queued; {key: job id or outcome}."""
+    results, executor, tasks = request.results, request.executor, list(request.eval_tasks)
     folder = experiment_dir(results, experiment)
     job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                  tasks, eval_options)
+                  tasks, dict(request.eval_options))
     states = {s.key: row["state"] for s, row in zip(specs, status(experiment, results, specs))}
     outcomes = {}
     if executor == "local":  # the grid has run: evaluate what completed

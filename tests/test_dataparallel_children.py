@@ -9,7 +9,7 @@ import pytest
 from ablate.experiment import RunSpec
 from ablate.store import read_json, read_ledger, run_dir
 from ablate.train import run
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 EXPERIMENT = '''
 from ablate.experiment import Experiment

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from ablate.dispatch import submit
+from ablate.dispatch import Submission, submit
 from ablate.profiles import load_profile
 from ablate.status import status
 from ablate.store import read_ledger
 from ablate.experiment import load_experiment
 from ablate.store import read_json, read_metrics, run_dir
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 EXPERIMENT = '''
 import os
@@ -119,7 +119,7 @@ def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_p
     out = ablate_cli("submit", file, "--executor", "slurm", "--profile", "local", "--results", results).stdout
     assert "queued 8 runs" in out
     # submitting again while the grid is queued or running queues nothing twice
-    again = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert again["to_submit"] == [] and again["jobs"] == {}
     rows = wait_until_settled(experiment, results)
     states = {(r["arm"], r["seed"]): r["state"] for r in rows}
@@ -131,7 +131,7 @@ def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_p
     completed_ids = {k: v["job_id"] for k, v in read_ledger(results / "grid")["runs"].items()}
     # the fix, then a second submit reruns the failed runs alone
     (tmp_path / "FAIL").unlink()
-    second = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    second = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert sorted(second["to_submit"]) == ["smoke/flaky/seed0", "smoke/flaky/seed1"]
     rows = wait_until_settled(experiment, results)
     assert all(r["state"] == "completed" for r in rows)
@@ -152,7 +152,7 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
 
     file = write_experiment(tmp_path, "timeout", ["proj-gate"], 1, 80, sample_data)
     experiment, results = load_experiment(file), tmp_path / "results"
-    report = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     entry = read_ledger(results / "timeout")["runs"]["smoke/proj-gate/seed0"]
     metrics = run_dir(results, "timeout", "smoke", "proj-gate", 0) / "metrics.jsonl"
     deadline = time.time() + 300

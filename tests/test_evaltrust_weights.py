@@ -30,7 +30,7 @@ from ablate.lock import FileLock, LockHeld
 from ablate.status import status
 from ablate.store import atomic_write_json, file_sha256, final_weights_sha256, read_json, run_dir, run_lock_path
 from analysis_fixtures import write_run
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 from test_eval import write_task_data
 
 ACC = {("baseline", 0): 0.30, ("baseline", 1): 0.31, ("baseline", 2): 0.29,

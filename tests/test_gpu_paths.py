@@ -35,7 +35,6 @@ from ablate.model import GPT, GPTConfig
 from ablate.sizing import model_config
 from ablate.store import read_json, read_metrics, run_dir
 from ablate.train import run
-from datafix import sample_data  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)
 

@@ -17,7 +17,7 @@ from ablate.experiment import RunSpec
 from ablate.lock import TOKEN_ENV
 from ablate.store import read_json, run_dir, run_lock_path
 from ablate.train import run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
 

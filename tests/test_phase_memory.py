@@ -22,7 +22,7 @@ from ablate.loop import mean_token_loss
 from ablate.model import GPT, GPTConfig
 from ablate.sizing import (LOSS_CHUNK, PHASES, loss_chunk_for, memory_estimate_gb, memory_phases_gb,
                            micro_batch_for)
-from datafix import REPO, sample_data  # noqa: F401  (a fixture)
+from datafix import REPO
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import submitit
 from ablate.dispatch import map_array
 from ablate.errors import AblateError
 from ablate.profiles import gpus_in_gres, load_profile, parse_sinfo, profile_misfits, sbatch_refusal, slurm_minutes
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 PROFILE = {"name": "mycluster", "partition": "debug", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1,
            "mem_gb": 2, "time_min": 20, "constraint": ""}

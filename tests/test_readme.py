@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 
 
 def readme_example() -> str:

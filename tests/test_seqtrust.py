@@ -27,7 +27,6 @@ from ablate.power import sequential_decision, sequential_design
 from ablate.sequential import SequentialDesign, recorded_design
 from ablate.store import LEDGER, record_ledger
 from analysis_fixtures import write_run
-from datafix import sample_data  # noqa: F401  (fixture)
 
 ZERO = ("zero_option", "baseline", "sink-logit")
 EXPERIMENT = '''

@@ -20,7 +20,7 @@ from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock, LockHeld
 from ablate.store import SUBMIT_LOCK, read_json, read_metrics, run_dir, run_lock_path
 from ablate.train import run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
 

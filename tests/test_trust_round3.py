@@ -19,7 +19,6 @@ from ablate.probes.diagnostics import PROBE_FILE, probe_run
 from ablate.probes.injection import INJECT_FILE, inject_run
 from ablate.store import (NAME_ROOM, atomic_write_json, check_name, file_sha256, name_max, read_json, run_dir,
                           run_lock_path)
-from datafix import sample_data  # noqa: F401  (fixture)
 from test_probes_cli import make_run
 
 SMALL = {"n_batches": 1, "batch_size": 4}

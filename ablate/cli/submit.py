@@ -83,7 +83,7 @@ def sequential_counts(design, folder, tiers) -> dict[str, int]:
 def _submit_and_tell(args) -> int:
     import dataclasses  # the library loads in the handler: see ablate.cli
 
-    from ablate.dispatch import submit
+    from ablate.dispatch import Submission, submit
 
     experiment, file, results = _resolve(args)
     sequential = None
@@ -104,14 +104,14 @@ def _submit_and_tell(args) -> int:
               + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
               + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
                           for tier, n in counts.items()))
-    report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
-                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-                    options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                             **({"match_params": args.match_params} if args.match_params is not None else {})},
-                    eval_tasks=args.eval_tasks,
-                    eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
-                                  if v is not None},
-                    **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}))
+    report = submit(experiment, file, Submission(
+        results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
+        seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
+        options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
+                 **({"match_params": args.match_params} if args.match_params is not None else {})},
+        eval_tasks=args.eval_tasks,
+        eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items() if v is not None},
+        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {})))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
