@@ -29,6 +29,7 @@ from lightning.fabric import Fabric
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, validation_windows
+from ablate.data.shards import tier_shards
 from ablate.data.shards import read_manifest
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
@@ -224,12 +225,7 @@ class Trainer:
     def _fit(self, fabric) -> dict:
         """The run: data, model and optimiser, resume, the steps, then the final evaluation and weights."""
         config = self.config
-        tier = get_tier(config["tier"])
-        shards = TokenShards(config["data_dir"], split="train")
-        if shards.tokenizer != tier.tokenizer or shards.vocab_size != config["model"]["vocab_size"]:
-            raise AblateError(
-                f"data folder {config['data_dir']} holds {shards.tokenizer!r} tokens (vocabulary {shards.vocab_size}); "
-                f"tier {tier.name!r} expects {tier.tokenizer!r} (vocabulary {config['model']['vocab_size']})")
+        shards = tier_shards(config["data_dir"], get_tier(config["tier"]), config["model"]["vocab_size"])
         world, rank = fabric.world_size, fabric.global_rank
         stream = BatchStream(shards, seed=config["data_seed"], global_batch=config["global_batch"],
                              seq_len=config["seq_len"], rank=rank, world_size=world)
@@ -262,19 +258,7 @@ class Trainer:
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
-        self.write_summary(
-            tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
-            status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
-            tokens=run.step * config["global_batch"] * config["seq_len"],
-            init_fingerprint=run.init_fingerprint, init_fingerprint_common=init_common,
-            data_fingerprint=run.data_fp, config_fingerprint=config_fingerprint(config),
-            loss_read_every=1 if config["host_sync"] == "step" else config["log_interval"],
-            val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
-            params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
-            mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
-            git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
-            wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
-            logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
+        self._write_running(run, init_common, counts, shards)
 
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
         # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
@@ -286,6 +270,23 @@ class Trainer:
         self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
         return self._finish(run, evaluate(final_windows), final_windows)
+
+    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards) -> None:
+        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far."""
+        config = self.config
+        self.write_summary(
+            tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
+            status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
+            tokens=run.step * config["global_batch"] * config["seq_len"],
+            init_fingerprint=run.init_fingerprint, init_fingerprint_common=init_common,
+            data_fingerprint=run.data_fp, config_fingerprint=config_fingerprint(config),
+            loss_read_every=1 if config["host_sync"] == "step" else config["log_interval"],
+            val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
+            params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
+            mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
+            git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
+            wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
+            logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""

@@ -153,6 +153,18 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
 LATE_FRACTION = 0.5  # curves.png's second row: the tokens from this fraction of the run on, zoomed
 
 
+def _one_legend(fig, axes, arm_order: list[str]) -> None:
+    """One legend under the figure for every arm drawn in any panel, in the arms' order."""
+    legend = {}
+    for ax in axes.ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    labels = [arm for arm in arm_order if arm in legend]
+    if labels:
+        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0))
+
+
 def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], path: Path, name: str,
                 reference: str | None = None):
     """Validation loss against tokens: the mean over seeds as a line, the seeds' range (min to max) as a
@@ -202,14 +214,7 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
         axes[-1][column].set_xlabel("tokens")
     if not tiers:
         axes[0][0].text(0.5, 0.5, "no validation curves in metrics.jsonl", ha="center", va="center")
-    legend = {}
-    for ax in axes.ravel():
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    labels = [arm for arm in arm_order if arm in legend]
-    if labels:
-        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8,
-                   bbox_to_anchor=(0.5, 0.0))
+    _one_legend(fig, axes, arm_order)
     fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds; "
                  "top: the whole run, middle: its second half zoomed"
                  + (f"; bottom: gap to {reference}, positive = lower loss" if rows == 3 else ""), fontsize=10)

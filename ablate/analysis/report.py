@@ -159,6 +159,22 @@ def scale_section(ctx: ReportContext) -> str:
     return "\n".join(lines)
 
 
+def _support_rule(ctx: ReportContext, family, fixed_sample: bool, families: list[str]) -> str:
+    """What "supported" means in this report: Holm within each table's families, or the declared family only
+    (by its sequential design's decision when it follows one); pipeline-check tiers left out of both lists."""
+    checks = sorted({r["tier"] for t in _kinds(ctx) for r in ctx.tables[t].frame.iter_rows(named=True)
+                     if is_pipeline_check(r["tier"])})
+    left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
+    if fixed_sample:
+        return (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
+                "seeds, Holm-adjusted within each family (" + "; ".join(KINDS[k].family for k in _kinds(ctx))
+                + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
+    return (f"Only the declared comparisons can be supported ({family.family}): "
+            + ("the sequential design decided effect" if "decision" in family.columns
+               else f"p_holm < {ALPHA}, Holm over that family only")
+            + ". Every other row is exploratory (unadjusted p) and never listed here." + left_out)
+
+
 def flags_section(ctx: ReportContext) -> str:
     """Supported effects (p_holm < 0.05), effects whose interval contains zero, effects from one seed.
 
@@ -192,18 +208,7 @@ def flags_section(ctx: ReportContext) -> str:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
                 contains_zero.append(f"- {what}: {stats}")
-    checks = sorted({r["tier"] for t in _kinds(ctx) for r in ctx.tables[t].frame.iter_rows(named=True)
-                     if is_pipeline_check(r["tier"])})
-    left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
-    if verdicts is None:
-        rule = (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
-                "seeds, Holm-adjusted within each family (" + "; ".join(KINDS[k].family for k in _kinds(ctx))
-                + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
-    else:
-        rule = (f"Only the declared comparisons can be supported ({family.family}): "
-                + ("the sequential design decided effect" if "decision" in family.columns
-                   else f"p_holm < {ALPHA}, Holm over that family only")
-                + ". Every other row is exploratory (unadjusted p) and never listed here." + left_out)
+    rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
     if supported:
         lines += supported

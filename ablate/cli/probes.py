@@ -86,12 +86,12 @@ def format_probe(probe: dict) -> str:
 
 
 def inject_command(args) -> int:
-    from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
+    from ablate.probes.injection import INJECT_FILE, Sweep, inject_run, injection_table
     from ablate.modelio import default_device
 
-    result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_numbers(args.eps, "eps"),
-                        junk=_listed(args.junk, "junk"), seed=args.seed, n_batches=args.batches,
-                        batch_size=args.batch_size, device=args.device or default_device(), progress=True)
+    sweep = Sweep(args.cutoff, tuple(_numbers(args.eps, "eps")), tuple(_listed(args.junk, "junk")), args.seed)
+    result = inject_run(args.run_dir, sweep, n_batches=args.batches, batch_size=args.batch_size,
+                        device=args.device or default_device(), progress=True)
     print(injection_table(result))
     print(f"\nwrote {args.run_dir}/{INJECT_FILE}")
     return 0

@@ -78,19 +78,20 @@ def default_model_config(task: SyntheticTask, arm: str, **overrides):
     return GPTConfig(**fields)
 
 
-def train_synthetic(
-    arm: str,
-    seed: int,
-    steps: int = DEFAULT_STEPS,
-    *,
-    task: SyntheticTask | None = None,
-    batch_size: int = 64,
-    lr: float = DEFAULT_LR,
-    weight_decay: float = 0.1,
-    warmup_steps: int = 50,
-    progress: bool = False,
-    **model_overrides,
-) -> SyntheticRun:
+@dataclass(frozen=True)
+class SyntheticSchedule:
+    """How the synthetic task trains: sequences per step, peak learning rate (after a linear warm-up, then
+    constant) and AdamW's weight decay."""
+
+    batch_size: int = 64
+    lr: float = DEFAULT_LR
+    weight_decay: float = 0.1
+    warmup_steps: int = 50
+
+
+def train_synthetic(arm: str, seed: int, steps: int = DEFAULT_STEPS, *, task: SyntheticTask | None = None,
+                    schedule: SyntheticSchedule = SyntheticSchedule(), progress: bool = False,
+                    **model_overrides) -> SyntheticRun:
     """Train a tiny GPT of one arm on the recall task; same seed → same init, same batches, same result.
 
     The shared parameters of two arms with the same seed start equal (the model's name-keyed init),
@@ -106,7 +107,8 @@ def train_synthetic(
     torch.manual_seed(seed)
     model = GPT(config)
     model.init_weights(seed)
-    optimizer = make_optimizer(model, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8, cuda=False)
+    batch_size, lr, warmup_steps = schedule.batch_size, schedule.lr, schedule.warmup_steps
+    optimizer = make_optimizer(model, schedule.weight_decay, lr, betas=(0.9, 0.95), eps=1e-8, cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
                 clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     run = SyntheticRun(model=model, task=task, config=asdict(config))
