@@ -87,7 +87,7 @@ def test_the_val_loss_convention_matches_the_model_and_the_footer():
     assert f"The {PADDED_VOCAB - REAL_VOCAB} padding rows" in text
     at_init = math.log(PADDED_VOCAB / REAL_VOCAB)
     assert f"ln({PADDED_VOCAB:,} / {REAL_VOCAB:,}) ≈ {at_init:.1e} nats".replace("e-04", "e-4") in text
-    assert "1.7e-4 nats" in text and "1.7e-4 nats" in VAL_LOSS_FOOTER
+    assert "about 2e-4 nats" in text and "about 2e-4 nats" in VAL_LOSS_FOOTER
 
 
 def padding_gap(model, windows) -> tuple[float, float]:
@@ -114,7 +114,7 @@ def test_at_initialisation_the_padded_loss_exceeds_the_real_vocabulary_loss_by_a
 
 
 @pytest.mark.slow
-def test_after_a_smoke_run_val_loss_is_the_padded_loss_1_7e_4_above_the_real_vocabulary_loss(tmp_path, sample_data):
+def test_after_a_smoke_run_val_loss_is_the_padded_loss_about_2e_4_above_the_real_vocabulary_loss(tmp_path, sample_data):
     from ablate.experiment import RunSpec
     from ablate.modelio import load_run, validation_batches_for_run
     from ablate.train import run
@@ -126,4 +126,6 @@ def test_after_a_smoke_run_val_loss_is_the_padded_loss_1_7e_4_above_the_real_voc
     padded, real = padding_gap(model, windows)
     assert padded == pytest.approx(json.loads((folder / "summary.json").read_text())["val_loss"], abs=1e-9)
     assert sum(w.shape[0] * (w.shape[1] - 1) for w in windows) == summary["val_tokens_evaluated"]
-    assert re.fullmatch(r"1\.7e-04", f"{padded - real:.1e}"), padded - real  # what method.md and the footer say
+    # what method.md and the footer say, to the one figure every kernel set agrees on (1.7e-4 with AVX2 on an AMD
+    # EPYC, 1.78e-4 with AVX-512 on an Intel Xeon: the second figure is the kernels' rounding of 100 steps)
+    assert re.fullmatch(r"2e-04", f"{padded - real:.0e}"), padded - real

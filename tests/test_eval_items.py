@@ -128,8 +128,9 @@ def test_scores_are_equal_at_batch_sizes_1_and_16_and_the_batch_size_is_recorded
         for metric, row in wide[task]["metrics"].items():
             if metric.startswith("acc"):
                 assert narrow[task]["metrics"][metric]["value"] == row["value"], (task, metric)
-            else:
-                assert narrow[task]["metrics"][metric]["value"] == pytest.approx(row["value"], rel=1e-6), (task, metric)
+            else:  # perplexities exponentiate summed float32 log-probabilities: their relative rounding grows with
+                # the summed length (1.1e-6 seen with AVX-512 kernels), so the bound is 1e-5, not the per-token 1e-6
+                assert narrow[task]["metrics"][metric]["value"] == pytest.approx(row["value"], rel=1e-5), (task, metric)
         a, b = lines(evaluated["folder"], task), lines(evaluated["single"], task)
         assert [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in a] == \
                [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in b]  # pairing does not see the batch size

@@ -10,7 +10,7 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 * every other table takes p_holm of a row from that family when the row is a declared comparison
   (same tier, same two arms) and marks every other row `exploratory`: unadjusted p, p_holm empty,
   never called supported;
-* with a sequential design (`ablate.power.sequential_design`, recorded by `submit --sequential`) each
+* with a sequential design (`ablate.boundaries.sequential_design`, recorded by `submit --sequential`) each
   row also says the look reached, the decision and the interval valid for that design, and a
   comparison is supported only when the design decided "effect" (the fixed-sample p ignores the looks).
 """
@@ -28,7 +28,7 @@ from ablate.analysis.kinds import INCREMENTS
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
-from ablate.power import sequential_decision
+from ablate.boundaries import sequential_decision
 from ablate.sequential import FAMILIES
 
 DECLARED = "declared"

@@ -26,8 +26,8 @@ PADDED_VOCAB, REAL_VOCAB = 50_304, 50_257
 VAL_LOSS_FOOTER = (f"val_loss: mean token cross-entropy in nats of the softmax over the model's whole output layer, "
                    f"GPT-2's {REAL_VOCAB:,} tokens padded to {PADDED_VOCAB:,} rows; the {PADDED_VOCAB - REAL_VOCAB} "
                    "padding rows are never a target but stay in the normaliser, so val_loss is never below the "
-                   "real-vocabulary loss that `ablate eval` scores (1.7e-4 nats above it after a smoke run's 100 "
-                   "steps; docs/method.md, section 4).")
+                   "real-vocabulary loss that `ablate eval` scores (about 2e-4 nats above it after a smoke run's "
+                   "100 steps; docs/method.md, section 4).")
 FOOTER = ("95% CI: Student-t interval over seeds (n − 1 degrees of freedom); sd with ddof 1; se = sd/√n; "
           "agree: seeds whose difference has the sign of the mean; p: two-sided paired t-test (one-sample "
           "t-test of the per-seed differences against 0), empty with one seed or no spread.")
