@@ -150,7 +150,8 @@ def test_overlap_matches_its_definition(runs):
     assert table.columns == ["tier", "gate", *STAT_COLUMNS, "p_holm", "marks"]
     for gate, alone, both in (("norm", "norm-gate", "combo"), ("proj", "proj-gate", "combo2")):
         for tier in TIERS:
-            gain = lambda arm, s: losses[(tier, "baseline", s)] - losses[(tier, arm, s)]  # noqa: E731
+            def gain(arm, s, tier=tier):
+                return losses[(tier, "baseline", s)] - losses[(tier, arm, s)]
             per_seed = [gain("sink-logit", s) + gain(alone, s) - gain(both, s) for s in range(SEEDS[tier])]
             row = _row(table, tier, gate)
             assert row["mean"] == pytest.approx(np.mean(per_seed), abs=1e-12)

@@ -40,7 +40,9 @@ def make_arm(name, seed=0, dtype=torch.float64):
 
 def qkvx(T=11, B=2, seed=0, scale=1.0):
     gen = torch.Generator().manual_seed(seed)
-    make = lambda *s: (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).requires_grad_()
+
+    def make(*s):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).requires_grad_()
     return make(B, H, T, D), make(B, HKV, T, D), make(B, HKV, T, D), make(B, T, C)
 
 

@@ -32,7 +32,7 @@ from ablate.evals.tasks import (
 from ablate.experiment import RunSpec, start_task
 from ablate.lock import FileLock
 from ablate.modelio import default_device, load_run
-from ablate.store import (completed, 
+from ablate.store import (completed,
     CHECKPOINTS,
     EVAL_FILE,
     FINAL_WEIGHTS,
