@@ -275,9 +275,11 @@ def named_experiment(source: str | os.PathLike) -> Experiment | None:
     return load_experiment(text)
 
 
-def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
+def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None,
+               experiment: Experiment | None = None) -> Path:
     """What a table or report reads: a .csv/.parquet file or an experiment folder itself, else
-    `results/<experiment name>` for an experiment's name or experiments/*.py file."""
+    `results/<experiment name>` for an experiment's name or experiments/*.py file (`experiment`: the one
+    SOURCE names, already loaded by `named_experiment`, so that its file is executed once per command)."""
     results_dir = results_folder(results)
     text = str(source)
     path = Path(text)
@@ -291,7 +293,7 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
         if len(path.parts) > 1:  # a path, not an experiment's name: say what is missing
             raise AblateError(f"{text}: no such folder; give an experiment folder, a .csv/.parquet table, "
                               "or an experiment's name")
-    name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
+    name = (experiment or load_experiment(text)).name  # refuses an unknown name, naming the valid experiments
     folder = results_dir / name
     if not folder.is_dir():
         with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []

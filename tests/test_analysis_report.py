@@ -277,3 +277,22 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
     assert "Scale is confounded" in section and "tokens per parameter" in section
     assert "Scale is confounded" in summary.split("## Crossover")[1]
+
+
+def test_a_table_or_report_of_an_experiment_file_executes_it_once(tmp_path, capsys):
+    """`ablate table FILE` and `ablate report FILE` load the experiment once (it used to be executed twice: once
+    for its results folder, once for its declared comparisons): an experiment file is code, run once a command."""
+    from ablate.cli import main
+
+    write_store(tmp_path / "results", experiment="once")
+    counter = tmp_path / "executed"
+    file = tmp_path / "once.py"
+    file.write_text("from pathlib import Path\nfrom ablate.experiment import Comparison, Experiment\n"
+                    f"with open({str(counter)!r}, 'a') as f:\n    f.write('x')\n"
+                    "EXPERIMENT = Experiment(name='once', tiers=['10M'], arms=['baseline', 'sink-logit'], seeds=3,\n"
+                    "    hypotheses=[Comparison('zero', 'baseline', 'sink-logit')])\n")
+    assert main(["table", str(file), "--results", str(tmp_path / "results"), "--format", "csv"]) == 0
+    assert counter.read_text() == "x"
+    assert main(["report", str(file), "--results", str(tmp_path / "results")]) == 0
+    assert counter.read_text() == "xx"
+    assert "p_holm" in capsys.readouterr().out

@@ -18,6 +18,7 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass
 
 import polars as pl
@@ -29,7 +30,8 @@ from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_decision
-from ablate.sequential import FAMILIES
+from ablate.sequential import FAMILIES, recorded_design
+from ablate.store import LEDGER
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -284,3 +286,19 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
             needed.append(decision["next_seeds"] or 0)
         out[tier] = max(needed, default=0)
     return out
+
+
+def declared_for(experiment, folder) -> Declared | None:
+    """The declared comparisons a source's tables adjust over: those a `submit --sequential` recorded in the
+    folder's ledger, with their design (which `experiment`, when given, must still declare: a changed design is
+    refused), else the experiment's own (`experiment`: an `ablate.experiment.Experiment` or None, taken as
+    given so the analysis never loads an experiment file). None: no family."""
+    design = recorded_design(folder) if Path(folder).is_dir() else None
+    if design is not None and experiment is not None:
+        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
+                              str(Path(folder) / LEDGER))
+    if design is not None:
+        return Declared.of(design.comparisons, design.family, design.boundaries)
+    if experiment is not None and experiment.hypotheses:
+        return Declared.of(experiment.hypotheses, experiment.family)
+    return None

@@ -50,40 +50,19 @@ def add_commands(subparsers) -> None:
     report.set_defaults(func=report_command)
 
 
-def declared_of(source, folder):
-    """The declared comparisons the tables adjust over: the experiment's (when SOURCE names one), else those a
-    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design, which the
-    experiment must still declare (a changed design is refused). None: no family."""
-    from pathlib import Path  # the library loads in the handler: see ablate.cli
-
-    from ablate.analysis.hypotheses import Declared
-    from ablate.experiment import named_experiment
-    from ablate.sequential import recorded_design
-    from ablate.store import LEDGER
-
-    experiment = named_experiment(source)
-    design = recorded_design(folder) if Path(folder).is_dir() else None
-    if design is not None and experiment is not None:
-        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
-                              str(Path(folder) / LEDGER))
-    if design is not None:
-        return Declared.of(design.comparisons, design.family, design.boundaries)
-    if experiment is not None and experiment.hypotheses:
-        return Declared.of(experiment.hypotheses, experiment.family)
-    return None
-
-
 def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import results_of
-    from ablate.analysis.render import render
     from ablate.analysis.build import build_table
+    from ablate.analysis.hypotheses import declared_for
+    from ablate.analysis.render import render
+    from ablate.experiment import named_experiment, results_of
 
     if args.by_item:
         return _by_item(args)
-    folder = results_of(args.source, args.results)
+    experiment = named_experiment(args.source)  # its file is executed once, here
+    folder = results_of(args.source, args.results, experiment)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
-    table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
+    table = build_table(runs, args.kind, args.reference, declared_for(experiment, folder))
     if args.kind == "scale":
         from ablate.analysis.scale_text import render_scale
 
@@ -132,11 +111,13 @@ def _emit(args: argparse.Namespace, text: str) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from ablate.analysis.hypotheses import declared_for
     from ablate.analysis.report import make_report  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import results_of
+    from ablate.experiment import named_experiment, results_of
 
-    source = results_of(args.experiment, args.results)
-    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
+    experiment = named_experiment(args.experiment)  # its file is executed once, here
+    source = results_of(args.experiment, args.results, experiment)
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_for(experiment, source))
     names = [path.name for path in report.written]
     texts = [n for n in names if n.endswith(".md")]
     others = [n for n in names if not n.endswith(".md")]
