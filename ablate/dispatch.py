@@ -195,7 +195,8 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
                 outcomes[spec.key] = "evaluated"
             except Exception as err:  # one run's failure must not stop the others
                 outcomes[spec.key] = f"failed: {error_line(str(err)) or err.__class__.__name__}"
-        record_ledger(folder, {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
+        record_ledger(folder,
+                      {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
         return outcomes
 
     chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
@@ -210,7 +211,8 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
                                      "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
-                                        "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
+                                        "array": submitted[0].job_id.split("_")[0],
+                                        "runs": [s.key for s in tier_specs]})
         outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
     return outcomes
 

@@ -116,7 +116,8 @@ def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
     """What the partition `sinfo` describes cannot give a run of the profile, one line per setting (empty: fits)."""
     name = profile["partition"] or next((p for p, known in partitions.items() if known["default"]), "")
     if name not in partitions:
-        return [f"partition = {profile['partition']!r}: no such partition; partitions: {', '.join(partitions) or '(none)'}"]
+        return [f"partition = {profile['partition']!r}: no such partition; partitions: "
+                f"{', '.join(partitions) or '(none)'}"]
     part = partitions[name]
     misfits = []
     if profile["gpus_per_run"] > part["gpus"]:

@@ -211,8 +211,10 @@ def print_profile_diff(ops: dict[str, dict[str, float]], top: int = 12) -> None:
 # ------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", help="arms to measure (default: every registered arm; baseline is always added)")
+                                     epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", help="arms to measure (default: every registered arm; baseline "
+                                                  "is always added)")
     parser.add_argument("--tier", default="10M", help="model shape (default 10M)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--seq-len", type=int, default=512, help="sequence length for timing (default 512)")

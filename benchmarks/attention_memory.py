@@ -88,7 +88,8 @@ def worker(argv: list[str]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", help="arms (default: every registered arm)")
     parser.add_argument("--tier", default="10M")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])

@@ -136,7 +136,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), float32")
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} "
+          "thread(s), float32")
     figures = {"speed": speed(args.batch_size, args.rounds)}
     print("\n| smoke shape, CPU | input tokens | best s | tokens/s |\n|---|---:|---:|---:|")
     for name, row in figures["speed"].items():

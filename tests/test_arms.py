@@ -106,7 +106,8 @@ def test_limit_identities(fused):
     # sink-logit with b_h → −∞ is the baseline
     torch.testing.assert_close(run_arm("sink-logit", q, k, v, x, fused, sink_bias=-1e4), base)
     # off-by-one is sink-logit with b_h = 0
-    torch.testing.assert_close(run_arm("off-by-one", q, k, v, x, fused), run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0))
+    torch.testing.assert_close(run_arm("off-by-one", q, k, v, x, fused),
+                               run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0))
     # any gate with g ≡ 1 is the baseline
     torch.testing.assert_close(run_arm("norm-gate", q, k, v, x, fused, tau=-1e3), base)
     torch.testing.assert_close(run_arm("proj-gate", q, k, v, x, fused, gate_w=0.0, gate_c=1e3), base)

@@ -92,7 +92,8 @@ def test_item_means_equal_eval_json(evaluated):
                 per_unit = -gold.sum() / sum(item[unit] for item in items)
                 expected = per_unit / math.log(2) if metric == "bits_per_byte" else math.exp(per_unit)
                 assert expected == pytest.approx(row["value"], rel=1e-9), metric
-    assert set(lines(folder, "hellaswag")[0]) == {"doc_id", "doc_hash", "prompt_hash", "acc", "acc_norm", "gold_logprob"}
+    assert set(lines(folder, "hellaswag")[0]) == {"doc_id", "doc_hash", "prompt_hash", "acc", "acc_norm",
+                                                  "gold_logprob"}
     assert set(lines(folder, "wikitext")[0]) == {"doc_id", "doc_hash", "prompt_hash", "gold_logprob", "words", "bytes"}
 
 

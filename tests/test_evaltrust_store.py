@@ -35,8 +35,10 @@ ASIDE = "seed0.old-20250101-000000-000000"
 
 def write_probes(folder, tier: str, arm: str, seed: int, mass: float) -> None:
     run, weights = {"tier": tier, "arm": arm, "seed": seed}, weights_of(arm, seed)  # of the run's final weights
-    atomic_write_json(folder / "probe.json", {"run": run, "weights_sha256": weights, "summary": {"first_key_mass": mass}})
-    atomic_write_json(folder / "inject.json", {"run": run, "arm": arm, "weights_sha256": weights, "by_cutoff": {"p25": {"rows": [
+    atomic_write_json(folder / "probe.json", {"run": run, "weights_sha256": weights,
+                                              "summary": {"first_key_mass": mass}})
+    atomic_write_json(folder / "inject.json", {"run": run, "arm": arm, "weights_sha256": weights,
+                                               "by_cutoff": {"p25": {"rows": [
         {"junk": "structural", "eps": 0.4, "increase": mass}]}}})
 
 

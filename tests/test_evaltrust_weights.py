@@ -80,7 +80,8 @@ def test_an_eval_json_copied_from_another_run_is_not_paired(store):
     row, _ = paired_row(store)
     assert row["n"] == 3
     # seed 1's sink-logit folder gets seed 0's evaluation (its own weights were never scored)
-    shutil.copy(store / "10M" / "sink-logit" / "seed0" / "eval.json", store / "10M" / "sink-logit" / "seed1" / "eval.json")
+    shutil.copy(store / "10M" / "sink-logit" / "seed0" / "eval.json",
+                store / "10M" / "sink-logit" / "seed1" / "eval.json")
     row, warnings = paired_row(store)
     assert row["n"] == 2
     assert any(w.startswith("excluded 10M/sink-logit/seed1:") and "scored other weights" in w for w in warnings)

@@ -22,7 +22,8 @@ from test_eval_table import ACC, PPL, write_eval
 
 
 def plan_power(capsys, *args, json_out=True):
-    code = main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", *map(str, args), *(["--json"] if json_out else [])])
+    code = main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", *map(str, args),
+                 *(["--json"] if json_out else [])])
     captured = capsys.readouterr()
     return code, (json.loads(captured.out) if json_out and code == 0 else captured.out), captured.err
 

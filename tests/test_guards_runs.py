@@ -71,7 +71,8 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     lock = run_lock_path(folder)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from ablate.lock import FileLock\n"
-         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)", str(lock)],
+         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)",
+         str(lock)],
         cwd=REPO, env=_without_token(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -104,7 +105,8 @@ def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, t
     lock = run_lock_path(folder)
     lock.unlink(missing_ok=True)  # a dead holder's lock an earlier test may leave (its holder killed)
     before = _snapshot(folder)
-    command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli", *map(str, _args(results, sample_data, 1))]))
+    command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli",
+                                         *map(str, _args(results, sample_data, 1))]))
     script = (f"{shlex.quote(sys.executable)} -c 'import json, sys; sys.path.insert(0, \"tests\"); "
               f"from test_guards_runs import _forge_lock; from pathlib import Path; "
               f"_forge_lock(Path(sys.argv[1]), int(sys.argv[2]), \"chosen\")' {shlex.quote(str(lock))} $$; "

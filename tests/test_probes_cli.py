@@ -35,7 +35,8 @@ def make_run(root, arm: str, seed: int, tier: str = "tiny", synthetic: bool = Tr
                 block.attn.arm.gate_w.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(seed))
     save_model(model, run_dir / "checkpoints" / "model.pt")
     extra = {SYNTHETIC_KEY: asdict(TASK)} if synthetic else {"data_dir": str(root / "data"), "seq_len": TASK.seq_len}
-    atomic_write_json(run_dir / "config.json", {"tier": tier, "arm": arm, "seed": seed, "model": asdict(config), **extra})
+    atomic_write_json(run_dir / "config.json", {"tier": tier, "arm": arm, "seed": seed, "model": asdict(config),
+                                                **extra})
     return run_dir
 
 

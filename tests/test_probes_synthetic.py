@@ -19,8 +19,8 @@ better, that the baseline builds a sink or that sink-logit abstains on its phant
 every seed and kernel set (the task that makes the mechanism robust on a CPU is its own piece of work). What
 holds, with margin, in every run measured (three seeds; AMD AVX2, Intel AVX2, AVX512, DEFAULT): both arms learn
 to answer NONE where the key is absent (NONE accuracy 0.93-1.00 in the Intel runs; asked: above 0.8) and their
-validation loss falls to at most 0.33 of the first training step's loss (asked: below half); and the attention split at answers
-accounts for all the mass, with a phantom share only where there is a phantom key.
+validation loss falls to at most 0.33 of the first training step's loss (asked: below half); and the attention split at
+answers accounts for all the mass, with a phantom share only where there is a phantom key.
 """
 
 from __future__ import annotations

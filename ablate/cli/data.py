@@ -54,7 +54,8 @@ def add_commands(subparsers) -> None:
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     prep.set_defaults(func=prepare_command)
 
-    build = commands.add_parser("build-sample", help="rebuild the shipped sample (maintainers; needs pip and the network)")
+    build = commands.add_parser("build-sample", help="rebuild the shipped sample (maintainers; needs pip "
+                                                     "and the network)")
     build.add_argument("--wheel", type=Path, help="a downloaded gensim 4.4.0 wheel (default: pip download it)")
     build.add_argument("--out", type=Path, help="where to write the parquet file (default: the shipped one)")
     build.set_defaults(func=build_sample_command)

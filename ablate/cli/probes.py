@@ -15,7 +15,8 @@ def add_commands(subparsers) -> None:
 
     inject = subparsers.add_parser("inject", help="junk injection into quiet reads: loss increase over clean")
     inject.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
-    inject.add_argument("--cutoff", default="p25", help="quiet reads: below the head's median or p25 norm (default p25)")
+    inject.add_argument("--cutoff", default="p25",
+                        help="quiet reads: below the head's median or p25 norm (default p25)")
     inject.add_argument("--eps", nargs="+", default=["0.2", "0.4", "0.8", "1.6"], metavar="EPS",
                         help="doses ε, space-separated (default 0.2 0.4 0.8 1.6)")
     inject.add_argument("--junk", nargs="+", default=["structural", "gaussian", "random", "gate-direction"],
@@ -29,7 +30,8 @@ def add_commands(subparsers) -> None:
     synthetic.add_argument("--arms", nargs="+", default=["baseline", "sink-logit"], metavar="ARM",
                            help="arms, space-separated (default baseline sink-logit)")
     synthetic.add_argument("--seeds", nargs="+", default=["0"], metavar="K", help="seeds, space-separated (default 0)")
-    synthetic.add_argument("--steps", type=int, default=None, help="training steps (default 600: neither arm saturates, about 25 s each on one CPU core)")
+    synthetic.add_argument("--steps", type=int, default=None, help="training steps (default 600: neither arm "
+                                                                   "saturates, about 25 s each on one CPU core)")
     synthetic.add_argument("--answer-noise", type=float, default=None,
                            help="share of stored-key answers drawn at random, a loss floor so the task cannot "
                                 "saturate (default 0: with 0.1 the mechanism reverses, see ablate/probes/synthetic.py)")
@@ -78,7 +80,8 @@ def format_probe(probe: dict) -> str:
     """Markdown: the summary line, then one row per layer with its per-head first-key mass."""
     summary = probe["summary"]
     shown = ", ".join(f"{key} {value:.4g}" for key, value in summary.items() if value is not None)
-    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |", "|---:|---|---:|"]
+    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |",
+             "|---:|---|---:|"]
     for layer in probe["layers"]:
         masses = " ".join(f"{m:.3f}" for m in layer["first_key_mass"])
         lines.append(f"| {layer['layer']} | {masses} | {layer['max_abs_residual']:.3g} |")

@@ -40,11 +40,11 @@ SYNTHETIC_TIER = "synthetic"  # the tier name of synthetic run folders
 # The demo's budget. Tuned on one machine (an AMD EPYC, AVX2 kernels) so that neither arm saturates and the
 # mechanism shows there; the outcome is chaotic in the last bits of rounding, and the same seed on an Intel Xeon
 # with AVX2 or AVX512 kernels ends elsewhere (tests/test_probes_synthetic.py has the figures): what follows held on
-# that machine only (seed 0, 2 layers, 2 heads, d_model 64, one CPU thread). At 600 steps and lr 5e-3 the baseline reaches accuracy 85.5% (loss 0.37)
-# with 47% of its retrieval layer's mass on the first key at absent-key answers (42% at stored-key ones), and
-# sink-logit 97.9% (loss 0.076) with 84% on its phantom key there (68% at stored-key ones) and none on the first
-# key. Sink-logit learns the task faster: abstaining costs it one logit, the baseline has to build a sink.
-# The direction depends on the seed at this budget: with seed 1 (800 steps) it reverses, the baseline spreading
+# that machine only (seed 0, 2 layers, 2 heads, d_model 64, one CPU thread). At 600 steps and lr 5e-3 the baseline
+# reaches accuracy 85.5% (loss 0.37) with 47% of its retrieval layer's mass on the first key at absent-key answers (42%
+# at stored-key ones), and sink-logit 97.9% (loss 0.076) with 84% on its phantom key there (68% at stored-key ones) and
+# none on the first key. Sink-logit learns the task faster: abstaining costs it one logit, the baseline has to build a
+# sink. The direction depends on the seed at this budget: with seed 1 (800 steps) it reverses, the baseline spreading
 # its mass over the pairs and sink-logit, not yet past 54% accuracy, parking it on the first key. (At lr 3e-3 the
 # baseline needs ~1,500 steps for its sink while sink-logit saturates by ~300; lr 1e-2 collapses the phantom;
 # answer noise 0.1 reverses the direction: so the budget, not noise, keeps the task unsaturated.)
@@ -200,7 +200,8 @@ def answer_attention(model, task: SyntheticTask, batches) -> dict:
             "queries": weights[..., 1 + task.n_pairs:].sum(-1),
             "phantom": phantom,
         }
-        for case, where in (("absent", targets == task.NONE), ("present", (targets != task.NONE) & (targets != IGNORE))):
+        for case, where in (("absent", targets == task.NONE),
+                            ("present", (targets != task.NONE) & (targets != IGNORE))):
             counts[case] += int(where.sum())
             for name, value in parts.items():
                 if value is not None:
