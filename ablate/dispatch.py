@@ -236,7 +236,8 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 
     total = 0.0
     for tier in sorted({s.tier for s in specs}):
-        per_arm = {r["arm"]: r["gpu_hours_per_run"] for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
+        per_arm = {r["arm"]: r["gpu_hours_per_run"]
+                   for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
         total += sum(per_arm[s.arm] for s in specs if s.tier == tier)
     return total
 

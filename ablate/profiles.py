@@ -140,4 +140,5 @@ def sbatch_refusal(profile: dict, stderr: str) -> str:
     lowered = said.lower()
     setting = next((key for clue, key in SBATCH_REFUSALS if clue in lowered), None)
     shown = (f"{setting} = {profile[setting]!r}" if setting in profile else setting) if setting else "the profile"
-    return f"sbatch refused the jobs ({said}): check {shown} in profile {profile['name']!r} (slurm/{profile['name']}.toml)"
+    return (f"sbatch refused the jobs ({said}): check {shown} in profile {profile['name']!r} "
+            f"(slurm/{profile['name']}.toml)")

@@ -156,7 +156,8 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
     working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
     evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
     scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
-                            + (output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
+                            + (output(scored, 8) if loss_chunk > 0
+                               else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
     train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
     phases = {"train_step": train, "evaluation": evaluation,
               "final_evaluation": evaluation, "eval_scoring": scoring}

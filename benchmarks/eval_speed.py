@@ -59,7 +59,8 @@ def measured_counts(task_data: Path) -> dict:
     counts = {}
     lengths = []
     for doc in tasks["lambada_openai"].eval_docs:
-        lengths.append(len(encode(tasks["lambada_openai"].doc_to_text(doc) + tasks["lambada_openai"].doc_to_target(doc))))
+        lengths.append(len(encode(tasks["lambada_openai"].doc_to_text(doc)
+                                  + tasks["lambada_openai"].doc_to_target(doc))))
     counts["lambada_openai"] = (len(lengths), sum(lengths) / len(lengths))
     lengths = []
     hs = tasks["hellaswag"]
@@ -150,7 +151,8 @@ def main() -> None:
     print("| tier | lambada tokens | lambada FLOPs | hellaswag tokens | hellaswag FLOPs | wikitext tokens "
           "| wikitext FLOPs | all three | ÷ training |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in figures["flops"]:
-        cells = " | ".join(f"{row[t]['tokens']:,.0f} | {row[t]['flops']:.3g}" for t in ("lambada_openai", "hellaswag", "wikitext"))
+        cells = " | ".join(f"{row[t]['tokens']:,.0f} | {row[t]['flops']:.3g}"
+                           for t in ("lambada_openai", "hellaswag", "wikitext"))
         print(f"| {row['tier']} | {cells} | {row['total_flops']:.3g} | {row['total_flops'] / row['train_flops']:.2%} |")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -200,7 +200,8 @@ def test_extra_parameters_match_spec_table():
         assert counts["arm_extra"] == 2 * extra, arm
         assert counts["total"] == small_model("baseline", n_kv_head=H).param_counts()["total"] + 2 * extra
     assert small_model("sink-token").param_counts()["arm_extra"] == C  # d_model, once
-    assert small_model("sink-token").param_counts()["non_embedding"] == small_model("baseline").param_counts()["non_embedding"]
+    assert (small_model("sink-token").param_counts()["non_embedding"]
+            == small_model("baseline").param_counts()["non_embedding"])
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -241,4 +241,5 @@ def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_pa
     assert out.returncode == 1 and "ran 3 runs here, 1 failed" in out.stdout
     rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
     assert rows["baseline"]["state"] == rows["sink-logit"]["state"] == "completed"
-    assert rows["test-crash"]["state"] == "failed" and "worker process died (exit code 9)" in rows["test-crash"]["error"]
+    assert (rows["test-crash"]["state"] == "failed"
+            and "worker process died (exit code 9)" in rows["test-crash"]["error"])

@@ -136,7 +136,8 @@ def test_scores_are_equal_at_batch_sizes_1_and_16_and_the_batch_size_is_recorded
         assert [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in a] == \
                [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in b]  # pairing does not see the batch size
         for x, y in zip(a, b):
-            assert {k: v for k, v in x.items() if k.startswith("acc")} == {k: v for k, v in y.items() if k.startswith("acc")}
+            assert {k: v for k, v in x.items()
+                    if k.startswith("acc")} == {k: v for k, v in y.items() if k.startswith("acc")}
             # float32 rounding: other batch shapes round each token's log-probability differently (~1e-7 relative)
             assert y["gold_logprob"] == pytest.approx(x["gold_logprob"], rel=1e-6, abs=0)
 

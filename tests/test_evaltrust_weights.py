@@ -104,7 +104,8 @@ def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     assert rows[("baseline", 2)]["eval"].startswith("stale, not counted: hellaswag: it scored other weights")
     assert rows[("baseline", 1)]["eval"] == "evaluated"
     row, warnings = paired_row(store)
-    assert row["n"] == 2 and any(w.startswith("excluded 10M/baseline/seed2:") and "other weights" in w for w in warnings)
+    assert row["n"] == 2 and any(w.startswith("excluded 10M/baseline/seed2:") and "other weights" in w
+                                 for w in warnings)
 
     # a ledger saying the evaluation was done does not make a stale eval.json count
     ledger = {"runs": {f"eval:{RunSpec('study', '10M', 'baseline', 2).key}": {

@@ -70,7 +70,8 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     for key in ("val_loss", "data_fingerprint", "init_fingerprint", "val_fingerprint", "config_fingerprint"):
         assert every[key] == batched[key], key
     assert len(copies) == 24  # every step's batch went through copy_in, in both runs
-    configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json") for r in ("step", "log")]
+    configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json")
+               for r in ("step", "log")]
     assert [c["host_sync"] for c in configs] == ["step", "log"]  # written into config.json
     assert config_differences(*configs) == []  # they pair
 
@@ -217,7 +218,8 @@ def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, 
     assert losses[0] != losses[1]  # other numbers …
     assert max(abs(a - b) for a, b in zip(*losses)) <= 5 * LOSS_TOLERANCE  # … close to float32's (6 steps on)
     assert abs(half["val_loss"] - full["val_loss"]) <= 5 * LOSS_TOLERANCE
-    assert read_json(run_dir(tmp_path / "bf16", "adhoc", "smoke", "combo", 0) / "config.json")["precision"] == "bf16-mixed"
+    assert (read_json(run_dir(tmp_path / "bf16", "adhoc", "smoke", "combo", 0) / "config.json")["precision"]
+            == "bf16-mixed")
 
 
 # ---------------------------------------------------------------------------------------------- input path

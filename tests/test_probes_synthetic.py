@@ -109,7 +109,8 @@ def test_run_synthetic_writes_results_run_folders_and_probes(tmp_path):
     for run in results["runs"]:
         run_dir = tmp_path / "synthetic" / "runs" / run["arm"] / "seed3"
         probe = json.loads((run_dir / PROBE_FILE).read_text())
-        assert probe["run"] == {"tier": "synthetic", "arm": run["arm"], "seed": 3} and probe["summary"] == run["summary"]
+        assert (probe["run"] == {"tier": "synthetic", "arm": run["arm"], "seed": 3} and probe["summary"]
+                == run["summary"])
         assert (run_dir / "checkpoints" / "model.pt").is_file() and (run_dir / "summary.json").is_file()
         assert set(run["attention"]) == {"absent", "present"}
     # run again: reused, not retrained or overwritten; other settings are refused

@@ -46,7 +46,8 @@ def test_probe_and_inject_record_the_weights_and_readers_leave_stale_files_out(t
     probe_run(folder, **SMALL)
     inject_run(folder, eps=[0.4], junk=["gaussian"], **SMALL)
     weights = file_sha256(folder / "checkpoints" / "model.pt")
-    assert read_json(folder / PROBE_FILE)["weights_sha256"] == read_json(folder / INJECT_FILE)["weights_sha256"] == weights
+    assert (read_json(folder / PROBE_FILE)["weights_sha256"] == read_json(folder / INJECT_FILE)["weights_sha256"]
+            == weights)
     assert "| tiny | sink-logit | 1 |" in summarise_probes(tmp_path) and "Left out" not in summarise_probes(tmp_path)
     assert "gaussian" in summarise_injections(tmp_path)
     _replace_weights(folder, 7)  # the run replaced after its probe: the files describe weights that are gone

@@ -233,7 +233,8 @@ def run_synthetic(arms, seeds, *, steps: int | None = None, out=None, task: Synt
     if out is not None and results_path(out).exists():  # a finished run is reused, never overwritten
         previous = read_json_file(results_path(out), f"delete {Path(out) / 'synthetic'} to run the task again")
         same = (previous.get("task") == json.loads(json.dumps(results["task"])) and previous.get("steps") == steps
-                and {(r["arm"], r["seed"]) for r in previous.get("runs", [])} == {(a, int(k)) for a in arms for k in seeds})
+                and {(r["arm"], r["seed"])
+                     for r in previous.get("runs", [])} == {(a, int(k)) for a in arms for k in seeds})
         if not same:
             raise AblateError(f"{results_path(out)} holds a synthetic run with other settings (task, steps, arms or "
                               "seeds); use another --out, or delete its synthetic/ folder to run it again")
