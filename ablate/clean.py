@@ -40,7 +40,8 @@ from typing import Sequence
 
 from ablate.errors import AblateError
 from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
-from ablate.store import CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_run_dirs, read_json_file, run_lock_path
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_run_dirs,
+                          read_json_file, run_lock_path)
 
 log = logging.getLogger(__name__)
 ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
@@ -220,8 +221,8 @@ class _Cleaner:
                 self.result.skipped.append((folder, str(err)))
             weights = folder / CHECKPOINTS / FINAL_WEIGHTS
             if _plain_file(weights) and first_link(weights, self.root) is None:
-                self.result.kept_weights.append(Item(weights, size_of(weights), "final weights (probe, inject and "
-                                                                                "eval read them; nothing rebuilds them)"))
+                why = "final weights (probe, inject and eval read them; nothing rebuilds them)"
+                self.result.kept_weights.append(Item(weights, size_of(weights), why))
 
     def kept_aside(self, remove: bool) -> None:
         """The run folders `--force` kept aside: listed, or removed with `--aside`."""

@@ -251,7 +251,9 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
     gpu = profile.get("gpu")
 
     def job_of(tier_specs):
-        return RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile)) if gpu else job
+        if not gpu:
+            return job
+        return RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile))
 
     jobs = {}
     for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, specs, profile, "", job_of):

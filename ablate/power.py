@@ -235,7 +235,8 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
                                   "noise: they are all "
                                   "equal; pass --sd")
             seeds = seeds_needed(effect, spread, alpha, m, target_power)
-            conservative = seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power) if pilot else None
+            conservative = (seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power)
+                            if pilot else None)
             rows.append({"tier": tier, "comparison": name, "sd": spread, "effect": effect, "alpha": alpha,
                          "family_size": m, "target_power": target_power, "seeds": seeds,
                          "seeds_conservative": conservative, "gpu_hours": seeds * float(gpu_hours_per_seed[tier])})

@@ -128,7 +128,8 @@ def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
     if part["mem_mb"] and profile["mem_gb"] * 1024 > part["mem_mb"]:
         misfits.append(f"mem_gb = {profile['mem_gb']}: partition {name!r} has {part['mem_mb']} MB per node")
     if part["time_min"] is not None and profile["time_min"] > part["time_min"]:
-        misfits.append(f"time_min = {profile['time_min']}: partition {name!r} allows at most {part['time_min']} minutes")
+        misfits.append(f"time_min = {profile['time_min']}: partition {name!r} allows at most "
+                       f"{part['time_min']} minutes")
     return misfits
 
 

@@ -311,7 +311,8 @@ def verified_weights_sha256(folder: str | os.PathLike) -> str:
     kept = (summary or {}).get("weights_sha256")
     if kept is not None and kept != found:
         raise AblateError(f"{weights} is not the weights the run completed with (summary.json keeps sha256 "
-                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with `ablate run ... --force`")
+                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with "
+                          "`ablate run ... --force`")
     return found
 
 

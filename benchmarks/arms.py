@@ -249,7 +249,8 @@ def main(argv=None) -> int:
     print(f"shape: tier {args.tier} (n_layer {tier.n_layer}, d_model {tier.d_model}, {tier.n_head} heads, "
           f"vocab {tier.vocab_size} padded to 64), batch {args.batch}, float32")
     timing = None if args.no_timing else time_arms(arms, args.tier, args.batch, args.seq_len, args.repeats, args.warmup)
-    memory = measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads) if args.memory_seq_lens else None
+    memory = (measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads)
+              if args.memory_seq_lens else None)
     result.update(timing=timing, memory=memory, load_average_after=[round(x, 2) for x in os.getloadavg()])
 
     head = "| arm |"

@@ -133,7 +133,8 @@ def main(argv=None) -> int:
         for path in args.paths:
             cells = [by[(arm, path, t)] for t in lens]
             mem = [c["peak_growth_mib"] for c in cells]
-            slope = math.log2(mem[-1] / mem[-2]) / math.log2(lens[-1] / lens[-2]) if len(lens) > 1 and mem[-2] > 0 else float("nan")
+            slope = (math.log2(mem[-1] / mem[-2]) / math.log2(lens[-1] / lens[-2])
+                     if len(lens) > 1 and mem[-2] > 0 else float("nan"))
             print(f"| {arm} | {path} | {cells[-1]['kernel']} |" + "".join(f" {m:.1f} |" for m in mem)
                   + f" {slope:.2f} |"
                   + "".join(f" {c['ms']:.0f} |" for c in cells))

@@ -50,7 +50,8 @@ WIKITEXT_TOKENS = round(245_569 * 1.2)
 
 
 def measured_counts(task_data: Path) -> dict:
-    """{task: (requests, input tokens per request, total scored tokens)} from the real files, as the harness builds them."""
+    """{task: (requests, input tokens per request, total scored tokens)} from the real files, as the harness
+    builds them."""
     from ablate.evals.tasks import build_tasks
 
     tasks = build_tasks(["lambada_openai", "hellaswag", "wikitext"], task_data)

@@ -215,7 +215,8 @@ def test_off_by_one_is_finite_and_exact_for_huge_logits(fused):
         o.sum().backward()
         assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
         # exact: weights e^{l}/(1 + Σ e^{l}) computed in log space
-        logits = torch.full((7, 7), sign * 1e4, dtype=torch.float64).masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+        above = torch.ones(7, 7, dtype=torch.bool).triu(1)
+        logits = torch.full((7, 7), sign * 1e4, dtype=torch.float64).masked_fill(above, float("-inf"))
         log_den = torch.logsumexp(torch.cat([logits, torch.zeros(7, 1, dtype=torch.float64)], 1), dim=1, keepdim=True)
         weights = torch.exp(logits - log_den)
         expected = weights @ v.detach().repeat_interleave(2, 1)

@@ -71,7 +71,8 @@ def overfit_run(folder: Path, arm: str = "baseline", steps: int = 60) -> Path:
         loss.backward()
         optimizer.step()
     save_model(model.eval(), folder / "checkpoints" / "model.pt")
-    atomic_write_json(folder / "summary.json", {"status": "completed", "val_loss": float(loss.detach())})  # with its loss
+    # with its loss
+    atomic_write_json(folder / "summary.json", {"status": "completed", "val_loss": float(loss.detach())})
     return folder
 
 

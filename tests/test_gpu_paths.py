@@ -204,7 +204,8 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
             fused, _ = attention(module, *half, fused=True)
             reference16, _ = attention(module, *half, fused=False)
     assert fused.dtype == torch.bfloat16
-    error, error16 = (fused.float() - reference).abs().max().item(), (reference16.float() - reference).abs().max().item()
+    error = (fused.float() - reference).abs().max().item()
+    error16 = (reference16.float() - reference).abs().max().item()
     assert error <= ATTENTION_TOLERANCE * reference.abs().max().item()
     assert error <= 1.5 * error16 + 0.005
 

@@ -1,4 +1,5 @@
-"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo` installs."""
+"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo`
+installs."""
 
 import json
 import os

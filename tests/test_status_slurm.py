@@ -94,7 +94,8 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         down = sacct(array, env={**os.environ, **env})
         assert down.returncode != 0 and "Connection refused" in down.stderr
         assert [r["state"] for r in status(experiment, results)] == ["queued"] * 3
-        assert (submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))["to_submit"] == [])
+        again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
+        assert again["to_submit"] == []
         monkeypatch.delenv("SLURM_CONF")
         assert len(read_ledger(results / "held")["submissions"]) == 1  # nothing was ever queued twice
     finally:

@@ -55,7 +55,8 @@ def clean_command(args) -> int:
         for item in result.kept_weights:
             print(f"  {human(item.size):>10}  {item.path}")
     if args.dry_run:
-        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed (dry run: nothing removed)")
+        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed "
+              "(dry run: nothing removed)")
     else:
         print(f"total: freed {human(result.total)} in {len(result.removed)} item(s)")
     remain = f"{'would remain' if args.dry_run else 'remaining'}: {human(result.left)} in {result.root}"

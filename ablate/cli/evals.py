@@ -27,7 +27,8 @@ def add_commands(subparsers) -> None:
                         help="documents per task (default: all; a limited result pairs only with the same limit)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded "
                                                                    "with the results as an execution "
-                             "setting: scores agree across batch sizes to float32 rounding, so it never affects pairing")
+                             "setting: scores agree across batch sizes to float32 rounding, so it never affects "
+                             "pairing")
     parser.add_argument("--task-data", metavar="DIR",
                         help="read the tasks' documents from local JSON-lines files instead of the Hub: "
                              f"{file_layout()}")

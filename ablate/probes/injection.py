@@ -70,7 +70,8 @@ def gate_direction_kind(arm) -> str | None:
 
 
 def no_gate_reason(arm_name: str) -> str:
-    return f"arm {arm_name!r} has no gate that reads v (gate-direction applies to proj-gate, combo2, norm-gate, combo, renorm)"
+    return (f"arm {arm_name!r} has no gate that reads v (gate-direction applies to proj-gate, combo2, norm-gate, "
+            "combo, renorm)")
 
 
 def gate_direction_problem(arms, arm_name: str) -> str | None:
