@@ -264,7 +264,7 @@ def test_analysis_with_the_real_arms_package_never_imports_torch(small_store):
 
 
 def test_the_report_headlines_come_from_the_scale_table(report):
-    """Issue 30: "shrinks", "grows" and "overtakes at" are written from scale.json, each with its figure."""
+    """The scale sentences: "shrinks", "grows" and "overtakes at" are written from scale.json, each with its figure."""
     out = report
     summary = (out / "summary.md").read_text()
     section = summary.split("## Scale")[1].split("\n## ")[0]

@@ -1,4 +1,4 @@
-"""Issue 30: the scale model (slopes per decade, crossings), intervals that cover, confounders stated.
+"""The scale model (slopes per decade, crossings), intervals that cover, confounders stated.
 
 The coverage simulations use the study's reference effects (restated here: the test must not depend on
 any document outside the repository) with 3/3/3/1 seeds at 10M/50M/124M/350M. Each repetition draws

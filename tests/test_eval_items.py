@@ -1,4 +1,4 @@
-"""Per-item results of `ablate eval` (issue 22, items 1 and 3): RUN/eval_items/<task>.jsonl from lm-eval's
+"""Per-item results of `ablate eval`: RUN/eval_items/<task>.jsonl from lm-eval's
 logged samples, whose means are eval.json's values, tied to the weights, and equal at batch sizes 1 and 16."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Every reader counts the store's runs the same way (issue 18, item 4), and damaged evaluation inputs are
-one line naming the file and the way out (item 9: --task-data lines, eval.json)."""
+"""Every reader counts the store's runs the same way, and damaged evaluation inputs are
+one line naming the file and the way out (--task-data lines, eval.json)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Downstream results tied to their weights (issue 18, item 3): training keeps the final weights' hash,
+"""Downstream results tied to their weights: training keeps the final weights' hash,
 `ablate eval` holds the run's lock, and the table, the report and `ablate status` count an eval.json
 only when it scored the run's final weights (`ablate.evals.results.eval_problem`)."""
 

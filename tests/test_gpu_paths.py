@@ -1,4 +1,4 @@
-"""The GPU-only branches of a run, run on the CPU (issue 20, items 2–4).
+"""The GPU-only branches of a run, run on the CPU.
 
 * `host_sync` "log" (the GPU's read-back every log_interval steps) gives the metrics of "step", catches a
   divergence at the next boundary, and never changes pairing;

@@ -1,4 +1,4 @@
-"""`ablate table --metric TASK/METRIC --by-item` (issue 22, item 2): downstream differences paired by item
+"""`ablate table --metric TASK/METRIC --by-item`: downstream differences paired by item
 within each seed, then over seeds; checked against an independent computation from the item files."""
 
 from __future__ import annotations

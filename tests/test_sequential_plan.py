@@ -1,4 +1,4 @@
-"""`plan --sequential` says what the design costs and does (issue 28 item 6): GPU-hours, the next step, and
+"""`plan --sequential` says what the design costs and does: GPU-hours, the next step, and
 with --effect/--sd its power and expected seeds, checked by an independent simulation, beside the fixed design's."""
 
 from __future__ import annotations

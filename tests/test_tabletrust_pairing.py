@@ -1,4 +1,4 @@
-"""Issue 18, item 5: every run counted in one row of a table shares every setting but arm and seed."""
+"""Every run counted in one row of a table shares every setting but arm and seed."""
 
 from __future__ import annotations
 

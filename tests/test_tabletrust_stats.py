@@ -1,4 +1,4 @@
-"""Issue 18, item 8: statistics that cannot fake an effect (rounding as spread, crossovers hidden or made)."""
+"""Statistics that cannot fake an effect (rounding as spread, crossovers hidden or made)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 27's round-three holes that need no training: probes tied to the weights (3), a results folder that
-is a dangling link (8), a full disk (9), names longer than the filesystem allows (10)."""
+"""The store against its filesystem, with no training: probes tied to the weights they read, a results folder
+that is a dangling link, a full disk, names longer than the filesystem allows."""
 
 from __future__ import annotations
 
