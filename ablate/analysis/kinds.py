@@ -37,7 +37,8 @@ _GATE_TERMS = "; ".join(f"{g}: {DESCRIPTIONS[g]}" for g in OVERLAP_GATES)
 @dataclass(frozen=True)
 class TableKind:
     """One kind of table. `builder` is "module:function" under ablate.analysis, called as
-    builder(runs, reference, declared); `title` and `explain` may use {reference}; `metric_explain` is the
+    builder(runs, reference, declared); `renderer` ("module:function", (table, fmt) -> text) writes it as text;
+    `title` and `explain` may use {reference}; `metric_explain` is the
     caption for an `ablate eval` metric ({gain}, {m}, {s}: see `ablate.analysis.render.caption`), None when
     the kind is the loss's only; `fixed` says what the table compares when it takes no reference;
     `family` names the family Holm adjusts over in one of the report's paired-seed tables (`paired_seed`)."""
@@ -52,11 +53,20 @@ class TableKind:
     fixed: str = ""
     paired_seed: bool = False
     family: str = ""
+    renderer: str = "ablate.analysis.render:render"
 
     def build(self, runs, reference: str | None = None, declared=None):
         """The table of this kind (its builder is imported here: see the module's docstring)."""
-        module, function = self.builder.split(":")
-        return getattr(import_module(module), function)(runs, reference, declared)
+        return _named(self.builder)(runs, reference, declared)
+
+    def render(self, table, fmt: str) -> str:
+        """The table as text in `fmt` (md, csv, latex, json), by this kind's renderer."""
+        return _named(self.renderer)(table, fmt)
+
+
+def _named(where: str):
+    module, function = where.split(":")
+    return getattr(import_module(module), function)
 
 
 KINDS: dict[str, TableKind] = {}
@@ -119,4 +129,4 @@ register_kind(TableKind(
     "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per decade "
     "(ablate.analysis.scale renders it: CAPTION there)",
     "the scale model (slopes per decade, crossings)",
-    fixed="every increment, declared comparison and gap"))
+    fixed="every increment, declared comparison and gap", renderer="ablate.analysis.scale_text:render_scale"))

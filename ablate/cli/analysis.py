@@ -54,7 +54,6 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
     from ablate.analysis.build import build_table
     from ablate.analysis.hypotheses import declared_for
-    from ablate.analysis.render import render
     from ablate.experiment import named_experiment, results_of
 
     if args.by_item:
@@ -63,12 +62,7 @@ def table_command(args: argparse.Namespace) -> int:
     folder = results_of(args.source, args.results, experiment)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
     table = build_table(runs, args.kind, args.reference, declared_for(experiment, folder))
-    if args.kind == "scale":
-        from ablate.analysis.scale_text import render_scale
-
-        text = render_scale(table, args.format)
-    else:
-        text = render(table, args.format)
+    text = KINDS[args.kind].render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
