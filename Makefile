@@ -46,13 +46,15 @@ test-fast: install
 demo: $(BASE)
 	$(BIN)/ablate data prepare --source sample --out data/sample
 	$(BIN)/ablate submit demo --executor local
-	$(BIN)/ablate synthetic --out results/demo
 	$(BIN)/ablate report demo
 	$(BIN)/ablate table demo --kind paired
+	$(BIN)/ablate submit testbed --arms baseline sink-logit --executor local
+	$(BIN)/ablate report testbed
+	$(BIN)/ablate table testbed --kind declared
 
-# What `make demo` made: the demo's results and the prepared sample data (the venv stays).
+# What `make demo` made: the demo's and the testbed's results and the prepared sample data (the venv stays).
 clean-demo:
-	@for path in results/demo data/sample; do \
+	@for path in results/demo results/testbed data/sample; do \
 		if [ -e "$$path" ]; then echo "removing $$path ($$(du -sh "$$path" | cut -f1))"; rm -rf -- "$$path"; \
 		else echo "$$path: not there"; fi; \
 	done

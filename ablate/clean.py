@@ -40,8 +40,8 @@ from typing import Sequence
 
 from ablate.errors import AblateError
 from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
-from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_run_dirs,
-                          read_json_file, run_lock_path)
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_lr_run_dirs,
+                          iter_run_dirs, lr_factor_of, read_json_file, run_lock_path)
 
 log = logging.getLogger(__name__)
 ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
@@ -209,10 +209,12 @@ class _Cleaner:
             result.skipped.append((folder, f"running ({describe_holder(held.holder)})"))
 
     def runs(self) -> None:
-        """The selected run folders: what each can lose (`run_items`), its final weights kept and listed."""
-        for folder in iter_run_dirs(self.root):
+        """The selected run folders (the grid's, then those at an lr factor): what each can lose (`run_items`),
+        its final weights kept and listed."""
+        for folder in [*iter_run_dirs(self.root), *iter_lr_run_dirs(self.root)]:
             seed = int(SEED_DIR.fullmatch(folder.name).group(1))
-            if (not _selected(folder.parent.parent.name, folder.parent.name, seed, *self.selection)
+            arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
+            if (not _selected(arm_dir.parent.name, arm_dir.name, seed, *self.selection)
                     or self.behind_link(folder)):
                 continue
             try:

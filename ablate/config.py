@@ -17,7 +17,7 @@ from ablate.experiment import RunSpec
 from ablate.identity import WATCH_KEYS
 from ablate.paths import default_data_dir
 from ablate.sizing import model_config
-from ablate.tiers import get_tier
+from ablate.tiers import TASK_CONFIG_KEY, TASKS, get_tier
 
 # Device-dependent options: None in a resolved config means "the device's default", filled in by the run
 # (`with_device_defaults`) before its config.json is written, so the file says what the run did.
@@ -34,6 +34,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
     chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
     model_overrides = dict(chosen.pop("model", {}))
     max_steps = chosen.pop("max_steps", None)
+    selection_tokens = chosen.pop("selection_tokens", None)
     config = {
         "experiment": spec.experiment, "tier": tier.name, "arm": spec.arm, "seed": int(spec.seed),
         "data_seed": int(spec.seed), "data_dir": None, "model": None,
@@ -60,9 +61,19 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
             raise AblateError(f"run option {key!r} must be one of {', '.join(valid)}, not {config[key]!r}")
     if max_steps is not None:
         config["steps"] = min(int(max_steps), config["steps"])
+    if selection_tokens is not None:  # an LR sweep's run only: the key is absent from every other run's config
+        if isinstance(selection_tokens, bool) or not isinstance(selection_tokens, int) or selection_tokens <= 0:
+            raise AblateError(f"run option 'selection_tokens' must be a positive integer, not {selection_tokens!r}")
+        config["selection_tokens"] = selection_tokens
     matching = {"match_params": True} if config["match_params"] else {}
     config["model"] = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
-    config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
+    if tier.task is not None:  # a task tier draws its batches from the task: no data folder
+        if data_dir is not None:
+            raise AblateError(f"tier {tier.name!r} trains on the synthetic task {tier.task!r}: it takes no --data")
+        config["data_dir"] = None
+        config[TASK_CONFIG_KEY] = dict(TASKS[tier.task])
+    else:
+        config["data_dir"] = str(Path(data_dir or config["data_dir"] or default_data_dir(tier.data_dir)).resolve())
     config["model"]["max_seq_len"] = config["seq_len"]
     config["betas"] = list(config["betas"])
     return config
@@ -73,7 +84,7 @@ def valid_options() -> list[str]:
     keys = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
             "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
             "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "precision", "host_sync",
-            "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model"]
+            "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model", "selection_tokens"]
     return sorted(keys)
 
 

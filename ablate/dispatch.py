@@ -73,7 +73,7 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
     for spec in specs:
         config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
         key = (spec.tier, config["data_dir"])
-        if key in checked:
+        if key in checked or config["data_dir"] is None:  # None: a task tier, its batches drawn from the task
             continue
         checked.add(key)
         tier = get_tier(spec.tier)
@@ -125,6 +125,7 @@ class Submission:
     eval_options: Mapping = field(default_factory=dict)
     seeds_by_tier: Mapping[str, int] | None = None
     sequential: Mapping | None = None
+    grid: Sequence[RunSpec] | None = None  # these runs instead of the experiment's grid (an LR sweep's)
 
 
 def submit(experiment: Experiment, experiment_file: str | None, request: Submission) -> dict:
@@ -132,7 +133,9 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
     tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
-    the submit lock, before anything is queued.
+    the submit lock, before anything is queued. `grid`: these runs instead of the experiment's grid (its LR
+    sweep's, `Experiment.sweep_runs`, or the confirmatory runs at each arm's best LR), through the same
+    dispatch, store, locks and ledger.
 
     With `eval_tasks`, evaluation jobs follow (`ablate.evals.run.EvalJob`): on SLURM one array per tier,
     after that tier's training array when one was queued now; locally once the grid has run.
@@ -146,7 +149,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
-    specs = experiment.runs(request.tiers, request.arms, request.seeds)
+    specs = experiment.runs(request.tiers, request.arms, request.seeds) if request.grid is None else list(request.grid)
     if seeds_by_tier is not None:
         specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about

@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, run_key
+from ablate.store import check_name, run_dir, run_key
+from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
 from ablate.tiers import get_tier
 
 
@@ -31,10 +32,15 @@ class RunSpec:
     arm: str
     seed: int
     overrides: Mapping = field(default_factory=dict)
+    lr_factor: float | None = None  # a run at a multiple of the tier's lr (an LR sweep's, or a confirmatory one)
 
     @property
     def key(self) -> str:
-        return run_key(self.tier, self.arm, self.seed)
+        return run_key(self.tier, self.arm, self.seed, self.lr_factor)
+
+    def folder(self, results: str | os.PathLike) -> Path:
+        """The run's folder in the store (`ablate.store.run_dir`)."""
+        return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
 
 
 FAMILIES = ("tier", "experiment")
@@ -85,6 +91,7 @@ class Experiment:
     match_params: bool = False  # narrow the MLP of arms that add parameters to the baseline's count
     hypotheses: Sequence[Comparison] = ()
     family: str = "tier"
+    lr_sweep: LRSweep | None = None  # every arm at its own learning rate (`submit --sweep`, `table --kind lr`)
 
     def __post_init__(self):
         check_name("experiment", self.name)
@@ -95,6 +102,23 @@ class Experiment:
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 raise AblateError(f"experiment {self.name!r}: seed counts must be positive integers, not {count!r}")
         self._check_hypotheses()
+        self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        """The sweep's tiers are the experiment's, and its seeds are none of the grid's."""
+        sweep = self.lr_sweep
+        if sweep is None:
+            return
+        if not isinstance(sweep, LRSweep):
+            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), not {sweep!r}")
+        for tier in sweep.tiers:
+            if tier not in self.tiers:
+                raise AblateError(f"experiment {self.name!r}: the LR sweep names tier {tier!r}, which the experiment "
+                                  f"does not run; its tiers: {', '.join(self.tiers)}")
+            if sweep.first_seed < self.seed_count(tier):
+                raise AblateError(f"experiment {self.name!r}: the LR sweep's first seed {sweep.first_seed} is one of "
+                                  f"the grid's seeds at tier {tier!r} (0..{self.seed_count(tier) - 1}); the sweep's "
+                                  "seeds must be others, so that the confirmatory runs use seeds the sweep did not")
 
     def _check_hypotheses(self) -> None:
         """Comparisons of two of the experiment's arms, each name once; the family a known one."""
@@ -189,6 +213,51 @@ class Experiment:
                 for seed in tier_seeds:
                     specs.append(RunSpec(self.name, tier, arm, seed, self.tier_overrides(tier)))
         return specs
+
+    def base_lr(self, tier: str) -> float:
+        """The lr the grid trains `tier` at (its overrides' `lr`, else the tier's): what sweep factors multiply."""
+        return float(self.tier_overrides(tier).get("lr", get_tier(tier).lr))
+
+    def sweep_runs(self, tiers: Sequence[str] | None = None, arms: Sequence[str] | None = None) -> list[RunSpec]:
+        """The LR sweep's runs: tiers × arms × factors × sweep seeds, each with its lr and selection split."""
+        sweep = self.declared_sweep()
+        chosen = list(dict.fromkeys(tiers or sweep.tiers))
+        for tier in chosen:
+            if tier not in sweep.tiers:
+                raise AblateError(f"tier {tier!r} is not in the LR sweep of {self.name!r}; its tiers: "
+                                  f"{', '.join(sweep.tiers)}")
+        self.runs(chosen, arms, seeds=[])  # checks the tiers and arms like `submit`
+        arm_names = list(dict.fromkeys(arms)) if arms else self.arm_names()
+        specs = []
+        for tier in chosen:
+            selection = sweep.selection_tokens or self.tier_overrides(tier).get("val_tokens", get_tier(tier).val_tokens)
+            for arm in arm_names:
+                for factor in sweep.factors:
+                    overrides = {**self.tier_overrides(tier), "lr": self.base_lr(tier) * factor,
+                                 "selection_tokens": selection}
+                    specs += [RunSpec(self.name, tier, arm, seed, overrides, factor) for seed in sweep.seed_list]
+        return specs
+
+    def confirmatory_runs(self, best_factors: Mapping[str, Mapping[str, float]]) -> list[RunSpec]:
+        """The grid's seeds at each arm's best LR factor ({tier: {arm: factor}}); at factor 1 the grid's own
+        run is the confirmatory one (the same config), so it is not run twice."""
+        specs = []
+        for tier, arms in best_factors.items():
+            for spec in self.runs([tier], list(arms)):
+                factor = float(arms[spec.arm])
+                if factor == 1.0:
+                    specs.append(spec)
+                else:
+                    overrides = {**spec.overrides, "lr": self.base_lr(tier) * factor}
+                    specs.append(RunSpec(self.name, tier, spec.arm, spec.seed, overrides, factor))
+        return specs
+
+    def declared_sweep(self) -> LRSweep:
+        """The LR sweep the experiment declares, or a one-line error saying how to declare one."""
+        if self.lr_sweep is None:
+            raise AblateError(f"experiment {self.name!r} declares no LR sweep; add lr_sweep=LRSweep(factors=(0.25, "
+                              "0.5, 1, 2, 4, 8), seeds=1, tiers=(...)) to its file (see experiments/sink_vs_filter.py)")
+        return self.lr_sweep
 
 
 def defines_experiment(path: Path) -> bool:

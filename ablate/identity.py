@@ -93,3 +93,10 @@ def config_differences(a: dict, b: dict, across_seeds: bool = False) -> list[tup
 def describe_differences(diffs: list[tuple[str, object, object]]) -> str:
     """`steps: 2 vs 3, lr: 0.003 vs 0.05` for the rows of `config_differences`."""
     return ", ".join(f"{key}: {x!r} vs {y!r}" for key, x, y in diffs)
+
+
+def fingerprints_without(config: dict, keys: tuple[str, ...]) -> tuple[str, str]:
+    """(config fingerprint, shared fingerprint) of a run with `keys` left out: what runs that may differ in
+    exactly those keys (an LR sweep's, or a tuned table's runs each at its arm's best LR: `lr`) must share."""
+    matching = {k: v for k, v in matching_config(config).items() if k not in keys}
+    return _fingerprint(matching), _fingerprint({k: v for k, v in matching.items() if k not in SEED_KEYS})

@@ -2,7 +2,7 @@
 the evaluation over fixed windows, the read-back of device values, the checkpoint, the stop signals.
 
 `ablate.train.Trainer` orchestrates them under Lightning Fabric (DDP, autocast, loggers); the synthetic task
-(`ablate.probes.synthetic`) calls the same optimiser and step without Fabric. Nothing here knows about Fabric:
+(`ablate.taskrun`) calls the same optimiser and step without Fabric. Nothing here knows about Fabric:
 a piece takes the callables it needs (`backward`, `clip`, `all_reduce`, `no_sync`).
 """
 

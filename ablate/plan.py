@@ -160,6 +160,31 @@ def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count:
     }
 
 
+def sweep_plan(experiment, *, tiers=None, arms=None, speed: Throughput | None = None) -> dict:
+    """`plan --sweep`: the LR sweep's runs (tiers × arms × factors × sweep seeds) and their GPU-hours, beside the
+    grid's, and what the confirmatory runs at each arm's best LR cost at most (the grid's seeds of the sweep's
+    tiers, every arm off the shared LR; an arm whose best LR is the shared one adds nothing: its grid runs serve)."""
+    speed = speed or Throughput()
+    specs = experiment.sweep_runs(tiers, arms)
+    sweep = experiment.lr_sweep
+    plans = []
+    for tier in dict.fromkeys(s.tier for s in specs):
+        arm_names = list(dict.fromkeys(s.arm for s in specs if s.tier == tier))
+        plans.append(plan_rows(tier, arm_names, len(sweep.factors) * sweep.seeds, overrides=experiment.tier_overrides(tier),
+                               match_params=bool(experiment.match_params), speed=speed))
+    confirm = plan_grid(experiment, tiers=[p["tier"] for p in plans], arms=arms, speed=speed)
+    grid = plan_grid(experiment, arms=arms, speed=speed)
+    return {
+        "experiment": experiment.name, "assumption": speed.describe(),
+        "factors": list(sweep.factors), "seeds": sweep.seed_list,
+        "lr": {p["tier"]: [experiment.base_lr(p["tier"]) * f for f in sweep.factors] for p in plans},
+        "tiers": plans, "runs": [s.key for s in specs], "total_runs": len(specs),
+        "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
+        "confirmatory_runs_at_most": confirm["total_runs"], "confirmatory_gpu_hours_at_most": confirm["total_gpu_hours"],
+        "grid_runs": grid["total_runs"], "grid_gpu_hours": grid["total_gpu_hours"],
+    }
+
+
 POWER_BASIS = ("one more seed of the whole grid at that tier: every arm the experiment runs there, one run each "
                "(the grid's per-seed cost), since a seed of a matched design is a seed of every arm")
 

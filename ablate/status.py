@@ -39,7 +39,6 @@ from ablate.store import (
     read_json_file,
     read_ledger,
     read_metrics,
-    run_dir_of,
     run_lock_path,
 )
 
@@ -266,7 +265,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     `queued` in the row means: something still holds the run (SLURM, the local submit, or a run lock
     that is not provably dead), so `submit` must not queue it again.
     """
-    folder = run_dir_of(results, spec)
+    folder = spec.folder(results)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
     summary_path = folder / SUMMARY
     summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
@@ -277,6 +276,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if summary else None)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
+           **({"lr_factor": spec.lr_factor} if spec.lr_factor is not None else {}),
            "job_id": entry.get("job_id") if entry else None, **progress,
            "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
@@ -356,7 +356,7 @@ def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmVie
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
-    valid, stale = valid_evals(run_dir_of(results, spec))
+    valid, stale = valid_evals(spec.folder(results))
     wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
     if wanted and wanted <= set(valid):
         return "evaluated"

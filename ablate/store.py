@@ -9,6 +9,8 @@ Layout::
         run.log         the training log
         checkpoints/    resumable training state (state.pt) and the final weights (model.pt)
     RESULTS/<experiment>/<tier>/<arm>/.seed<k>.lock   held by the one process writing that run
+    RESULTS/<experiment>/<tier>/<arm>/lr<f>/seed<k>/  a run at f × the tier's lr (an LR sweep's run, or a
+                                                      confirmatory run at an arm's best LR): the same files
     RESULTS/<experiment>/ledger.json   what dispatch submitted (job ids, times)
     RESULTS/<experiment>/report/       what `ablate report` writes
 
@@ -46,8 +48,6 @@ INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
 EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
 EVAL_ITEMS_DIR = "eval_items"  # RUN_DIR/eval_items/<task>.jsonl: `ablate eval`'s per-item results
 REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
-SYNTHETIC_DIR = "synthetic"  # RESULTS/<experiment>/synthetic/: `ablate synthetic --out`
-SYNTHETIC_FILE = "synthetic.json"
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
 STATUSES = ("completed", "diverged", "failed", "running")
 _UMASK = os.umask(0)
@@ -101,22 +101,54 @@ def experiment_dir(results: str | os.PathLike, experiment) -> Path:
     return check_results_folder(results) / check_name("experiment", experiment.name)
 
 
-def run_key(tier: str, arm: str, seed: int) -> str:
-    """<tier>/<arm>/seed<k>: a run's name within its experiment (the ledger's key, the path under its folder)."""
-    return f"{tier}/{arm}/seed{int(seed)}"
+def run_key(tier: str, arm: str, seed: int, lr_factor: float | None = None) -> str:
+    """<tier>/<arm>/seed<k>, or <tier>/<arm>/lr<f>/seed<k> for a run at f × the tier's lr: a run's name within its
+    experiment (the ledger's key, the path under its folder)."""
+    lr = "" if lr_factor is None else f"{lr_folder(lr_factor)}/"
+    return f"{tier}/{arm}/{lr}seed{int(seed)}"
 
 
 def run_dir_of(results: str | os.PathLike, spec) -> Path:
     """The run folder of a `RunSpec` (its experiment, tier, arm and seed) under RESULTS (`run_dir`)."""
-    return run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed)
+    return run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed, getattr(spec, "lr_factor", None))
 
 
-def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int) -> Path:
-    """RESULTS/<experiment>/<tier>/<arm>/seed<k>; every part is checked, so the folder lies inside RESULTS."""
+def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int,
+            lr_factor: float | None = None) -> Path:
+    """RESULTS/<experiment>/<tier>/<arm>/seed<k>, or …/<arm>/lr<f>/seed<k> for a run at f × the tier's lr;
+    every part is checked, so the folder lies inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
     check_name("tier", tier), check_name("arm", arm)
-    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed)
+    if lr_factor is not None:
+        check_name("lr factor", lr_folder(lr_factor))
+    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor)
+
+
+LR_DIR = re.compile(r"lr([0-9][0-9.e+-]*)")
+
+
+def lr_folder(factor: float) -> str:
+    """The folder of the runs at `factor` × the tier's lr: lr0.25, lr1, lr8 (between the arm and seed<k>)."""
+    return f"lr{float(factor):g}"
+
+
+def lr_factor_of(folder: str | os.PathLike) -> float | None:
+    """The lr factor a run folder's parent names (…/lr0.5/seed<k> → 0.5), None for a grid run's folder."""
+    found = LR_DIR.fullmatch(Path(folder).parent.name)
+    try:
+        return float(found.group(1)) if found else None
+    except ValueError:
+        return None
+
+
+def iter_lr_run_dirs(experiment_dir: str | os.PathLike, holding: str = SUMMARY) -> Iterator[Path]:
+    """Every run folder at an lr factor (`<tier>/<arm>/lr<f>/seed<k>`) holding `holding`, sorted. The grid's
+    readers (`iter_run_dirs`) never see them: a sweep run is not a seed of the grid."""
+    root = Path(experiment_dir)
+    yield from sorted(p.parent for p in root.glob(f"*/*/lr*/seed*/{holding}")
+                      if p.is_file() and SEED_DIR.fullmatch(p.parent.name) and lr_factor_of(p.parent) is not None
+                      and not any(part.startswith(".") for part in p.parent.relative_to(root).parts))
 
 
 def run_lock_path(folder: str | os.PathLike) -> Path:
@@ -195,6 +227,15 @@ def completed(summary: dict) -> bool:
     loss = summary.get("val_loss")
     return summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool) \
         and math.isfinite(loss)
+
+
+def refuse_damaged_config(folder: str | os.PathLike, summary: dict) -> None:
+    """The one refusal every reader of a run's settings gives when its config.json disagrees with the
+    fingerprint it trained with (`config_disagreement`): the tables, the LR sweep and the tuned pairs."""
+    damaged = config_disagreement(folder, summary)
+    if damaged:
+        raise AblateError(f"run {folder} is damaged: {damaged}; put its {CONFIG} back, rerun it (`ablate run ... "
+                          "--force` keeps the damaged folder aside) or move the folder out of the experiment")
 
 
 def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
@@ -295,7 +336,7 @@ def verified_weights_sha256(folder: str | os.PathLike) -> str:
     a result of other weights is never read as the run's. Refused in one line otherwise.
 
     The caller holds the run's lock (no `--force` can replace the run meanwhile). A folder without a
-    summary holds weights saved by hand (or by `ablate synthetic`): its model.pt is the run's.
+    summary holds weights saved by hand: its model.pt is the run's.
     """
     folder = Path(folder)
     summary_path = folder / SUMMARY
@@ -365,7 +406,3 @@ def record_ledger(folder: Path, entries: dict, submission: dict | None = None, m
             ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)
 
-
-def synthetic_results_path(experiment_dir: str | os.PathLike) -> Path:
-    """Where `ablate synthetic --out EXPERIMENT_DIR` keeps its results (the report reads them)."""
-    return Path(experiment_dir) / SYNTHETIC_DIR / SYNTHETIC_FILE

@@ -70,6 +70,7 @@ class Tier:
     data_dir: str = "data/fineweb-edu"  # default prepared data folder (`ablate data prepare`)
     tokenizer: str = "gpt2"
     vocab_size: int = 50257
+    task: str | None = None  # a task tier's synthetic task (`TASKS`): no corpus, batches drawn from the task
 
     @property
     def tokens_per_step(self) -> int:
@@ -97,6 +98,31 @@ TIERS: dict[str, Tier] = {
              tokens=5_800_000_000, lr=3e-4, warmup_steps=220, seeds=1, micro_batch=8),
     )
 }
+# The synthetic tasks of the mechanism testbed (`ablate.data.synthetic.SyntheticTask` fields; torch-free here so
+# that a plan or a table knows a task tier's vocabulary and sequence length without loading the task).
+TASK_CONFIG_KEY = "synthetic_task"  # config.json key of a task tier's run: its task's fields
+TASKS: dict[str, dict] = {
+    "abstain": {"n_keys": 6, "n_values": 4, "n_pairs": 3, "n_queries": 4, "absent_prob": 0.5, "answer_noise": 0.0},
+}
+
+
+def task_vocab_size(fields: dict) -> int:
+    """NONE, BOS, values, query keys, pair tokens (as `SyntheticTask.vocab_size`; a test holds them equal)."""
+    return 2 + fields["n_values"] + fields["n_keys"] + fields["n_keys"] * fields["n_values"]
+
+
+def task_seq_len(fields: dict) -> int:
+    return 1 + fields["n_pairs"] + fields["n_queries"]
+
+
+# synthetic: the mechanism testbed's tier (experiments/testbed.py). Sizes, budget and learning rate were chosen
+# on the baseline alone so that every seed learns the task (docs/method.md, "The mechanism testbed").
+TIERS["synthetic"] = Tier(
+    "synthetic", 0.1e6, n_layer=2, d_model=64, n_head=2, n_kv_head=2, seq_len=task_seq_len(TASKS["abstain"]),
+    global_batch=64, tokens=500 * 64 * task_seq_len(TASKS["abstain"]), lr=5e-3, warmup_steps=50, seeds=5,
+    val_interval=25, val_tokens=1, final_val_tokens=1, checkpoint_interval=10**9, micro_batch=64, data_dir="",
+    tokenizer="synthetic", vocab_size=task_vocab_size(TASKS["abstain"]), log_interval=1, task="abstain",
+    min_lr_ratio=1.0)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)

@@ -28,9 +28,8 @@ from lightning.fabric import Fabric
 
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
-from ablate.data import BatchStream, TokenShards, validation_windows
-from ablate.data.shards import tier_shards
-from ablate.data.shards import read_manifest
+from ablate.data import BatchStream, TokenShards, selection_windows, validation_windows
+from ablate.data.shards import check_data_folder, tier_shards
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
@@ -44,7 +43,8 @@ from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_
 from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
-                          run_dir_of, run_key, run_lock_path)
+                          run_key, run_lock_path)
+from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,6 @@ def took_a_step(folder: Path, summary: dict) -> bool:
     return any(row.get("step") for row in read_metrics(folder / METRICS) if isinstance(row, dict))
 
 
-
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
         **options) -> dict:
     """Train one run to completion (or resume it); return its summary. A completed run is a no-op.
@@ -108,7 +107,7 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
     reports nothing: its parent does)."""
     config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
-    folder = run_dir_of(results or default_results(), spec)
+    folder = spec.folder(results or default_results())
     if int(config["devices"]) > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
         finished_summary = await_step_rank0(folder, config)
         if finished_summary is not None:
@@ -123,22 +122,17 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
             summary = read_json(folder / SUMMARY)
             log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
             return summary, False
-        check_data_folder(config["data_dir"])
+        if config["data_dir"] is not None:
+            check_data_folder(config["data_dir"])
         folder.mkdir(parents=True, exist_ok=True)
         for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config)
+        if get_tier(config["tier"]).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
+            return train_task_run(folder, config), False
         with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
             return Trainer(folder, config).fit(), False
-
-
-def check_data_folder(data_dir: str) -> None:
-    """A data folder that is not a prepared one is refused before the run folder is touched."""
-    try:
-        read_manifest(data_dir)
-    except AblateError as err:
-        raise AblateError(f"{err}; pass --data a folder made by `ablate data prepare`") from None
 
 
 class Trainer:
@@ -236,6 +230,8 @@ class Trainer:
         # Which windows are evaluated depends on the data, seq_len and the token count only (not micro/world).
         curve_windows = validation_windows(config["data_dir"], config["seq_len"], config["val_tokens"])
         final_windows = validation_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"])
+        chosen_windows = selection_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"],
+                                           config["selection_tokens"]) if config.get("selection_tokens") else None
 
         torch.manual_seed(config["seed"])
         model = GPT(GPTConfig(**config["model"]))
@@ -269,7 +265,10 @@ class Trainer:
         run.t_resume = time.time()
         self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
-        return self._finish(run, evaluate(final_windows), final_windows)
+        val_loss = evaluate(final_windows)
+        extra = {} if chosen_windows is None else {"selection_loss": evaluate(chosen_windows), "selection_fingerprint":
+                                                   windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
+        return self._finish(run, val_loss, final_windows, extra)
 
     def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards) -> None:
         """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far."""
@@ -368,7 +367,7 @@ class Trainer:
                                data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
         fabric.barrier()
 
-    def _finish(self, run: RunState, val_loss: float, final_windows) -> dict:
+    def _finish(self, run: RunState, val_loss: float, final_windows, extra: dict) -> dict:
         """The final loss is over every prepared validation token up to the cap (a run resumed at its last step
         comes straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run); then
         the final weights, the completed summary, and the resume state removed."""
@@ -386,7 +385,7 @@ class Trainer:
                            tokens=run.step * config["global_batch"] * config["seq_len"],
                            val_fingerprint=val_fingerprint, val_tokens_evaluated=int(final_windows[:, 1:].numel()),
                            data_fingerprint=run.data_fp, finished=now(), wall_seconds=run.wall_seconds(),
-                           weights_sha256=weights_sha256)
+                           weights_sha256=weights_sha256, **extra)
         fabric.barrier()
         if fabric.global_rank == 0:  # the final weights stay; the resume state is not needed once completed
             self.state_path.unlink(missing_ok=True)

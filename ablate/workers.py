@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
-from ablate.store import RUN_LOG, experiment_dir, record_ledger, run_dir_of
+from ablate.store import RUN_LOG, experiment_dir, record_ledger
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -89,7 +89,7 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
                   {"executor": "local", "runs": [s.key for s in specs],
                    **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
-        run_dir_of(results, spec).mkdir(parents=True, exist_ok=True)
+        spec.folder(results).mkdir(parents=True, exist_ok=True)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, grid.stop_workers) if main_thread else None
     try:
@@ -226,7 +226,7 @@ def worker_main(results: str, payload_json: str) -> int:
             except Exception as err:  # noqa: BLE001 - one run's failure must not stop the worker's other runs
                 code, error, text = 1, error_line(traceback.format_exc()) or repr(err), traceback.format_exc()
             if code:
-                with open(run_dir_of(results, spec) / RUN_LOG, "a",
+                with open(spec.folder(results) / RUN_LOG, "a",
                           encoding="utf-8") as log:
                     log.write(text)
             tell({"event": "done", "key": spec.key, "code": code, "error": error})

@@ -6,7 +6,7 @@ The demo stops each run after 50 of the smoke tier's 100 steps (the schedule sho
 that `make demo` fits in a few minutes on two CPU cores; the mechanism is shown by the synthetic task.
 """
 
-from ablate.experiment import Experiment
+from ablate.experiment import Experiment, LRSweep
 
 EXPERIMENT = Experiment(
     name="demo",
@@ -15,4 +15,5 @@ EXPERIMENT = Experiment(
     arms="all",
     seeds=2,
     overrides={"max_steps": 50},
+    lr_sweep=LRSweep(factors=(0.5, 1, 2), seeds=1, tiers=("smoke",)),  # `ablate submit demo --sweep`
 )

@@ -7,7 +7,7 @@ every other row of the tables is exploratory.
 Data: `ablate data prepare --source fineweb-edu --config sample-10BT --tokens 6000000000 --out data/fineweb-edu`.
 """
 
-from ablate.experiment import Comparison, Experiment
+from ablate.experiment import Comparison, Experiment, LRSweep
 
 EXPERIMENT = Experiment(
     name="sink_vs_filter",
@@ -20,4 +20,6 @@ EXPERIMENT = Experiment(
         Comparison("filtering_norm", "sink-logit", "combo"),
         Comparison("filtering_proj", "sink-logit", "combo2"),
     ),
+    # every arm at its own learning rate at 10M: `ablate submit sink_vs_filter --sweep`, `table --kind lr`
+    lr_sweep=LRSweep(factors=(0.25, 0.5, 1, 2, 4, 8), seeds=1, tiers=("10M",)),
 )

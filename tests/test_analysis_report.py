@@ -43,7 +43,7 @@ def test_report_files_and_images(report):
     names = {p.name for p in report.iterdir()}
     expected = {f"{k}.{ext}" for k in (*paired_seed_kinds(), "losses") for ext in ("md", "csv")}
     assert expected | {"increments.png", "curves.png", "paired.png", "summary.md"} <= names
-    assert "synthetic.png" not in names  # no synthetic results in this experiment
+    assert not [n for n in names if n.startswith("testbed_")]  # no task tier in this experiment
     for image in ("increments.png", "curves.png", "paired.png"):
         assert (report / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         pixels = imread(report / image)
@@ -93,33 +93,6 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
             assert "pipeline-check" in text and "carry no evidence" in text, kind
     assert "No figure: no tier with increments has a known size" not in summary  # smoke has a known size
     assert (folder / "paired.png").is_file()
-
-
-def test_synthetic_results_make_a_figure_and_a_section(tmp_path):
-    folder = write_store(tmp_path, losses={("10M", "baseline", 0): 4.2, ("10M", "sink-logit", 0): 4.19}, curve_points=2)
-    # An older layout's synthetic run folder is not a tier of the study.
-    write_run(tmp_path, "study", "synthetic", "baseline", 0, 0.3, curve_points=2)
-
-    def attention(first_key, phantom):
-        return {"absent": {"first_key": first_key, "queried_pair": None, "other_pairs": 0.2, "queries": 0.1,
-                           "phantom": phantom},
-                "present": {"first_key": 0.05, "queried_pair": 0.8, "other_pairs": 0.1, "queries": 0.05,
-                            "phantom": None if phantom is None else 0.0}}
-    results = {"task": {"answer_noise": 0.1}, "steps": 700, "floor": {"loss": 0.2, "accuracy": 0.96}, "layer": "last",
-               "runs": [{"arm": "baseline", "seed": s, "val_loss": 0.4, "val_accuracy": 0.9, "absent_accuracy": 0.95,
-                         "attention": attention(0.6 + 0.1 * s, None)} for s in (0, 1)]
-               + [{"arm": "sink-logit", "seed": 0, "val_loss": 0.25, "val_accuracy": 0.95, "absent_accuracy": 1.0,
-                   "attention": attention(0.02, 0.65)}]}
-    (folder / "synthetic").mkdir(exist_ok=True)
-    (folder / "synthetic" / "synthetic.json").write_text(json.dumps(results))
-    out = write_report(folder)
-    summary = (out / "summary.md").read_text()
-    assert "synthetic" not in (out / "paired.md").read_text()  # its runs are not a tier
-    section = summary.split("## Synthetic abstention task")[1]
-    assert "loss floor 0.2000" in section and "| baseline | 2 | 0.4000 | 90.0% | 95.0% | 65.0% | – | 80.0% |" in section
-    assert "| sink-logit | 1 | 0.2500 | 95.0% | 100.0% | 2.0% | 65.0% | 80.0% |" in section
-    pixels = imread(out / "synthetic.png")
-    assert pixels.shape[0] > 200 and pixels.std() > 0.01
 
 
 def test_crossover_of_the_reference_fixture(tmp_path):
@@ -238,7 +211,7 @@ def test_table_and_report_commands(tmp_path, capsys):
         write_report(tmp_path / "p.csv")
     assert paired_seed_kinds() == ("paired", "increments", "overlap")
     assert analysis_cli.KINDS is KINDS and list(KINDS) == ["paired", "increments", "overlap", "losses", "declared",
-                                                          "scale"]
+                                                          "scale", "lr"]
 
 
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from ablate.cli import build_parser, main
 from ablate.lock import FileLock
@@ -118,26 +117,8 @@ def test_every_list_option_takes_space_separated_values():
             if action.nargs not in ("+", "*") or "comma" in (action.help or ""):
                 wrong.append(f"{command} {action.option_strings[0]} (nargs={action.nargs!r})")
     assert wrong == []
-    assert {"synthetic --arms", "synthetic --seeds", "inject --eps", "inject --junk", "status --tier", "status --arms",
+    assert {"inject --eps", "inject --junk", "status --tier", "status --arms",
             "status --seeds", "submit --seeds", "data prepare --source-arg"} <= set(lists)  # the walk saw them
-
-
-@pytest.mark.parametrize("argv", [["--seeds", "0", "1", "--arms", "baseline", "norm-gate"],
-                                  ["--seeds", "0,1", "--arms", "baseline,norm-gate"]])  # the old comma form too
-def test_synthetic_takes_space_separated_seeds_and_arms(argv, monkeypatch, capsys):
-    import ablate.probes.synthetic as synthetic
-
-    seen = {}
-
-    def fake_run(arms, seeds, **kwargs):
-        seen.update(arms=arms, seeds=seeds)
-        return {"floor": {"loss": 1.0, "accuracy": 0.5}, "runs": []}
-
-    monkeypatch.setattr(synthetic, "run_synthetic", fake_run)
-    assert main(["synthetic", *argv]) == 0
-    assert seen == {"arms": ["baseline", "norm-gate"], "seeds": [0, 1]}
-    assert main(["synthetic", "--seeds", "0", "x"]) == 2
-    assert "--seeds '0 x' is not a list of integers" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- 4. status

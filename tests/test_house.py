@@ -69,7 +69,7 @@ def test_no_file_is_over_the_habit():
 
 
 RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "run.log", "ledger.json", "state.pt", "model.pt",
-             "probe.json", "inject.json", "eval.json", "synthetic.json", "checkpoints")
+             "probe.json", "inject.json", "eval.json", "checkpoints")
 
 
 def string_constants(path: Path):

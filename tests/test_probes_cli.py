@@ -15,8 +15,7 @@ from ablate.modelio import save_model
 from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
 from ablate.probes.injection import INJECT_FILE, inject_run
-from ablate.data.synthetic import SYNTHETIC_KEY
-from ablate.probes.synthetic import SyntheticTask
+from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask
 from ablate.store import atomic_write_json
 
 torch.set_num_threads(1)

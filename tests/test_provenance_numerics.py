@@ -118,19 +118,3 @@ def test_one_kernel_set_marks_nothing(tmp_path):
     runs = load_runs(store)
     for table in (build_table(runs, "paired"), losses_table(runs)):
         assert table.frame["marks"].drop_nulls().is_empty() and not any(MIXED_NUMERICS in n for n in table.notes)
-
-
-def test_the_synthetic_section_names_the_kernel_set_and_claims_no_direction():
-    from ablate.analysis.synthetic import synthetic_markdown
-
-    attention = {"absent": {"first_key": 0.5, "queried_pair": None, "other_pairs": 0.3, "queries": 0.2,
-                            "phantom": None},
-                 "present": {"first_key": 0.1, "queried_pair": 0.6, "other_pairs": 0.2, "queries": 0.1,
-                             "phantom": None}}
-    data = {"task": {"answer_noise": 0.0}, "steps": 600, "floor": {"loss": 0.0, "accuracy": 1.0}, "layer": "last",
-            "numerics": {"cpu_capability": "AVX512", "gpu": None},
-            "runs": [{"arm": "baseline", "seed": 0, "val_loss": 0.4, "val_accuracy": 0.9, "absent_accuracy": 1.0,
-                      "attention": attention}]}
-    text = synthetic_markdown(data)
-    assert "cpu AVX512" in text and "chaotic" in text and "the baseline has to build a sink" not in text
-    assert "cpu " not in synthetic_markdown({**data, "numerics": None})  # older results record none

@@ -30,7 +30,8 @@ def test_custom_arm_example_runs_as_written(tmp_path, sample_data):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sample").symlink_to(sample_data)
     (tmp_path / "my_arm.py").write_text(code)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the results default is the checkout's results/ from any folder ($ABLATE_RESULTS moves it): here, the test's own
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ABLATE_RESULTS": str(tmp_path / "results")}
     result = subprocess.run([sys.executable, "my_arm.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -69,3 +69,11 @@ def build_declared(runs: Runs, reference: str | None, declared) -> Table:
 
 def build_scale(runs: Runs, reference: str | None, declared) -> ScaleTable:
     return scale_table(runs, declared)  # its own shape (rows and crossings): `ablate.analysis.scale`
+
+
+def build_lr(runs: Runs, reference: str | None, declared):
+    """The LR sweep's table of the source's folder, at the default margin and δ (`ablate table --kind lr` reads the
+    experiment's own from its LRSweep: `ablate.cli.analysis._lr_command`)."""
+    from ablate.analysis.lr import lr_table  # reason: the sweep's reader is loaded only for its own table
+
+    return lr_table(runs.root)

@@ -255,6 +255,15 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
     return out
 
 
+def fixed_decision(row: dict, alpha: float = ALPHA) -> str:
+    """A declared comparison's decision in a fixed design: "supported" (p_holm < α and Δ > 0: the subtrahend
+    lowers the loss, as declared), "failed" (p_holm < α and Δ < 0: the opposite holds), else "not supported"
+    (no test, or p_holm ≥ α). A pipeline-check tier's comparison is never supported."""
+    if row.get("p_holm") is None or row["p_holm"] >= alpha or is_pipeline_check(row["tier"]):
+        return "not supported"
+    return "supported" if row["mean"] > 0 else "failed"
+
+
 def pilot_differences(runs: Runs, declared: Declared) -> dict[tuple[str, str], list[float]]:
     """(tier, comparison) → the pilot's paired differences in seed order (what `plan --pilot` plans with)."""
     diffs, _ = comparison_differences(runs, declared)

@@ -130,3 +130,8 @@ register_kind(TableKind(
     "(ablate.analysis.scale renders it: CAPTION there)",
     "the scale model (slopes per decade, crossings)",
     fixed="every increment, declared comparison and gap", renderer="ablate.analysis.scale_text:render_scale"))
+register_kind(TableKind(
+    "lr", f"{BUILD}:build_lr", "LR sweep: each arm's loss per lr factor and its best factor",
+    "the final loss of each arm at every lr factor of its sweep (LRSweep), and the factor that minimises it",
+    "the LR sweep: each arm's loss per lr factor, its best factor (ablate.analysis.lr)",
+    fixed="each arm's sweep", renderer="ablate.analysis.lr:render_lr"))

@@ -22,7 +22,7 @@ from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
-from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, config_disagreement, iter_run_dirs,
+from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, refuse_damaged_config,
                           read_json_file, read_metrics, run_key)
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -116,10 +116,7 @@ def _runs_from_store(folder: Path) -> Runs:
                 raise AblateError(
                     f"{run} holds a run of {key} {summary[key]!r}, but its folder says {expected!r} (a copied or "
                     "moved run folder?); move it out of the experiment folder")
-        damaged = config_disagreement(run, summary)
-        if damaged:
-            raise AblateError(f"run {run} is damaged: {damaged}; put its {CONFIG} back, rerun it (`ablate run ... "
-                              "--force` keeps the damaged folder aside) or move the folder out of the experiment")
+        refuse_damaged_config(run, summary)
         key = (tier, arm, where["seed"])
         if key in seen:
             raise AblateError(f"run {run_key(tier, arm, where['seed'])} appears twice: {seen[key]} and {run}")

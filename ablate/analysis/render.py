@@ -17,6 +17,7 @@ from ablate.errors import choice_error
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.kinds import DESCRIPTIONS, get_kind
 from ablate.analysis.tables import MARK_NOTES, Table
+from ablate.tiers import TIERS
 
 FORMATS = ("md", "csv", "latex", "json")
 DIGITS = 4  # reference figures are quoted to 1e-4 nats
@@ -100,7 +101,13 @@ def caption(table: Table) -> str:
 
 def footer_lines(table: Table) -> list[str]:
     """The val_loss convention under a table of losses (a metric table has none: it is not val_loss)."""
-    return [] if table.metric is not None else ["", VAL_LOSS_FOOTER]
+    if table.metric is not None:
+        return []
+    tiers = set(table.frame["tier"].to_list()) if "tier" in table.frame.columns else set()
+    on_tasks = [t for t in sorted(tiers) if t in TIERS and TIERS[t].task is not None]
+    task_line = [f"val_loss of a task tier ({', '.join(on_tasks)}): mean cross-entropy in nats over the answers of the "
+                 "fixed validation set, over the task's own tokens (docs/method.md, the mechanism testbed)."] if on_tasks else []
+    return ["", *(task_line + ([VAL_LOSS_FOOTER] if tiers - set(on_tasks) or not tiers else []))]
 
 
 def to_markdown(table: Table) -> str:

@@ -2,7 +2,7 @@
 
 Files: summary.md; paired/increments/overlap/losses as .md and .csv; paired.png (forest plot),
 increments.png (when a tier of known size has increments), curves.png; probes.md when probe results
-exist; synthetic.png when `ablate synthetic --out <experiment folder>` left its results there.
+exist; testbed_<tier>.png with the mechanism signature of a task tier's runs (experiments/testbed.py).
 
 Honesty rules the summary follows: an effect is called supported only if p_holm < 0.05 (Holm over
 the arms of its tier against the reference, or over the quantities of its tier for increments and
@@ -23,17 +23,18 @@ from typing import Callable
 
 import polars as pl
 
-from ablate.analysis.hypotheses import DECLARED, Declared, row_pair, supported as declared_support
+from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
 from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
+from ablate.analysis.lr_report import lr_section
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import decision_text, effect_cells, format_p, render
-from ablate.analysis.synthetic import load_synthetic, plot_synthetic, synthetic_markdown
+from ablate.analysis.testbed import plot_testbed, task_runs, testbed_markdown
 from ablate.analysis.build import build_table
 from ablate.analysis.kinds import (DESCRIPTIONS, INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK,
                                    paired_seed_kinds)
@@ -42,7 +43,6 @@ from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes
 
-SYNTHETIC_TIER = "synthetic"  # as ablate.probes.synthetic.SYNTHETIC_TIER (kept torch-free here)
 ALPHA = 0.05
 
 
@@ -57,6 +57,7 @@ class ReportContext:
     scale: ScaleTable | None = None
     written: list[Path] = field(default_factory=list)
     allow_unverified: bool = False
+    declared: Declared | None = None  # the experiment's declared comparisons (the LR section's tuned table uses them)
     left_out: dict[str, str] = field(default_factory=dict)  # section → why this experiment's arms cannot give it
 
     def write(self, name: str, data: str | bytes) -> Path:
@@ -255,7 +256,8 @@ def declared_section(ctx: ReportContext) -> str:
             line += (f"; look {row['look']} ({row['seeds_used']} seeds), decision {decision_text(row)}, "
                      f"interval for the design {design}")
         else:
-            line += f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}"
+            line += (f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
+                     f"decision {fixed_decision(row)}")
         lines.append(line)
     return "\n".join(lines)
 
@@ -278,13 +280,13 @@ def probes_section(ctx: ReportContext) -> str:
     return "## Probes\n\n" + "\n\n".join(parts) if parts else ""
 
 
-def synthetic_section(ctx: ReportContext) -> str:
-    """The synthetic abstention task's figure and table, when `ablate synthetic --out` wrote them here."""
-    data = load_synthetic(ctx.runs.root) if ctx.runs.root is not None else None
-    if data is None:
-        return ""
-    plot_synthetic(data, ctx.record("synthetic.png"))
-    return "## Synthetic abstention task\n\n" + synthetic_markdown(data) + "\n\n![synthetic](synthetic.png)"
+def testbed_section(ctx: ReportContext) -> str:
+    """Each task tier's mechanism signature per arm with its seeds (testbed_<tier>.png), when there are any."""
+    parts = []
+    for tier, by_arm in task_runs(ctx.runs).items():
+        plot_testbed(tier, by_arm, ctx.record(f"testbed_{tier}.png"))
+        parts.append(testbed_markdown(tier, by_arm) + f"\n\n![testbed {tier}](testbed_{tier}.png)")
+    return "## Mechanism testbed\n\n" + "\n\n".join(parts) if parts else ""
 
 
 def downstream_section(ctx: ReportContext) -> str:
@@ -320,7 +322,7 @@ def downstream_section(ctx: ReportContext) -> str:
 SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, scale_section, declared_section,
                            flags_section,
                            curves_section,
-                           downstream_section, probes_section, synthetic_section]
+                           downstream_section, probes_section, testbed_section, lr_section]
 
 
 def _kinds(ctx: ReportContext) -> list[str]:
@@ -372,12 +374,6 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
     runs = load_runs(source, allow_unverified=allow_unverified)
-    # Run folders of the synthetic task (an older layout kept them at <experiment>/synthetic/<arm>/seed<k>)
-    # are not a tier of the study; the synthetic section reports them.
-    runs = Runs(name=runs.name, frame=runs.frame.filter(pl.col("tier") != SYNTHETIC_TIER), root=runs.root,
-                notes=runs.notes)
-    if runs.frame.is_empty():
-        raise AblateError(f"no runs of the study in {runs.name!r} (only synthetic-task runs)")
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
     tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
@@ -387,7 +383,7 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        scale=scale_table(runs, declared), allow_unverified=allow_unverified,
+                        scale=scale_table(runs, declared), allow_unverified=allow_unverified, declared=declared,
                         left_out=cannot_have(runs.arm_order, declared is not None))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]

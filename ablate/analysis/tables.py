@@ -100,6 +100,8 @@ class Table:
 
 def is_pipeline_check(tier: str) -> bool:
     """A tier below the smallest real tier (by nominal non-embedding parameters), e.g. `smoke`."""
+    if tier in TIERS and TIERS[tier].task is not None:  # a task tier's runs are evidence about the task
+        return False
     return tier_rank(tier) < tier_rank(SMALLEST_REAL_TIER)
 
 

@@ -35,13 +35,16 @@ def add_commands(subparsers) -> None:
                             "METRIC may be gold_logprob")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
+    table.add_argument("--tuned", action="store_true",
+                       help="each arm at its own best LR of the LR sweep (the confirmatory runs), beside the shared-LR "
+                            "table, and whether each declared comparison's sign and significance survive tuning")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
         description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
-        "synthetic.png (when `ablate synthetic --out` wrote there) and summary.md into the experiment's report/ folder.",
+        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
     report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
@@ -58,6 +61,8 @@ def table_command(args: argparse.Namespace) -> int:
 
     if args.by_item:
         return _by_item(args)
+    if args.kind == "lr" or args.tuned:
+        return _lr_command(args)
     experiment = named_experiment(args.source)  # its file is executed once, here
     folder = results_of(args.source, args.results, experiment)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
@@ -68,6 +73,47 @@ def table_command(args: argparse.Namespace) -> int:
 
         for warning in table.warnings:
             print(f"warning: {one_line(warning)}", file=sys.stderr)
+    return _emit(args, text)
+
+
+def lr_settings(experiment) -> tuple[float, float]:
+    """(margin, δ) of the experiment's LR sweep (`experiment`: the one SOURCE names, or None), else the defaults."""
+    from ablate.analysis.lr import DELTA, MARGIN  # the library loads in the handler: see ablate.cli
+
+    sweep = experiment.lr_sweep if experiment is not None else None
+    return (sweep.margin, sweep.delta) if sweep is not None else (MARGIN, DELTA)
+
+
+def _lr_command(args: argparse.Namespace) -> int:
+    import json  # the library loads in the handler: see ablate.cli
+
+    from ablate.analysis.lr import lr_table, render_lr
+    from ablate.analysis.render import render
+    from ablate.analysis.hypotheses import declared_for
+    from ablate.analysis.tuned import survival_text, tuned_tables
+    from ablate.errors import AblateError
+    from ablate.experiment import named_experiment, results_of
+
+    if args.metric or (args.kind == "lr" and (args.tuned or args.reference)):
+        raise AblateError("--kind lr is the LR sweep's own table (no --metric, --reference or --tuned); --tuned "
+                          "goes with --kind paired, increments, overlap or declared")
+    if args.kind in ("losses", "scale"):
+        raise AblateError(f"--tuned pairs the arms at their own best LRs: use it with --kind paired, increments, "
+                          f"overlap or declared, not {args.kind}")
+    experiment = named_experiment(args.source)
+    folder = results_of(args.source, args.results, experiment)
+    table = lr_table(folder, *lr_settings(experiment))
+    if args.kind == "lr":
+        return _emit(args, render_lr(table, args.format))
+    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), args.kind, args.reference,
+                                                declared_for(experiment, folder), args.allow_unverified)
+    if args.format == "json":
+        text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
+                           "survival": survived}, indent=2) + "\n"
+    else:
+        text = (f"shared LR (every arm at the tier's lr):\n\n{render(shared, args.format)}\n"
+                f"each arm at its own best LR (the confirmatory runs):\n\n{render(tuned, args.format)}\n"
+                f"does each comparison survive tuning?\n{survival_text(survived, key)}")
     return _emit(args, text)
 
 

@@ -31,6 +31,9 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--gpu-check", metavar="PATH",
                         help="gpu_check.json with a measured MFU (default: ./gpu_check.json, else the repository's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the experiment's LR sweep (lr_sweep=LRSweep(...)): its runs and GPU-hours, beside the "
+                             "grid's and the confirmatory runs'")
     power = parser.add_argument_group("how many seeds (needs an experiment that declares hypotheses=)")
     power.add_argument("--power", action="store_true",
                        help="seeds a paired t-test needs per tier and declared comparison, and their GPU-hours")
@@ -161,6 +164,8 @@ def plan_command(args) -> int:
                               "experiment and one of them, e.g. `ablate plan sink_vs_filter --power --effect 0.002 --sd 0.004`")
         args.gpu = gpu
         return _power(args, experiment) if args.power else _sequential(args, experiment)
+    if args.sweep:
+        return _sweep(args, experiment, throughput(gpu, args.gpu_check))
     plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
                      match_params=args.match_params, speed=throughput(gpu, args.gpu_check), world_size=world_size)
     if args.json:
@@ -172,6 +177,41 @@ def plan_command(args) -> int:
         _print_tier(tier)
     print(f"grid: {plan['total_runs']} runs, {plan['total_train_flops']:.3g} FLOPs, "
           f"{plan['total_gpu_hours']:.1f} GPU-hours (assuming {plan['assumption']})")
+    if experiment is not None and experiment.lr_sweep is not None and not (args.tiers or args.arms or args.seeds):
+        from ablate.plan import sweep_plan
+
+        sweep = sweep_plan(experiment, speed=throughput(gpu, args.gpu_check))
+        print(f"LR sweep: {sweep['total_runs']} runs, {sweep['total_gpu_hours']:.1f} GPU-hours; confirmatory runs at "
+              f"each arm's best LR: at most {sweep['confirmatory_runs_at_most']} runs, "
+              f"{sweep['confirmatory_gpu_hours_at_most']:.1f} GPU-hours (`ablate plan {experiment.name} --sweep`)")
+    return 0
+
+
+def _sweep(args, experiment, speed) -> int:
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+    from ablate.plan import sweep_plan
+
+    if experiment is None or args.seeds or args.seed_count:
+        raise AblateError("--sweep prices an experiment's LR sweep: give the experiment (and at most --tier/--arms), "
+                          "e.g. `ablate plan sink_vs_filter --sweep`")
+    plan = sweep_plan(experiment, tiers=args.tiers, arms=args.arms, speed=speed)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    print(f"experiment {plan['experiment']}: LR sweep at {', '.join(f'{f:g}' for f in plan['factors'])} × the tier's "
+          f"lr, seeds {', '.join(map(str, plan['seeds']))}")
+    for tier in plan["tiers"]:
+        lrs = ", ".join(f"{lr:g}" for lr in plan["lr"][tier["tier"]])
+        print(f"tier {tier['tier']}: lr {lrs}")
+        print(f"{'arm':<15} {'runs':>5} {'GPU-h/run':>10} {'GPU-h':>9}")
+        for r in tier["runs"]:
+            print(f"{r['arm']:<15} {r['seeds']:>5} {r['gpu_hours_per_run']:>10.2f} {r['gpu_hours']:>9.2f}")
+    for key in plan["runs"]:
+        print(f"  {key}")
+    print(f"LR sweep: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours; the grid: "
+          f"{plan['grid_runs']} runs, {plan['grid_gpu_hours']:.1f} GPU-hours; confirmatory runs at each arm's best LR: "
+          f"at most {plan['confirmatory_runs_at_most']} runs, {plan['confirmatory_gpu_hours_at_most']:.1f} GPU-hours "
+          f"(an arm whose best LR is the shared one reuses its grid runs) (assuming {plan['assumption']})")
     return 0
 
 

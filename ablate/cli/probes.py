@@ -1,4 +1,4 @@
-"""`ablate probe`, `ablate inject` and `ablate synthetic`. Heavy imports happen inside the handlers."""
+"""`ablate probe` and `ablate inject`. Heavy imports happen inside the handlers."""
 
 from __future__ import annotations
 
@@ -24,22 +24,6 @@ def add_commands(subparsers) -> None:
     inject.add_argument("--seed", type=int, default=0, help="seed of the junk draws (default 0)")
     _batch_options(inject)
     inject.set_defaults(func=inject_command)
-
-    synthetic = subparsers.add_parser(
-        "synthetic", help="train tiny models on the synthetic abstention task and probe them (a CPU demo)")
-    synthetic.add_argument("--arms", nargs="+", default=["baseline", "sink-logit"], metavar="ARM",
-                           help="arms, space-separated (default baseline sink-logit)")
-    synthetic.add_argument("--seeds", nargs="+", default=["0"], metavar="K", help="seeds, space-separated (default 0)")
-    synthetic.add_argument("--steps", type=int, default=None, help="training steps (default 600: neither arm "
-                                                                   "saturates, about 25 s each on one CPU core)")
-    synthetic.add_argument("--answer-noise", type=float, default=None,
-                           help="share of stored-key answers drawn at random, a loss floor so the task cannot "
-                                "saturate (default 0: with 0.1 the mechanism reverses, see ablate/probes/synthetic.py)")
-    synthetic.add_argument("--out", default=None,
-                           help="experiment folder: write OUT/synthetic/synthetic.json (drawn by `ablate report` "
-                                "as synthetic.png) and run folders OUT/synthetic/runs/<arm>/seed<k>/ that "
-                                "`ablate probe` and `ablate inject` read")
-    synthetic.set_defaults(func=synthetic_command)
 
 
 def _batch_options(parser: argparse.ArgumentParser) -> None:
@@ -97,34 +81,4 @@ def inject_command(args) -> int:
                         device=args.device or default_device(), progress=True)
     print(injection_table(result))
     print(f"\nwrote {args.run_dir}/{INJECT_FILE}")
-    return 0
-
-
-def synthetic_command(args) -> int:
-    from ablate.arms import list_arms
-    from ablate.errors import choice_error
-
-    arms = _listed(args.arms, "arms")
-    for arm in arms:
-        if arm not in list_arms():
-            raise choice_error("arm", arm, list_arms())
-    seeds = _numbers(args.seeds, "seeds", int)
-    from ablate.probes.synthetic import DEMO_ANSWER_NOISE, SyntheticTask, run_synthetic
-
-    noise = DEMO_ANSWER_NOISE if args.answer_noise is None else args.answer_noise
-    try:
-        task = SyntheticTask(answer_noise=noise)
-    except ValueError as err:
-        raise AblateError(f"--answer-noise {noise}: {err}") from err
-    results = run_synthetic(arms, seeds, steps=args.steps, out=args.out, task=task)
-    print(f"loss floor {results['floor']['loss']:.4f}, accuracy ceiling {results['floor']['accuracy']:.1%}")
-    print("| arm | seed | val loss | accuracy | NONE accuracy | absent key: first key | absent key: phantom |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for run in results["runs"]:
-        absent = run["attention"]["absent"]
-        phantom = "–" if absent["phantom"] is None else f"{absent['phantom']:.1%}"
-        print(f"| {run['arm']} | {run['seed']} | {run['val_loss']:.4f} | {run['val_accuracy']:.1%} "
-              f"| {run['absent_accuracy']:.1%} | {absent['first_key']:.1%} | {phantom} |")
-    if args.out:
-        print(f"\nwrote {args.out}/synthetic/synthetic.json and run folders under {args.out}/synthetic/runs/")
     return 0

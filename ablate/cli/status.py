@@ -21,6 +21,8 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, metavar="K", help="only these seed indices (default: all)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the runs of the experiment's LR sweep (lr_sweep=) instead of its grid")
     parser.set_defaults(func=status_command)
 
 
@@ -47,6 +49,10 @@ def _runs(args):
         from ablate.status import with_queued_seeds
 
         experiment = with_queued_seeds(load_experiment(file), results)
+        if args.sweep:
+            if args.seeds:
+                raise AblateError("--sweep lists the sweep's own seeds: drop --seeds")
+            return experiment.name, experiment.sweep_runs(args.tiers, args.arms), False
         return experiment.name, experiment.runs(args.tiers, args.arms, args.seeds), False
     specs = folder_runs(results, text, args.tiers, args.arms, args.seeds)
     present = folder_runs(results, text)
@@ -73,6 +79,8 @@ def status_command(args) -> int:
     print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<13} {'job':<14} {'steps':>13} {'elapsed':>9} {'eta':>9} "
           f"{'val_loss':>10}")
     for r in rows:
+        if r.get("lr_factor") is not None:  # a run of the LR sweep: its factor beside the arm
+            r = {**r, "arm": f"{r['arm']} ×{r['lr_factor']:g}"}
         loss = "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}" + ("" if r["val_loss_final"] else "~")
         steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
         print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "

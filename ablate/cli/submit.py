@@ -31,6 +31,12 @@ def add_commands(subparsers) -> None:
                              "after training, or now for completed runs")
     parser.add_argument("--eval-limit", type=int, help="--eval: documents per task (default: all)")
     parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
+    lr = parser.add_argument_group("every arm at its own learning rate (an experiment that declares lr_sweep=)")
+    lr.add_argument("--sweep", action="store_true",
+                    help="queue the LR sweep: arms × the sweep's lr factors × its seeds (`ablate plan EXPERIMENT --sweep`)")
+    lr.add_argument("--tuned", action="store_true",
+                    help="queue the confirmatory runs: the grid's seeds at each arm's best LR of the finished sweep "
+                         "(chosen on the selection loss; an arm whose best is the shared lr reuses its grid runs)")
     sequential = parser.add_argument_group("sequential seeds (an experiment that declares hypotheses=)")
     sequential.add_argument("--sequential", action="store_true",
                             help="queue seeds look by look: the first submit records the design in the ledger and "
@@ -80,6 +86,34 @@ def sequential_counts(design, folder, tiers) -> dict[str, int]:
     return seeds_to_queue(runs, Declared.of(design.comparisons, design.family, design.boundaries), tiers)
 
 
+def lr_runs(args, experiment, results):
+    """The runs `--sweep` or `--tuned` queue instead of the grid (None: the grid)."""
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+
+    if not (args.sweep or args.tuned):
+        return None
+    if args.sequential or args.seeds or (args.sweep and args.tuned):
+        raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds or --sequential")
+    if args.sweep:
+        return experiment.sweep_runs(args.tiers, args.arms)
+    from ablate.analysis.lr import lr_table, sweep_runs
+
+    sweep = experiment.declared_sweep()
+    folder = results / experiment.name
+    table = lr_table(folder, sweep.margin, sweep.delta)
+    best = table.best_factors()
+    wanted = {tier: list(dict.fromkeys(args.arms or experiment.arm_names())) for tier in args.tiers or sweep.tiers}
+    done = {(r.tier, r.arm, r.factor, r.seed) for r in sweep_runs(folder) if r.status in ("completed", "diverged")}
+    unfinished = {f"{s.tier}/{s.arm}" for s in experiment.sweep_runs(args.tiers, args.arms)
+                  if (s.tier, s.arm, s.lr_factor, s.seed) not in done}  # a best LR of part of the sweep is no best
+    lacking = sorted(unfinished | {f"{tier}/{arm}" for tier, arms in wanted.items() for arm in arms
+                                   if arm not in best.get(tier, {})})
+    if lacking:
+        raise AblateError(f"no best LR yet for {', '.join(lacking)}: their sweep runs are not all finished (see "
+                          f"`ablate status {args.experiment} --sweep`, `ablate table {args.experiment} --kind lr`)")
+    return experiment.confirmatory_runs({tier: {arm: best[tier][arm] for arm in arms} for tier, arms in wanted.items()})
+
+
 def _submit_and_tell(args) -> int:
     import dataclasses  # the library loads in the handler: see ablate.cli
 
@@ -87,6 +121,7 @@ def _submit_and_tell(args) -> int:
 
     experiment, file, results = _resolve(args)
     sequential = None
+    grid = lr_runs(args, experiment, results)
     if args.sequential:
         if args.seeds:
             from ablate.errors import AblateError
@@ -111,7 +146,8 @@ def _submit_and_tell(args) -> int:
                  **({"match_params": args.match_params} if args.match_params is not None else {})},
         eval_tasks=args.eval_tasks,
         eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items() if v is not None},
-        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {})))
+        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
+        **({"grid": grid} if grid is not None else {})))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "

@@ -17,6 +17,7 @@ _EXPORTS = {
     "BatchStream": "ablate.data.order",
     "validation_batches": "ablate.data.order",
     "validation_windows": "ablate.data.order",
+    "selection_windows": "ablate.data.order",
     "encode": "ablate.data.tokenizer",
     "decode": "ablate.data.tokenizer",
     "register_source": "ablate.data.sources",

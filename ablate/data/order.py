@@ -196,3 +196,26 @@ def validation_batches(
         raise AblateError(f"seq_len {seq_len} and batch_size {batch_size} must be positive")
     max_tokens = None if max_batches is None else int(max_batches) * int(batch_size) * int(seq_len)
     return list(validation_windows(data_dir, seq_len, max_tokens).split(int(batch_size)))
+
+
+def selection_windows(data_dir, seq_len: int, validation_tokens: int | None, max_tokens: int) -> torch.Tensor:
+    """The selection split of an LR sweep: the val split's windows right after the final validation windows.
+
+    Held out like the validation set (its documents never enter training) and disjoint from it: the final
+    validation takes the first `validation_windows(data_dir, seq_len, validation_tokens)`, the selection
+    split the next `max_tokens // seq_len` windows. A val split too small for both is refused, naming the size
+    to prepare: an LR chosen on the tokens the results are reported on would leak into them.
+    """
+    reported = len(validation_windows(data_dir, seq_len, validation_tokens))
+    shards = TokenShards(data_dir, split="val")
+    window = int(seq_len) + 1
+    wanted = max(1, int(max_tokens) // int(seq_len))
+    available = len(shards) // window - reported
+    if available < wanted:
+        need = (reported + wanted) * window
+        raise AblateError(
+            f"the val split of {data_dir} has {len(shards):,} tokens: the validation set takes {reported} windows "
+            f"of {window} and the LR sweep's selection split needs {wanted} more ({need:,} tokens in all); prepare "
+            f"the data with `--val-tokens {need}` or more, or give the sweep fewer selection_tokens")
+    start = reported * window
+    return torch.from_numpy(shards.read(start, start + wanted * window).astype(np.int64)).view(wanted, window)

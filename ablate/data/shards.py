@@ -131,3 +131,11 @@ def tier_shards(data_dir: str | os.PathLike, tier, vocab_size: int) -> TokenShar
         raise AblateError(f"data folder {data_dir} holds {shards.tokenizer!r} tokens (vocabulary {shards.vocab_size}); "
                           f"tier {tier.name!r} expects {tier.tokenizer!r} (vocabulary {vocab_size})")
     return shards
+
+
+def check_data_folder(data_dir: str) -> None:
+    """A data folder that is not a prepared one is refused before the run folder is touched."""
+    try:
+        read_manifest(data_dir)
+    except AblateError as err:
+        raise AblateError(f"{err}; pass --data a folder made by `ablate data prepare`") from None

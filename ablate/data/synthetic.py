@@ -19,7 +19,7 @@ of the queries look for a key that was never stored, and the right answer is the
 * BOS, the same token at position 0 of every sequence, is where a baseline builds its sink.
 
 A head that looks up the queried key finds nothing for an absent key, so it must abstain; the test
-`tests/test_probes_synthetic.py` measures where each arm puts that spare mass. Everything is a
+the testbed (`experiments/testbed.py`, `ablate.taskrun`) measures where each arm puts that spare mass. Everything is a
 pure function of its seed: `synthetic_batch(task, batch_size, seed)` is the same for the same arguments.
 """
 
@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ablate.tiers import TASK_CONFIG_KEY
+
 IGNORE = -100  # F.cross_entropy's default ignore_index: positions that predict nothing
-SYNTHETIC_KEY = "synthetic_task"  # config.json key of a run trained on the synthetic task (its SyntheticTask fields)
+SYNTHETIC_KEY = TASK_CONFIG_KEY  # config.json key of a run trained on the synthetic task (its SyntheticTask fields)
 VALIDATION_SEED_OFFSET = 2**62  # validation batches never coincide with training batches
 
 

@@ -39,9 +39,8 @@ from ablate.store import (completed,
     SUMMARY,
     atomic_write_json,
     iter_run_dirs,
-    read_json_file,
-    run_dir_of,
     run_key,
+    read_json_file,
     run_lock_path,
     verified_weights_sha256,
 )
@@ -142,7 +141,7 @@ def runs_to_evaluate(experiment, results, tiers=None, arms=None, seeds=None) -> 
     """(completed run folders of the grid, one line per run skipped and why)."""
     folders, skipped = [], []
     for spec in experiment.runs(tiers, arms, seeds):
-        folder = run_dir_of(results, spec)
+        folder = spec.folder(results)
         _sort_evaluable(folder, spec.key, folders, skipped)
     return folders, skipped
 
@@ -183,5 +182,5 @@ class EvalJob:
 
     def __call__(self, spec: RunSpec) -> dict:
         start_task(self.experiment_file)
-        folder = run_dir_of(self.results, spec)
+        folder = spec.folder(self.results)
         return evaluate_run(folder, self.tasks, **self.options)

@@ -1,0 +1,250 @@
+"""The LR table (`ablate table EXPERIMENT --kind lr`): every arm at its own learning rate.
+
+An LR sweep's runs (`<tier>/<arm>/lr<f>/seed<k>`, with a selection split in their config) are read here and
+nowhere else: the grid's tables never see them (`ablate.store.iter_lr_run_dirs`). The runs of one tier may
+differ in `lr` — the one key the sweep varies — and in the arm and seed, and in nothing else; a sweep run
+of another batch size (or any other setting) is refused, named.
+
+The best LR of an arm is chosen on the *selection* loss only (a split disjoint from the validation tokens
+the tables report: `ablate.data.order.selection_windows`), so that choosing it cannot bias the reported
+losses of the confirmatory runs (docs/method.md). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ablate.analysis.load import _exclusion_reason
+from ablate.errors import AblateError
+from ablate.identity import config_differences, describe_differences
+from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config
+from ablate.tiers import tier_rank
+
+VARIED = "lr"  # the one setting the runs of an LR sweep may differ in (besides the arm and the seed)
+MARGIN, DELTA = 0.05, 0.02  # nats: an LRSweep's defaults, for a folder read without its experiment file
+ROW_KEYS = ("tier", "arm", "lr", "seeds", "loss_mean", "loss_sd", "val_loss_mean", "diverged")
+BEST_KEYS = ("tier", "arm", "best_lr", "vertex_lr", "max_stable_lr", "range_width_log2")
+WAY_OUT = "rerun it with the sweep's settings (`ablate run ... --force` keeps the old folder aside) or move it out"
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    tier: str
+    arm: str
+    seed: int
+    factor: float
+    lr: float
+    status: str | None
+    selection_loss: float | None
+    val_loss: float | None
+    reason: str | None  # None: counted; else why not (e.g. "diverged at step 12")
+    path: str
+    config: dict = field(repr=False, default_factory=dict)
+    summary: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
+
+
+@dataclass(frozen=True)
+class LRTable:
+    name: str
+    rows: list[dict]
+    best: list[dict]
+    points: list[dict]  # one per sweep run: tier, arm, seed, lr, selection loss (None when it diverged)
+    curvature: dict  # (tier, arm) → the fitted parabola's second derivative in nats per log2(lr)²
+    margin: float
+    delta: float
+    warnings: tuple[str, ...] = ()
+
+    def best_factors(self) -> dict[str, dict[str, float]]:
+        """{tier: {arm: the best LR's factor}}: what the confirmatory runs train at."""
+        found: dict[str, dict[str, float]] = {}
+        for row in self.best:
+            if row["best_factor"] is not None:
+                found.setdefault(row["tier"], {})[row["arm"]] = row["best_factor"]
+        return found
+
+    def as_json(self) -> dict:
+        return {"rows": [{k: r[k] for k in ROW_KEYS} for r in self.rows],
+                "best": [{k: b[k] for k in BEST_KEYS} for b in self.best]}
+
+
+def _finite(value) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def sweep_runs(folder: str | Path) -> list[SweepRun]:
+    """Every LR-sweep run of an experiment folder (runs at an lr factor whose config has a selection split)."""
+    found = []
+    for run in iter_lr_run_dirs(folder):
+        way_out = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
+        summary = read_json_file(run / SUMMARY, way_out)
+        try:
+            config = read_json_file(run / CONFIG, way_out)
+        except FileNotFoundError:
+            raise AblateError(f"sweep run {run} has no {CONFIG}: its settings cannot be compared; {WAY_OUT}") from None
+        if not config.get("selection_tokens"):
+            continue  # a confirmatory run at an arm's best LR: the tuned table's, not the sweep's
+        refuse_damaged_config(run, summary)
+        tier, arm = run.parent.parent.parent.name, run.parent.parent.name
+        if config.get("tier") != tier or config.get("arm") != arm:
+            raise AblateError(f"{run} holds a run of {config.get('tier')}/{config.get('arm')} (a moved folder?); "
+                              "move it out of the experiment folder")
+        reason = _exclusion_reason(summary.get("status"), summary.get("val_loss"), summary)
+        selection = _finite(summary.get("selection_loss"))
+        if reason is None and selection is None:
+            reason = "completed without a selection loss"
+        found.append(SweepRun(tier, arm, int(run.name.removeprefix("seed")), lr_factor_of(run), float(config["lr"]),
+                              summary.get("status"), selection, _finite(summary.get("val_loss")), reason, str(run),
+                              config, summary))
+    if not found:
+        raise AblateError(f"no LR-sweep runs (<tier>/<arm>/lr<f>/seed<k>) under {str(folder)!r}; "
+                          "`ablate submit EXPERIMENT --sweep` makes them")
+    return found
+
+
+def check_sweep_matched(runs: list[SweepRun]) -> None:
+    """Every run of a tier shares everything but lr, the arm and the seed; runs of one seed share the initial
+    weights (their common parameters) and, when both completed, the batches; all share the evaluation tokens."""
+    for tier in sorted({r.tier for r in runs}):
+        group = [r for r in runs if r.tier == tier]
+        first = group[0]
+        for other in group[1:]:
+            diffs = [d for d in config_differences(first.config, other.config, across_seeds=True) if d[0] != VARIED]
+            if diffs:
+                raise AblateError(f"sweep runs {first.path} and {other.path} differ in {describe_differences(diffs)}; "
+                                  f"the runs of an LR sweep may differ only in {VARIED} (and the arm and seed): "
+                                  f"{WAY_OUT}")
+        for key, only_completed in (("selection_fingerprint", True), ("val_fingerprint", True)):
+            _same(group, key, only_completed, "were evaluated on other tokens")
+        for seed in sorted({r.seed for r in group}):
+            of_seed = [r for r in group if r.seed == seed]
+            _same(of_seed, "init_fingerprint_common", False, "did not start from the same initial weights")
+            _same(of_seed, "data_fingerprint", True, "were not trained on the same batches")
+
+
+def _same(group: list[SweepRun], key: str, only_completed: bool, what: str) -> None:
+    values = [(r, r.summary.get(key)) for r in group if r.summary.get(key) is not None
+              and (not only_completed or r.reason is None)]
+    for run, value in values[1:]:
+        if value != values[0][1]:
+            raise AblateError(f"sweep runs {values[0][0].path} and {run.path} {what} ({key} differs); {WAY_OUT}")
+
+
+def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA) -> LRTable:
+    """Per tier and arm the loss at each LR, the best LR (on the selection loss), the vertex of a parabola
+    in log2(lr) through the minimum and its neighbours, the largest stable LR and the δ-range's width."""
+    runs = sweep_runs(folder)
+    check_sweep_matched(runs)
+    rows, best, curvature, warnings = [], [], {}, []
+    keys = sorted({(r.tier, r.arm) for r in runs}, key=lambda k: (tier_rank(k[0]), k[0], k[1]))
+    for tier, arm in keys:
+        of_arm = [r for r in runs if (r.tier, r.arm) == (tier, arm)]
+        arm_rows = [_row(tier, arm, [r for r in of_arm if r.factor == f]) for f in sorted({r.factor for r in of_arm})]
+        rows += arm_rows
+        chosen, curve, warning = _best(tier, arm, arm_rows, of_arm, margin, delta)
+        best.append(chosen)
+        curvature[(tier, arm)] = curve
+        warnings += [warning] if warning else []
+    points = [{"tier": r.tier, "arm": r.arm, "seed": r.seed, "lr": r.lr,
+               "loss": r.selection_loss if r.reason is None else None} for r in runs]
+    return LRTable(Path(folder).name, rows, best, points, curvature, margin, delta, tuple(warnings))
+
+
+def _row(tier: str, arm: str, at_lr: list[SweepRun]) -> dict:
+    counted = [r.selection_loss for r in at_lr if r.reason is None]
+    val = [r.val_loss for r in at_lr if r.reason is None and r.val_loss is not None]
+    return {"tier": tier, "arm": arm, "lr": at_lr[0].lr, "factor": at_lr[0].factor, "seeds": len(at_lr),
+            "loss_mean": float(np.mean(counted)) if counted else None,
+            "loss_sd": float(np.std(counted, ddof=1)) if len(counted) > 1 else None,
+            "val_loss_mean": float(np.mean(val)) if val else None,
+            "diverged": sum(r.diverged for r in at_lr), "not_counted": sum(r.reason is not None for r in at_lr)}
+
+
+def stable(row: dict) -> bool:
+    """An LR whose every seed completed with its selection loss (a diverged seed makes the LR unstable)."""
+    return row["not_counted"] == 0 and row["loss_mean"] is not None
+
+
+def _best(tier, arm, rows: list[dict], runs: list[SweepRun], margin: float, delta: float):
+    """(the arm's best row, the parabola's curvature, a warning or None)."""
+    entry = {"tier": tier, "arm": arm, "best_lr": None, "best_factor": None, "vertex_lr": None,
+             "max_stable_lr": None, "range_width_log2": None}
+    candidates = [i for i, r in enumerate(rows) if stable(r)]
+    if not candidates:
+        return entry, None, f"{tier}/{arm}: no LR of the sweep completed on every seed; no best LR"
+    i = min(candidates, key=lambda k: rows[k]["loss_mean"])
+    floor = rows[i]["loss_mean"]
+    entry.update(best_lr=rows[i]["lr"], best_factor=rows[i]["factor"])
+    entry["max_stable_lr"] = max(r["lr"] for r in rows if stable(r) and r["loss_mean"] <= floor + margin)
+    low = high = i
+    while low > 0 and stable(rows[low - 1]) and rows[low - 1]["loss_mean"] <= floor + delta:
+        low -= 1
+    while high < len(rows) - 1 and stable(rows[high + 1]) and rows[high + 1]["loss_mean"] <= floor + delta:
+        high += 1
+    entry["range_width_log2"] = math.log2(rows[high]["lr"]) - math.log2(rows[low]["lr"])
+    vertex, curve, warning = quadratic_vertex(rows, i, runs)
+    entry["vertex_lr"] = vertex
+    return entry, curve, warning and f"{tier}/{arm}: {warning}"
+
+
+def quadratic_vertex(rows: list[dict], i: int, runs: list[SweepRun]) -> tuple[float | None, float | None, str | None]:
+    """A least-squares parabola loss = a·x² + b·x + c in x = log2(lr), through the sweep seeds' points at the
+    best LR and its two neighbours: (2^vertex, curvature 2a, a warning). None at the sweep's edge (widen it)
+    or where the points do not curve upwards."""
+    if i == 0 or i == len(rows) - 1 or not (stable(rows[i - 1]) and stable(rows[i + 1])):
+        return None, None, "the best LR lies at the edge of the stable sweep: no vertex (widen the sweep)"
+    lrs = {rows[k]["lr"] for k in (i - 1, i, i + 1)}
+    points = [(math.log2(r.lr), r.selection_loss) for r in runs if r.lr in lrs and r.reason is None]
+    x, y = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    a, b, _ = np.polyfit(x, y, 2)
+    if not a > 0:
+        return None, None, "the losses around the best LR do not curve upwards: no vertex"
+    return float(2 ** (-b / (2 * a))), float(2 * a), None
+
+
+LR_FORMATS = ("md", "csv", "json")
+
+
+def render_lr(table: LRTable, fmt: str = "md") -> str:
+    """The LR table as markdown (the rows, then the best LRs, with what the columns mean), CSV or JSON."""
+    if fmt not in LR_FORMATS:
+        raise AblateError(f"--kind lr is written as {', '.join(LR_FORMATS)}, not --format {fmt}")
+    if fmt == "json":
+        return json.dumps(table.as_json(), indent=2) + "\n"
+    best = [{**{k: b[k] for k in BEST_KEYS}, "curvature": table.curvature[(b["tier"], b["arm"])]} for b in table.best]
+    rows = [{k: r[k] for k in ROW_KEYS} for r in table.rows]
+    if fmt == "csv":
+        return pl.DataFrame(rows).write_csv() + "\n" + pl.DataFrame(best).write_csv()
+    head = (f"LR sweep of {table.name}: the selection loss (nats) at each lr, mean over the sweep's seeds; the "
+            f"best LR is chosen on it (val_loss_mean: the validation loss, reported only). max_stable_lr: the "
+            f"largest lr that did not diverge and ended within {table.margin:g} nats of the best; range_width_log2: "
+            f"the width of the contiguous lr range within {table.delta:g} nats of the best; vertex_lr and "
+            f"curvature: a parabola in log2(lr) through the best LR and its neighbours. The runs of a tier differ "
+            f"only in {VARIED} (and the arm and seed).")
+    notes = "".join(f"\nwarning: {w}" for w in table.warnings)
+    return f"{head}\n\n{_markdown(rows)}\n{_markdown(best)}{notes}\n"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e-2 or abs(value) >= 1e3 else f"{value:.4f}"
+    return str(value)
+
+
+def _markdown(rows: list[dict]) -> str:
+    columns = list(rows[0]) if rows else []
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,205 @@
+"""One run of a task tier (`synthetic`): a tiny GPT trained on a synthetic task, written as a run folder.
+
+Why not the corpus trainer: a task's batches are a pure function of (task, seed, step) and its targets are not
+the shifted inputs (`ablate.data.synthetic`), so there are no shards, windows or data-parallel ranks to carry.
+Everything else is the study's: the run folder and its files (config.json, summary.json with the same
+fingerprints, metrics.jsonl, the final weights), the lock and the refusal of other settings (`ablate.train.run`
+calls this after preparing the folder), the optimiser and the step (`ablate.loop`), the schedule (`lr_at`).
+So the tables pair its runs by seed like any others. A run takes seconds: an interrupted one starts again
+from step 0 (no checkpoint), with the same result.
+
+Besides the loss at the budget it records the mechanism's signature at answer positions of the last
+(retrieval) layer, in the summary (`signature`) and as the metrics of a task entry of eval.json, so that
+`ablate table EXPERIMENT --metric abstain/phantom_absent` pairs them like a loss:
+* phantom and first-key (BOS) mass at absent-key queries against present ones;
+* the norm of the retrieval layer's attention output (mean over heads) at absent against present ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ablate.config import lr_at
+from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask, synthetic_batch, synthetic_validation
+from ablate.identity import config_fingerprint
+from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
+from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
+from ablate.modelio import save_model
+from ablate.provenance import git_commit, now, versions
+from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, SUMMARY, atomic_write_json, file_sha256
+
+log = logging.getLogger(__name__)
+
+VAL_BATCH, VAL_BATCHES = 256, 4  # the fixed validation set: 1,024 sequences, the same for every arm and seed
+SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is measured is a different setting
+
+
+def train_task_run(folder: Path, config: dict) -> dict:
+    """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
+    started, clock = now(), time.time()
+    task = SyntheticTask(**config[SYNTHETIC_KEY])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
+    try:
+        torch.manual_seed(config["seed"])
+        model = GPT(GPTConfig(**config["model"]))
+        model.init_weights(config["seed"])
+        init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
+        metrics = MetricsLog(folder / METRICS)
+        metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
+        validation = synthetic_validation(task, VAL_BATCH, VAL_BATCHES)
+        curve, data_fingerprint = _train(model, task, config, validation, metrics)
+        model.eval()
+        val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+        signature = answer_signature(model, task, validation)
+        run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
+    finally:
+        torch.set_num_threads(threads)
+    weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+    save_model(model, weights)
+    weights_sha256 = file_sha256(weights)
+    counts = model.param_counts()
+    summary = {
+        "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
+        "status": "completed", "val_loss": val_loss, "val_loss_auc": curve_area(curve),
+        "val_accuracy": accuracy, "absent_accuracy": absent_accuracy, "signature": signature,
+        "steps": config["steps"], "total_steps": config["steps"],
+        "tokens": config["steps"] * config["global_batch"] * config["seq_len"],
+        "init_fingerprint": init_fingerprint, "init_fingerprint_common": common_fingerprint(model),
+        "data_fingerprint": data_fingerprint, "config_fingerprint": config_fingerprint(config),
+        "val_fingerprint": _validation_fingerprint(validation), "val_tokens_evaluated": _scored(validation),
+        "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
+        "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width,
+        "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": run_versions,
+        "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
+        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
+    }
+    _write_signature_eval(folder, task, summary)
+    atomic_write_json(folder / SUMMARY, summary)
+    log.info("%s: val_loss %.4f, accuracy %.3f (absent %.3f)", folder, val_loss, accuracy, absent_accuracy)
+    return summary
+
+
+def _train(model, task: SyntheticTask, config: dict, validation, metrics: MetricsLog) -> tuple[list, str]:
+    """The steps; the validation curve [(step, loss)] every val_interval (and at 0 and the end); the data
+    fingerprint chained over every batch trained on, as the corpus runs' is."""
+    optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
+    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
+    data_fingerprint = "sha256:" + task_fingerprint(task)
+    bar = progress_bar(config["steps"], 0, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
+        config["progress"]) else None
+    curve = [(0, _evaluate(model, task, validation)[0])]
+    metrics.write({"step": 0, "tokens": 0, "val_loss": curve[0][1]})
+    model.train()
+    for k in range(config["steps"]):
+        inputs, targets = synthetic_batch(task, config["global_batch"], training_seed(config["seed"], k))
+        data_fingerprint = chain_fingerprint(data_fingerprint, torch.stack([inputs, targets], 1))
+        loss, grad_norm = step(k + 1, lr_at(k, config), [(inputs, targets)])
+        row = {"step": k + 1, "tokens": (k + 1) * config["global_batch"] * config["seq_len"], "lr": lr_at(k, config),
+               "train_loss": loss.item(), "grad_norm": grad_norm.item()}
+        if (k + 1) % config["val_interval"] == 0 or k + 1 == config["steps"]:
+            row["val_loss"] = _evaluate(model, task, validation)[0]
+            curve.append((k + 1, row["val_loss"]))
+            model.train()
+        if not math.isfinite(row["train_loss"]):
+            raise FloatingPointError(f"non-finite training loss {row['train_loss']} at step {k + 1}")
+        metrics.write(row)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return curve, data_fingerprint
+
+
+def training_seed(seed: int, step: int) -> int:
+    """The data seed of training batch `step` of run seed `seed` (disjoint from the validation seeds)."""
+    return int(seed) * 100_003 + int(step) + 1
+
+
+def task_fingerprint(task: SyntheticTask) -> str:
+    return hashlib.sha256(json.dumps(asdict(task), sort_keys=True).encode()).hexdigest()
+
+
+def curve_area(curve: list[tuple[int, float]]) -> float:
+    """The area under the validation curve divided by the steps (trapezoids): a mean loss over training,
+    lower for an arm that learns sooner even when both end at the same loss."""
+    area = sum((b - a) * (la + lb) / 2 for (a, la), (b, lb) in zip(curve, curve[1:]))
+    return area / max(1, curve[-1][0] - curve[0][0])
+
+
+def _scored(validation) -> int:
+    return int(sum(int((targets != IGNORE).sum()) for _, targets in validation))
+
+
+def _validation_fingerprint(validation) -> str:
+    digest = hashlib.sha256(b"ablate-task-val;")
+    for inputs, targets in validation:
+        digest.update(torch.stack([inputs, targets]).numpy().astype("<i8").tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def _evaluate(model, task: SyntheticTask, validation) -> tuple[float, float, float]:
+    """(mean loss over answers, answer accuracy, accuracy on NONE answers), summed in float64 in a fixed order."""
+    model.eval()
+    totals = torch.zeros(5, dtype=torch.float64)  # loss, answers, correct, absent answers, correct absent
+    for inputs, targets in validation:
+        logits = model(inputs).logits[..., : task.vocab_size].float()
+        scored = targets != IGNORE
+        loss = torch.nn.functional.cross_entropy(logits[scored], targets[scored], reduction="sum")
+        correct = (logits.argmax(-1) == targets) & scored
+        absent = scored & (targets == task.NONE)
+        totals += torch.stack([loss.double(), *(m.sum().double() for m in (scored, correct, absent, correct & absent))])
+    loss, answers, correct, absent, correct_absent = totals.tolist()
+    return loss / answers, correct / answers, correct_absent / max(1.0, absent)
+
+
+@torch.no_grad()
+def answer_signature(model, task: SyntheticTask, batches) -> dict:
+    """The last (retrieval) layer at answer positions, mean over heads and positions, absent against present
+    keys: {"phantom_absent", "phantom_present" (0 without a phantom key), "first_key_absent",
+    "first_key_present", "output_norm_absent", "output_norm_present"}. Output norm: ‖Σ_j p_ij v_j‖ per head
+    (the gated values, before any output gate), the head's read; an arm that abstains reads less there."""
+    sums: dict[str, float] = {}
+    counts = {"absent": 0, "present": 0}
+    for inputs, targets in batches:
+        record = model(inputs, record=True).records[-1]
+        weights = record.weights.double()  # (B, H, T, T)
+        values = record.values.double()
+        values = values.repeat_interleave(weights.shape[1] // values.shape[1], dim=1)  # (B, H, T, d)
+        parts = {"first_key": weights[..., 0].mean(1), "output_norm": (weights @ values).norm(dim=-1).mean(1)}
+        # An arm without a phantom key puts no mass on nothing: 0, so that its pair with a phantom arm is counted.
+        parts["phantom"] = (record.phantom_mass.double().mean(1) if record.phantom_mass is not None
+                            else torch.zeros_like(parts["first_key"]))
+        for case, where in (("absent", targets == task.NONE), ("present", (targets != task.NONE) & (targets != IGNORE))):
+            counts[case] += int(where.sum())
+            for name, value in parts.items():
+                sums[f"{name}_{case}"] = sums.get(f"{name}_{case}", 0.0) + float(value[where].sum())
+    names = [f"{name}_{case}" for name in ("phantom", "first_key", "output_norm") for case in ("absent", "present")]
+    return {key: sums[key] / max(1, counts[key.rsplit("_", 1)[1]]) for key in names}
+
+
+def _write_signature_eval(folder: Path, task: SyntheticTask, summary: dict) -> None:
+    """The signature and the learning quantities as task `abstain` of eval.json (lower is better for none of
+    them by nature: each is stated higher_is_better=True, so a table's positive Δ means the arm has more)."""
+    quantities = {**summary["signature"],
+                  "val_accuracy": summary["val_accuracy"], "absent_accuracy": summary["absent_accuracy"]}
+    entry = {"settings": {"task_version": SIGNATURE_VERSION, "lm_eval_version": None, "limit": None,
+                          "num_fewshot": 0, "data": "synthetic:" + task_fingerprint(task)},
+             "metrics": {name: {"value": value, "stderr": None, "higher_is_better": True}
+                         for name, value in quantities.items()},
+             "weights_sha256": summary["weights_sha256"], "evaluated_at": summary["finished"]}
+    atomic_write_json(folder / EVAL_FILE, {"tasks": {task_name(task): entry}})
+
+
+def task_name(task: SyntheticTask) -> str:
+    return "abstain"

@@ -1,0 +1,117 @@
+"""The mechanism testbed (experiments/testbed.py, tier `synthetic`): its runs go through submit, the store, the
+tables and the report like any grid, and its declared decisions do not depend on the CPU kernel set."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from ablate.analysis.hypotheses import Declared, declared_table, fixed_decision
+from ablate.analysis.load import load_runs
+from ablate.analysis.tables import is_pipeline_check
+from ablate.cli import main
+from ablate.data.synthetic import SyntheticTask
+from ablate.experiment import load_experiment
+from ablate.tiers import TASKS, TIERS
+
+REPO = Path(__file__).resolve().parents[1]
+TESTBED = REPO / "experiments" / "testbed.py"
+
+
+def test_the_task_tier_has_its_tasks_sizes_and_counts_as_evidence():
+    task = SyntheticTask(**TASKS["abstain"])
+    tier = TIERS["synthetic"]
+    assert (tier.vocab_size, tier.seq_len, tier.task) == (task.vocab_size, task.seq_len, "abstain")
+    assert asdict(task) == TASKS["abstain"]
+    assert not is_pipeline_check("synthetic") and is_pipeline_check("smoke")
+
+
+def small_testbed(folder: Path, steps: int) -> Path:
+    """The testbed with fewer seeds and steps: the same arms, tier and declared comparisons."""
+    text = TESTBED.read_text().replace('name="testbed"', 'name="tb_small"').replace(
+        "seeds=5,", f'seeds=2, overrides={{"steps": {steps}, "val_interval": 10}},')
+    path = folder / "tb_small.py"
+    path.write_text(text)
+    return path
+
+
+def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
+    experiment = small_testbed(tmp_path, steps=30)
+    results = tmp_path / "results"
+    argv = [str(experiment), "--results", str(results)]
+    assert main(["submit", *argv, "--arms", "baseline", "sink-logit", "--executor", "local", "--parallel", "1"]) == 0
+    run = results / "tb_small" / "synthetic" / "sink-logit" / "seed1"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 30 and 0 < summary["signature"]["phantom_absent"] < 1
+    assert json.loads((run / "config.json").read_text())["data_dir"] is None
+    capsys.readouterr()
+    assert main(["table", *argv, "--kind", "declared"]) == 0
+    declared = capsys.readouterr().out
+    assert "| synthetic | abstain_sink_logit (baseline − sink-logit) | 2 |" in declared  # paired over both seeds
+    assert "renorm_control" in declared  # named as skipped: its arm did not run
+    assert main(["table", *argv, "--metric", "abstain/phantom_absent"]) == 0
+    assert "| synthetic | sink-logit | 2 |" in capsys.readouterr().out  # the signature pairs like a loss
+    assert main(["report", *argv]) == 0
+    report = results / "tb_small" / "report"
+    text = (report / "summary.md").read_text()
+    assert "## Mechanism testbed" in text and "| sink-logit | " in text.split("## Mechanism testbed")[1]
+    assert "abstain_sink_logit (baseline − sink-logit)" in text and "decision " in text
+    assert (report / "testbed_synthetic.png").stat().st_size > 10_000
+    # A second submit finds every run done: nothing is trained twice or overwritten.
+    before = (run / "summary.json").read_bytes()
+    assert main(["submit", *argv, "--arms", "baseline", "sink-logit", "--executor", "local", "--parallel", "1"]) == 0
+    assert (run / "summary.json").read_bytes() == before
+
+
+def decisions(folder: Path) -> dict[str, str]:
+    experiment = load_experiment(TESTBED)
+    table = declared_table(load_runs(folder), Declared.of(experiment.hypotheses))
+    return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True)}
+
+
+@pytest.mark.slow
+def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path):
+    """The demo's subset at the default budget (baseline and sink-logit × 5 seeds), once per kernel set: the
+    declared decision is the same. The kernel set is what each run recorded. (Whether every seed learned is
+    reported by the report's testbed section, not asserted: at this budget one sink-logit seed of five was
+    still short of the criterion when measured, see docs/method.md.)"""
+    found = {}
+    for capability in ("AVX2", None):
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability.lower()
+        results = tmp_path / (capability or "native")
+        subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--arms", "baseline", "sink-logit",
+                        "--executor", "local", "--parallel", "2", "--results", str(results)],
+                       env=env, check=True, capture_output=True)
+        folder = results / "testbed"
+        summaries = [json.loads(p.read_text()) for p in folder.glob("synthetic/*/seed*/summary.json")]
+        assert len(summaries) == 10 and all(s["status"] == "completed" for s in summaries)
+        kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
+        assert len(kernels) == 1 and (capability is None or kernels == {capability})
+        found[kernels.pop()] = decisions(folder)
+    assert len(found) == 2, f"both runs used the same kernel set: {found}"
+    avx2, native = found.pop("AVX2"), found.popitem()[1]
+    assert avx2 == native and set(avx2) == {"abstain_sink_logit"}
+
+
+def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
+    """The README's recipe: an experiment file of one's own, the testbed with one's arm beside the baseline."""
+    text = (REPO / "README.md").read_text()
+    recipe = re.search(r"<!-- example: testbed-arm .*?-->\s*```python\n(.*?)```", text, re.S).group(1)
+    arm_module = re.search(r"<!-- example: custom-arm.*?-->\s*```python\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "learned_alibi.py").write_text(arm_module.split('if __name__ == "__main__":')[0])
+    fewer = 'EXPERIMENT = dataclasses.replace(EXPERIMENT, seeds=2, overrides={"steps": 20})\n'  # the test's budget
+    (tmp_path / "my_testbed.py").write_text(recipe + fewer)
+    argv = [str(tmp_path / "my_testbed.py"), "--results", str(tmp_path / "results")]
+    assert main(["submit", *argv, "--executor", "local", "--parallel", "1"]) == 0
+    capsys.readouterr()
+    assert main(["table", *argv, "--metric", "abstain/first_key_absent"]) == 0
+    assert "| synthetic | learned-alibi | 2 |" in capsys.readouterr().out
