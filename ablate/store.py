@@ -102,15 +102,9 @@ def experiment_dir(results: str | os.PathLike, experiment) -> Path:
 
 
 def run_key(tier: str, arm: str, seed: int, lr_factor: float | None = None) -> str:
-    """<tier>/<arm>/seed<k>, or <tier>/<arm>/lr<f>/seed<k> for a run at f × the tier's lr: a run's name within its
-    experiment (the ledger's key, the path under its folder)."""
+    """<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k> at f × the tier's lr): a run's name in its experiment folder."""
     lr = "" if lr_factor is None else f"{lr_folder(lr_factor)}/"
     return f"{tier}/{arm}/{lr}seed{int(seed)}"
-
-
-def run_dir_of(results: str | os.PathLike, spec) -> Path:
-    """The run folder of a `RunSpec` (its experiment, tier, arm and seed) under RESULTS (`run_dir`)."""
-    return run_dir(results, spec.experiment, spec.tier, spec.arm, spec.seed, getattr(spec, "lr_factor", None))
 
 
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int,
@@ -119,9 +113,7 @@ def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, se
     every part is checked, so the folder lies inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
-    check_name("tier", tier), check_name("arm", arm)
-    if lr_factor is not None:
-        check_name("lr factor", lr_folder(lr_factor))
+    check_name("tier", tier), check_name("arm", arm), lr_factor is None or check_name("lr factor", lr_folder(lr_factor))
     return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor)
 
 

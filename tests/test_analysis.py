@@ -300,11 +300,11 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
     from ablate.cli import main
 
     for name, kind in KINDS.items():
-        if name not in ("declared",):  # declared needs a declared family (its own test)
+        if name not in ("declared", "lr"):  # a declared family and an LR sweep: their own tests
             table = build_table(runs, name)
             assert table.kind == name and render(table, "json") if name != "scale" else table.kind == name
     with pytest.raises(AblateError, match=r"^unknown kind 'lossess'; valid kinds: paired, increments, overlap, "
-                                          r"losses, declared, scale$"):
+                                          r"losses, declared, scale, lr$"):
         build_table(runs, "lossess")
     with pytest.raises(SystemExit):
         main(["table", str(store), "--kind", "lossess"])

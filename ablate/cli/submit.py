@@ -114,10 +114,26 @@ def lr_runs(args, experiment, results):
     return experiment.confirmatory_runs({tier: {arm: best[tier][arm] for arm in arms} for tier, arms in wanted.items()})
 
 
+def _submission(args, results, sequential: dict | None, grid):
+    """What the command line asks `ablate.dispatch.submit` for."""
+    from ablate.dispatch import Submission  # the library loads in the handler: see ablate.cli
+
+    return Submission(
+        results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
+        seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
+        options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
+                 **({"match_params": args.match_params} if args.match_params is not None else {})},
+        eval_tasks=args.eval_tasks,
+        eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
+                      if v is not None},
+        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
+        **({"grid": grid} if grid is not None else {}))
+
+
 def _submit_and_tell(args) -> int:
     import dataclasses  # the library loads in the handler: see ablate.cli
 
-    from ablate.dispatch import Submission, submit
+    from ablate.dispatch import submit
 
     experiment, file, results = _resolve(args)
     sequential = None
@@ -139,15 +155,7 @@ def _submit_and_tell(args) -> int:
               + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
               + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
                           for tier, n in counts.items()))
-    report = submit(experiment, file, Submission(
-        results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
-        seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-        options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                 **({"match_params": args.match_params} if args.match_params is not None else {})},
-        eval_tasks=args.eval_tasks,
-        eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items() if v is not None},
-        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
-        **({"grid": grid} if grid is not None else {})))
+    report = submit(experiment, file, _submission(args, results, sequential, grid))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
