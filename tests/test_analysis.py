@@ -229,7 +229,7 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, settings={"lr": 2e-3})
     with pytest.raises(AblateError, match=r"baseline/seed1 and .*combo/seed1 are not matched: their settings differ \(lr"):
         load_runs(folder)
-    # a config_fingerprint that is not its config.json's: the run itself is damaged (tests/test_tabletrust_identity.py)
+    # a config_fingerprint that is not its config.json's: the run itself is damaged (tests/test_table_run_identity.py)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, config_fingerprint="0ther")
     with pytest.raises(AblateError, match="combo/seed1 is damaged: its config.json is not the configuration"):
         load_runs(folder)

@@ -27,7 +27,7 @@ from ablate.status import status
 from ablate.store import atomic_write_json, is_run_dir, iter_run_dirs, run_dir
 from analysis_fixtures import write_run
 from test_eval import write_task_data
-from test_evaltrust_weights import weights_of, write_eval
+from test_eval_weights import weights_of, write_eval
 
 ARMS, SEEDS = ("baseline", "sink-logit"), (0, 1)
 ASIDE = "seed0.old-20250101-000000-000000"

@@ -108,7 +108,7 @@ def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, t
     command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli",
                                          *map(str, _args(results, sample_data, 1))]))
     script = (f"{shlex.quote(sys.executable)} -c 'import json, sys; sys.path.insert(0, \"tests\"); "
-              f"from test_guards_runs import _forge_lock; from pathlib import Path; "
+              f"from test_run_overwrite import _forge_lock; from pathlib import Path; "
               f"_forge_lock(Path(sys.argv[1]), int(sys.argv[2]), \"chosen\")' {shlex.quote(str(lock))} $$; "
               f"LOCAL_RANK=1 {TOKEN_ENV}=chosen {command}; echo exit=$?")
     try:
