@@ -2,7 +2,8 @@
 
 Free of training code (no Lightning, no loop), so that `ablate submit` checks a whole grid's overrides before
 anything is queued; it does load torch, through `ablate.sizing` (the model config of an arm is built on the
-meta device, so its counts cannot drift from the code). The learning rate is a pure function of the step (no scheduler state to restore).
+meta device, so its counts cannot drift from the code). The learning rate is a pure function of the step (no scheduler
+state to restore).
 """
 
 from __future__ import annotations

@@ -59,9 +59,11 @@ class Comparison:
         check_name("comparison", self.name)
         for role in ("minuend", "subtrahend"):
             if not isinstance(getattr(self, role), str) or not getattr(self, role):
-                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not {getattr(self, role)!r}")
+                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not "
+                                  f"{getattr(self, role)!r}")
         if self.minuend == self.subtrahend:
-            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two different arms")
+            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two "
+                              "different arms")
 
     @property
     def description(self) -> str:
@@ -123,15 +125,19 @@ class Experiment:
     def _check_hypotheses(self) -> None:
         """Comparisons of two of the experiment's arms, each name once; the family a known one."""
         if self.family not in FAMILIES:
-            raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: {', '.join(FAMILIES)}")
-        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison) for c in self.hypotheses):
-            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, minuend, subtrahend), "
+            raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: "
+                              f"{', '.join(FAMILIES)}")
+        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison)
+                                                                     for c in self.hypotheses):
+            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, "
+                              "minuend, subtrahend), "
                               f"not {self.hypotheses!r}")
         object.__setattr__(self, "hypotheses", tuple(self.hypotheses))
         names = [c.name for c in self.hypotheses]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each a distinct name")
+            raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each "
+                              "a distinct name")
         if self.arms == "all":  # the registry loads torch; `comparisons()` checks these arms once it is asked
             return
         self._check_arms(list(dict.fromkeys(self.arms)))
@@ -276,19 +282,22 @@ def defines_experiment(path: Path) -> bool:
 
 def available_experiments() -> list[str]:
     """The names of the experiments/*.py files that define an `EXPERIMENT` (`defines_experiment`)."""
-    return [name for name in names_in("experiments", ".py") if defines_experiment(find_file("experiments", f"{name}.py"))]
+    return [name for name in names_in("experiments", ".py")
+            if defines_experiment(find_file("experiments", f"{name}.py"))]
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
     """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
     defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
-    path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
+    path = (Path(text) if Path(text).is_file()
+            else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
     named = path is not None and not text.endswith(".py")
     if path is None or (named and not defines_experiment(path)):
         why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
         raise AblateError(
-            f"unknown experiment {text!r}{why}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
+            f"unknown experiment {text!r}{why}; valid experiments: "
+            f"{', '.join(available_experiments()) or '(none found)'}"
             " (or a path to an experiments/*.py file)"
         )
     return path.resolve()

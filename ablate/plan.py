@@ -26,7 +26,8 @@ GPU_CHECK_FILE = "gpu_check.json"
 def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int, steps: int | None = None) -> float:
     """6·N·D with N = non-embedding weights + the output projection (tied, but still a matmul), plus
     Kaplan et al.'s attention term 6·n_layer·n_ctx·d_model per token (causal mask not discounted)."""
-    per_token = 6 * (params_non_embedding + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
+    per_token = 6 * (params_non_embedding
+                     + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
     return float(per_token) * (tier.steps if steps is None else steps) * tier.tokens_per_step
 
 
@@ -170,7 +171,8 @@ def sweep_plan(experiment, *, tiers=None, arms=None, speed: Throughput | None = 
     plans = []
     for tier in dict.fromkeys(s.tier for s in specs):
         arm_names = list(dict.fromkeys(s.arm for s in specs if s.tier == tier))
-        plans.append(plan_rows(tier, arm_names, len(sweep.factors) * sweep.seeds, overrides=experiment.tier_overrides(tier),
+        plans.append(plan_rows(tier, arm_names, len(sweep.factors) * sweep.seeds,
+                               overrides=experiment.tier_overrides(tier),
                                match_params=bool(experiment.match_params), speed=speed))
     confirm = plan_grid(experiment, tiers=[p["tier"] for p in plans], arms=arms, speed=speed)
     grid = plan_grid(experiment, arms=arms, speed=speed)
@@ -180,7 +182,8 @@ def sweep_plan(experiment, *, tiers=None, arms=None, speed: Throughput | None = 
         "lr": {p["tier"]: [experiment.base_lr(p["tier"]) * f for f in sweep.factors] for p in plans},
         "tiers": plans, "runs": [s.key for s in specs], "total_runs": len(specs),
         "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
-        "confirmatory_runs_at_most": confirm["total_runs"], "confirmatory_gpu_hours_at_most": confirm["total_gpu_hours"],
+        "confirmatory_runs_at_most": confirm["total_runs"],
+            "confirmatory_gpu_hours_at_most": confirm["total_gpu_hours"],
         "grid_runs": grid["total_runs"], "grid_gpu_hours": grid["total_gpu_hours"],
     }
 
@@ -289,7 +292,8 @@ def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05,
         fixed = experiment.seed_count(tier)
         row = {"tier": tier, "gpu_hours_per_seed": per_seed[tier],
                "gpu_hours_first_look": design["looks"][0]["seeds"] * per_seed[tier],
-               "gpu_hours_max": max_seeds * per_seed[tier], "fixed_seeds": fixed, "fixed_gpu_hours": fixed * per_seed[tier]}
+               "gpu_hours_max": max_seeds * per_seed[tier], "fixed_seeds": fixed,
+               "fixed_gpu_hours": fixed * per_seed[tier]}
         if operating is not None:
             row.update(power=operating["power"], expected_seeds=operating["expected_seeds"],
                        expected_gpu_hours=operating["expected_seeds"] * per_seed[tier],

@@ -181,7 +181,8 @@ def answer_signature(model, task: SyntheticTask, batches) -> dict:
         # An arm without a phantom key puts no mass on nothing: 0, so that its pair with a phantom arm is counted.
         parts["phantom"] = (record.phantom_mass.double().mean(1) if record.phantom_mass is not None
                             else torch.zeros_like(parts["first_key"]))
-        for case, where in (("absent", targets == task.NONE), ("present", (targets != task.NONE) & (targets != IGNORE))):
+        for case, where in (("absent", targets == task.NONE),
+                            ("present", (targets != task.NONE) & (targets != IGNORE))):
             counts[case] += int(where.sum())
             for name, value in parts.items():
                 sums[f"{name}_{case}"] = sums.get(f"{name}_{case}", 0.0) + float(value[where].sum())

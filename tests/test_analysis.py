@@ -84,7 +84,8 @@ def test_statistics_match_scipy(runs):
         assert row["se"] == pytest.approx(stats.sem(diffs), rel=1e-9)
         assert row["ci_low"] == pytest.approx(interval.low, rel=1e-9)
         assert row["ci_high"] == pytest.approx(interval.high, rel=1e-9)
-        assert row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"] == pytest.approx(diffs.max(), abs=1e-12)
+        assert (row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"]
+                == pytest.approx(diffs.max(), abs=1e-12))
         assert row["agree"] == int((np.sign(diffs) == np.sign(diffs.mean())).sum())
         checked += 1
     assert checked == 8 * 3  # eight arms against baseline at the three tiers with three seeds
@@ -134,7 +135,8 @@ def test_pipeline_check_tier_is_marked_and_losses_table(tmp_path):
     table = losses_table(runs)
     assert table.columns == ["tier", "arm", "n", "mean", "sd", "se", "min", "max", "marks"]
     row = table.frame.filter(tier="10M", arm="sink-logit").row(0, named=True)
-    assert row["n"] == 2 and row["mean"] == pytest.approx(7.607) and row["sd"] == pytest.approx(np.std([7.602, 7.612], ddof=1))
+    assert (row["n"] == 2 and row["mean"] == pytest.approx(7.607) and row["sd"]
+            == pytest.approx(np.std([7.602, 7.612], ddof=1)))
     assert row["se"] == pytest.approx(row["sd"] / np.sqrt(2))
     md = render(table, "md")
     assert "| 10M | sink-logit | 2 | 7.6070 ± 0.0071 | 0.0050 |" in md and "pipeline-check" in md
@@ -227,7 +229,8 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
     with pytest.raises(AblateError, match="baseline/seed1 and .*combo/seed1 are not matched: their val_fingerprint"):
         load_runs(folder)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, settings={"lr": 2e-3})
-    with pytest.raises(AblateError, match=r"baseline/seed1 and .*combo/seed1 are not matched: their settings differ \(lr"):
+    with pytest.raises(AblateError, match=r"baseline/seed1 and .*combo/seed1 are not matched: their "
+                                          r"settings differ \(lr"):
         load_runs(folder)
     # a config_fingerprint that is not its config.json's: the run itself is damaged (tests/test_table_run_identity.py)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, config_fingerprint="0ther")

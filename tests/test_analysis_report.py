@@ -84,7 +84,7 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "**Pipeline check.** smoke (100,000 nominal non-embedding parameters, 25,600 training tokens)" in summary
     assert "carry no evidence" in summary
     assert "- none: no effect outside a pipeline-check tier has two seeds" in summary
-    assert "none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary
+    assert ("none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary)
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
     assert not (folder / "overlap.md").exists()  # no gate arm: the experiment cannot have an overlap
     for kind in (*(k for k in paired_seed_kinds() if k != "overlap"), "losses"):
@@ -151,7 +151,8 @@ def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
     assert "filtering_norm skipped" in summary  # increments has zero_option: its skipped quantities stay listed
     assert "## Crossover" not in summary and "norm overlap skipped" not in summary
     left_out = next(line for line in summary.splitlines() if line.startswith("Left out"))
-    assert "overlap (needs baseline, sink-logit and a gate with its combo" in left_out and "crossover (needs" in left_out
+    assert ("overlap (needs baseline, sink-logit and a gate with its combo" in left_out
+            and "crossover (needs" in left_out)
     assert (folder / "curves.png").is_file() and not (folder / "overlap.md").exists()
     assert (folder / "increments.md").is_file()
 
@@ -179,7 +180,8 @@ def test_curves_reader_skips_torn_lines_and_non_finite_points(tmp_path):
     curves = load_curves(load_runs(folder))
     assert curves["step"].to_list() == [250, 500, 750, 1000]
     assert curves["val_loss"][-1] == pytest.approx(4.0)
-    metrics.write_text('{"step": 1, "tokens": 1, "val_loss": 5.0}\nnot json\n{"step": 2, "tokens": 2, "val_loss": 4.5}\n')
+    metrics.write_text('{"step": 1, "tokens": 1, "val_loss": 5.0}\nnot json\n{"step": 2, "tokens": 2, '
+                       '"val_loss": 4.5}\n')
     assert load_curves(load_runs(folder))["val_loss"].to_list() == [5.0, 4.5]
 
 
@@ -246,7 +248,7 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     assert f"zero_option (baseline − sink-logit) shrinks with scale: {zero['slope_per_decade']:+.4f} nats" in section
     assert "filtering_proj (sink-logit − combo2) grows with scale" in section
     proj = next(c for c in table["crossings"] if c["quantity"] == "gap_proj")
-    assert f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters" in section
+    assert (f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters" in section)
     assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
     assert "Scale is confounded" in section and "tokens per parameter" in section
     assert "Scale is confounded" in summary.split("## Crossover")[1]

@@ -127,7 +127,8 @@ PIPELINE_GROUP = "pipeline-check"
 
 def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
     """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
-    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all") for t in frame["tier"].to_list()]
+    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all")
+            for t in frame["tier"].to_list()]
 
 
 def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
@@ -207,7 +208,8 @@ def exploratory_metric_table(table: Table) -> Table:
 
 
 DIVERGED = "diverged"
-MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the row's statistics "
+MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the "
+                                "row's statistics "
                                 "are over the seeds where both arms finished, and a diverged seed is an outcome of its "
                                 "arm (the note says how many and what dropping them does); a comparison whose better "
                                 "arm diverged is never called supported")
@@ -227,7 +229,8 @@ def count_diverged(table: Table, runs: Runs) -> Table:
         counts.append(len(seeds))
         arms_gone.append(",".join(sorted(set(hit["arm"].to_list()))) or None)
         if seeds:
-            total = runs.frame.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
+            total = runs.frame.filter((pl.col("tier")
+                                       == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
             who = ", ".join(f"{a} seed {s}" for a, s in hit.select("arm", "seed").sort("seed").iter_rows())
             notes.append(f"{row['tier']} {row.get(table.key)}: {len(seeds)} of {total} seeds diverged ({who}); the row "
                          f"is over the {row['n']} seed(s) where both arms finished; counting each diverged seed as a "
@@ -287,7 +290,8 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
     for tier in tiers:
         needed = []
         for name, _, _ in declared.comparisons:
-            part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)) if diffs is not None else None
+            part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison")
+                                                            == name)) if diffs is not None else None
             if part is None or part.is_empty():
                 needed.append(first)
                 continue

@@ -201,7 +201,8 @@ def _runs_from_table(path: Path) -> Runs:
     frame = frame.with_columns(
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
-        path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)}, mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
+        path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
+                               mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
         **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))

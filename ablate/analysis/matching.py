@@ -6,7 +6,8 @@ Two checks, both before any table is built:
   batches, every setting but the arm and the validation tokens (the fingerprints of FINGERPRINTS);
 * within one tier, the runs of every seed are averaged into one row: they must share every setting but
   the arm and the seed (`settings_fingerprint`, from `ablate.identity.shared_config`), the training
-  data (`data_id`, the shards' checksums: `data_dir` is only where they lay) and the validation tokens (and, for a downstream metric, the evaluation settings).
+  data (`data_id`, the shards' checksums: `data_dir` is only where they lay) and the validation tokens (and, for a
+  downstream metric, the evaluation settings).
 
 A refusal names what differs as plainly as it can: the settings themselves (`steps: 2 vs 3`) from the
 runs' config.json when those differ, and the fingerprint only when the settings agree.

@@ -100,7 +100,8 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
 
 def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) -> bool:
     """Increments against nominal tier size (log x), 95% t intervals; n = 1 points hollow, without a bar;
-    each crossover (the scale model's fitted line) dashed, its Fieller interval shaded when identified. Returns False (and draws
+    each crossover (the scale model's fitted line) dashed, its Fieller interval shaded when identified. Returns False
+    (and draws
     nothing) when no tier has a known size."""
     frame = increments.frame.filter(pl.col("tier").map_elements(sized, return_dtype=pl.Boolean))
     if frame.is_empty():
@@ -118,7 +119,8 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
         spread = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is not None]
         if spread:
             ax.errorbar([x for x, _ in spread], [r["mean"] for _, r in spread],
-                        yerr=[[r["mean"] - r["ci_low"] for _, r in spread], [r["ci_high"] - r["mean"] for _, r in spread]],
+                        yerr=[[r["mean"] - r["ci_low"] for _, r in spread],
+                              [r["ci_high"] - r["mean"] for _, r in spread]],
                         fmt="o", color=colour, capsize=3)
         single = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is None]
         if single:
@@ -240,6 +242,7 @@ def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], colours: dict) ->
         line = lines.get((arm,))
         if line is not None:
             tokens = line["tokens"].to_numpy()
-            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15, lw=0)
+            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15,
+                            lw=0)
             ax.plot(tokens, line["mean"].to_numpy(), color=colours[arm], lw=1.1, label=arm)
     ax.grid(alpha=0.3)

@@ -265,7 +265,8 @@ def to_latex(table: Table) -> str:
         tier, label, marks = latex_text(row["tier"]), latex_text(row[key]), latex_text(_marks(row))
         se = f"${_num(row['se'], signed=False)}$"
         if table.kind == "losses":
-            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$" if row["sd"] is not None else "$ (1 seed)")
+            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$"
+                                                              if row["sd"] is not None else "$ (1 seed)")
             lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
             continue
         if row["n"] < 2 or row["sd"] is None:

@@ -85,7 +85,8 @@ def overview_section(ctx: ReportContext) -> str:
         f"Runs: {counted} of {total} completed and counted; tiers {', '.join(runs.tiers)}; "
         f"arms {', '.join(runs.arm_order)}.",
     ]
-    excluded = [f"- {r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in runs.excluded.iter_rows(named=True)]
+    excluded = [f"- {r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}"
+                for r in runs.excluded.iter_rows(named=True)]
     if excluded:
         lines += ["", "Excluded runs (not completed, left out of every statistic):", "", *excluded]
     missing = runs.missing
@@ -125,7 +126,8 @@ def crossover_section(ctx: ReportContext) -> str:
     if increments.frame.is_empty():
         return "\n".join(lines + ["No increments could be computed, so there is no crossover:",
                                   *[f"- {note}" for note in increments.notes]])
-    lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
+    lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment "
+                                                            "could be computed"]
     lines += [f"- {note}" for note in increments.notes]
     if ctx.scale is not None:
         lines += [f"- {confounder_sentence(ctx.scale)}"]
@@ -228,7 +230,8 @@ def flags_section(ctx: ReportContext) -> str:
         lines.append(f"- none of the {tested} tested effect(s); an interval that excludes zero is not by itself "
                      "support: with many comparisons, see the p_holm rule above")
     else:
-        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)")
+        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval "
+                     "needs two seeds)")
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)
@@ -244,7 +247,8 @@ def declared_section(ctx: ReportContext) -> str:
         is_pipeline_check, return_dtype=pl.Boolean)).height
     lines = ["## Declared comparisons", "",
              f"Family for multiplicity control: {family.family}. {family.frame.height} declared comparison row(s) over "
-             f"{len(tiers)} tier(s), {tested} with a test outside pipeline-check tiers; p_holm adjusts over this family "
+             f"{len(tiers)} tier(s), {tested} with a test outside pipeline-check tiers; p_holm adjusts "
+             "over this family "
              "only. [declared.md](declared.md) has the table; rows of the other tables that are not declared "
              "comparisons are marked exploratory.", ""]
     sequential = "decision" in family.columns

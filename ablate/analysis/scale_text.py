@@ -49,7 +49,8 @@ def crossing_sentence(table: ScaleTable, crossing: dict) -> str:
     return f"where filtering ({form}) overtakes the zero option is not identified{point}: {reason}"
 
 
-CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 of the tier's "
+CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 "
+           "of the tier's "
            "nominal non-embedding parameters, per decade: least squares over seeds (tier means weighted "
            "by their seeds), spread pooled within tiers (df = Σ(n_t − 1)), 95% Student-t interval; pipeline-check "
            "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval, or not "

@@ -86,9 +86,12 @@ class Table:
     @property
     def warnings(self) -> list[str]:
         """Everything a reader of the numbers must also know, one line each."""
-        lines = [f"excluded {run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}" for r in self.left_out.iter_rows(named=True)]
-        lines += [f"{run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}" for r in self.unevaluated.iter_rows(named=True)]
-        lines += [f"missing {run_key(r['tier'], r['arm'], r['seed'])}: no run" for r in self.missing.iter_rows(named=True)]
+        lines = [f"excluded {run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}"
+                 for r in self.left_out.iter_rows(named=True)]
+        lines += [f"{run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}"
+                  for r in self.unevaluated.iter_rows(named=True)]
+        lines += [f"missing {run_key(r['tier'], r['arm'], r['seed'])}: no run"
+                  for r in self.missing.iter_rows(named=True)]
         return lines + list(self.notes) + [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in self.marks_used]
 
     @property
@@ -231,7 +234,8 @@ def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=(), differe
     frame, mixed = _mark_mixed_numerics(frame, runs, key, reference)
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
-        missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
+        missing=runs.missing.filter(used),
+                 excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
         notes=tuple(notes) + mixed + source_notes, differences=differences, metric=runs.metric,
         higher_is_better=runs.higher_is_better, source_notes=source_notes,
     )

@@ -14,7 +14,8 @@ def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
         help="tables of the runs: " + "; ".join(kind.help for kind in KINDS.values()),
-        description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
+        description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from "
+                    "a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
     table.add_argument("source", metavar="SOURCE",
@@ -24,7 +25,8 @@ def add_commands(subparsers) -> None:
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the "
+                                                       "checkout's results/)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
@@ -43,11 +45,14 @@ def add_commands(subparsers) -> None:
     report = subparsers.add_parser(
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
-        description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
-        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's report/ folder.",
+        description="Write paired/increments/overlap/losses tables (md and csv), paired.png, "
+                    "increments.png, curves.png, "
+        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's "
+        "report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
-    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the "
+                                                        "checkout's results/)")
     report.add_argument("--allow-unverified", action="store_true",
                         help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)

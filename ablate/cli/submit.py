@@ -33,7 +33,8 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
     lr = parser.add_argument_group("every arm at its own learning rate (an experiment that declares lr_sweep=)")
     lr.add_argument("--sweep", action="store_true",
-                    help="queue the LR sweep: arms × the sweep's lr factors × its seeds (`ablate plan EXPERIMENT --sweep`)")
+                    help="queue the LR sweep: arms × the sweep's lr factors × its seeds (`ablate plan "
+                         "EXPERIMENT --sweep`)")
     lr.add_argument("--tuned", action="store_true",
                     help="queue the confirmatory runs: the grid's seeds at each arm's best LR of the finished sweep "
                          "(chosen on the selection loss; an arm whose best is the shared lr reuses its grid runs)")
@@ -70,7 +71,8 @@ def submit_command(args) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
         stopped = getattr(err, "keys", [])
         again = Selection.of(args).submit_command()
-        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
+        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint "
+                f"({', '.join(stopped)}), no further "
                 f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
         print(f"ablate: interrupted: {what}", file=sys.stderr)
         return 130
@@ -93,7 +95,8 @@ def lr_runs(args, experiment, results):
     if not (args.sweep or args.tuned):
         return None
     if args.sequential or args.seeds or (args.sweep and args.tuned):
-        raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds or --sequential")
+        raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds "
+                          "or --sequential")
     if args.sweep:
         return experiment.sweep_runs(args.tiers, args.arms)
     from ablate.analysis.lr import lr_table, sweep_runs
@@ -161,7 +164,8 @@ def _submit_and_tell(args) -> int:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
               f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
         if report["resources"]:
-            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items()
+                                                      if v not in ("", [])}))
         for key in report["to_submit"]:
             print(f"  {key}")
         for line in report.get("misfits", []):  # after the list: the last thing read
