@@ -112,7 +112,8 @@ class Experiment:
         if sweep is None:
             return
         if not isinstance(sweep, LRSweep):
-            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), not {sweep!r}")
+            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), "
+                              f"not {sweep!r}")
         for tier in sweep.tiers:
             if tier not in self.tiers:
                 raise AblateError(f"experiment {self.name!r}: the LR sweep names tier {tier!r}, which the experiment "
@@ -170,7 +171,7 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import study_arms  # the arm registry loads torch; status and tables read experiments without it
+        from ablate.arms import study_arms  # the arm registry loads torch; status and tables do without it
 
         return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
 
@@ -274,7 +275,8 @@ def defines_experiment(path: Path) -> bool:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return False
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
         if any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in targets):
             return True
     return False
@@ -348,7 +350,8 @@ def named_experiment(source: str | os.PathLike) -> Experiment | None:
     text = str(source)
     if text.endswith(".py"):
         return load_experiment(text)
-    if Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text or find_file("experiments", f"{text}.py") is None:
+    if (Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text
+            or find_file("experiments", f"{text}.py") is None):
         return None
     return load_experiment(text)
 

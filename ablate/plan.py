@@ -297,7 +297,8 @@ def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05,
         if operating is not None:
             row.update(power=operating["power"], expected_seeds=operating["expected_seeds"],
                        expected_gpu_hours=operating["expected_seeds"] * per_seed[tier],
-                       fixed_power=float(power(effect / sd, fixed, design["alpha_per_comparison"])) if fixed >= 2 else None)
+                       fixed_power=(float(power(effect / sd, fixed, design["alpha_per_comparison"]))
+                                    if fixed >= 2 else None))
         rows.append(row)
     return {"sequential": design, "tiers": rows, "operating": operating, "gpu_hours_basis": POWER_BASIS,
             "assumption": grid["assumption"],

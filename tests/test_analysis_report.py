@@ -84,7 +84,8 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "**Pipeline check.** smoke (100,000 nominal non-embedding parameters, 25,600 training tokens)" in summary
     assert "carry no evidence" in summary
     assert "- none: no effect outside a pipeline-check tier has two seeds" in summary
-    assert ("none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary)
+    assert ("none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)"
+            in summary)
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
     assert not (folder / "overlap.md").exists()  # no gate arm: the experiment cannot have an overlap
     for kind in (*(k for k in paired_seed_kinds() if k != "overlap"), "losses"):
@@ -248,7 +249,8 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     assert f"zero_option (baseline − sink-logit) shrinks with scale: {zero['slope_per_decade']:+.4f} nats" in section
     assert "filtering_proj (sink-logit − combo2) grows with scale" in section
     proj = next(c for c in table["crossings"] if c["quantity"] == "gap_proj")
-    assert (f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters" in section)
+    assert (f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters"
+            in section)
     assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
     assert "Scale is confounded" in section and "tokens per parameter" in section
     assert "Scale is confounded" in summary.split("## Crossover")[1]

@@ -94,7 +94,8 @@ def _read_runs(runs: Runs, task: str, name: str, metric: str):
             continue
         sign = 1.0 if directions.get(name, True) else -1.0
         scores = {item["doc_id"]: (item["doc_hash"], item["prompt_hash"], sign * float(item[name])) for item in items}
-        scored[(row["tier"], row["arm"], row["seed"])] = _Run(scores, settings_fingerprint(entry["settings"]), row["path"])
+        scored[(row["tier"], row["arm"], row["seed"])] = _Run(scores, settings_fingerprint(entry["settings"]),
+                                                             row["path"])
     if metric not in available:
         if not available:
             first = f" (e.g. {problems[0]})" if problems else ""
@@ -171,8 +172,8 @@ def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order) -> 
                                  interval_over=pl.when(one).then(pl.lit("items")).otherwise(pl.lit("seeds")))
     joined = joined.with_columns(reference=pl.lit(reference), marks=pl.lit(None, dtype=pl.String))
     joined = sort_runs(joined, arm_order).select("tier", "arm", "reference", *COLUMNS, "interval_over", "marks")
-    joined = joined.with_columns(p_holm=pl.lit(None, dtype=pl.Float64)).select("tier", "arm", "reference", *COLUMNS, "p_holm",
-                                                                 "interval_over", "marks")
+    joined = joined.with_columns(p_holm=pl.lit(None, dtype=pl.Float64)).select(
+        "tier", "arm", "reference", *COLUMNS, "p_holm", "interval_over", "marks")
     joined = add_mark(add_mark(joined, pl.lit(True), EXPLORATORY), one, ITEMS_ONLY)
     checks = [t for t in joined["tier"].unique().to_list() if is_pipeline_check(t)]
     return add_mark(joined, pl.col("tier").is_in(checks), "pipeline-check") if checks else joined

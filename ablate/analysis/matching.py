@@ -82,7 +82,8 @@ def _check_pair(a: dict, b: dict, columns, across_seeds: bool) -> None:
 def parameter_matched(a: dict, b: dict) -> bool:
     """Two runs whose MLP widths differ (match_params) but whose common initial parameters are equal."""
     return (a["mlp_hidden"] is not None and b["mlp_hidden"] is not None and a["mlp_hidden"] != b["mlp_hidden"]
-            and a["init_fingerprint_common"] is not None and a["init_fingerprint_common"] == b["init_fingerprint_common"])
+            and a["init_fingerprint_common"] is not None
+            and a["init_fingerprint_common"] == b["init_fingerprint_common"])
 
 
 def _name(row: dict) -> str:
@@ -112,5 +113,6 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
     }.get(column, "")
     if across_seeds:
-        return text + ". The runs of one tier are averaged over seeds into one row, so they must differ only in the arm and the seed"
+        return text + (". The runs of one tier are averaged over seeds into one row, so they must differ only in the "
+                       "arm and the seed")
     return text + ". A paired difference needs runs that differ only in the arm"

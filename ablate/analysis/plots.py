@@ -51,7 +51,7 @@ def _save(fig, path: Path) -> None:
 
 
 def figure(**kwargs):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn (a table needs none)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn
     from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn (a table needs none)
 
     fig = Figure(**kwargs)

@@ -106,7 +106,8 @@ def footer_lines(table: Table) -> list[str]:
     tiers = set(table.frame["tier"].to_list()) if "tier" in table.frame.columns else set()
     on_tasks = [t for t in sorted(tiers) if t in TIERS and TIERS[t].task is not None]
     task_line = [f"val_loss of a task tier ({', '.join(on_tasks)}): mean cross-entropy in nats over the answers of the "
-                 "fixed validation set, over the task's own tokens (docs/method.md, the mechanism testbed)."] if on_tasks else []
+                 "fixed validation set, over the task's own tokens (docs/method.md, the mechanism testbed)."
+                 ] if on_tasks else []
     return ["", *(task_line + ([VAL_LOSS_FOOTER] if tiers - set(on_tasks) or not tiers else []))]
 
 

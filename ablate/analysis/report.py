@@ -149,7 +149,8 @@ def scale_section(ctx: ReportContext) -> str:
     if "scale" in ctx.left_out:
         return ""
     if table is None or table.rows.is_empty():
-        return "## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of known size."
+        return ("## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of "
+                "known size.")
     ctx.write("scale.md", render_scale(table, "md"))
     ctx.write("scale.json", render_scale(table, "json"))
     lines = ["## Scale", "", "From the scale model ([scale.md](scale.md), [json](scale.json)): per quantity, the slope "
@@ -199,7 +200,8 @@ def flags_section(ctx: ReportContext) -> str:
             if row["n"] < 2 or row["ci_low"] is None:
                 single.append(f"- {what}: {effect}")
                 continue
-            stats = f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, n = {row['n']}"
+            stats = (f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
+                     f"n = {row['n']}")
             if is_pipeline_check(row["tier"]):
                 continue
             tested += row["p"] is not None
@@ -345,7 +347,8 @@ def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
     sections = {
         "increments": (INCREMENTS.values(), "needs baseline and sink-logit, or sink-logit with combo or combo2"),
         "overlap": ([(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()],
-                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and combo2"),
+                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and "
+                    "combo2"),
         "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
     }
     out = {name: why for name, (needs, why) in sections.items() if not possible(needs)}

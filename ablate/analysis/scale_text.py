@@ -111,7 +111,8 @@ def _markdown(table: ScaleTable) -> str:
         known = r["lr"] is not None
         lines.append(line((r["tier"], f"{r['tokens_per_param']:.1f}" if known else "unknown",
                            f"{r['lr']:g}" if known else "unknown",
-                           f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']}" if known else "unknown")))
+                           f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']}" if known
+                           else "unknown")))
     lines += ["", "Notes:", "", *[f"- {markdown_text(w)}" for w in table.warnings]]
     return "\n".join(lines) + "\n"
 
