@@ -120,7 +120,6 @@ def test_non_finite_loss_ends_the_run_as_diverged(tmp_path, sample_data):
     assert summary["val_loss"] is None and "non-finite" in summary["error"]
 
 
-@register_arm("test-halfgate")
 class HalfGate(Arm):
     """A new arm defined in a test file: a learnable per-head value gate starting at one half."""
 
@@ -138,8 +137,18 @@ class HalfGate(Arm):
         torch.nn.init.zeros_(param)
 
 
-def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data):
-    summary = train(tmp_path, "test-halfgate", data=sample_data, steps=8)
+@pytest.fixture
+def halfgate():
+    """The arm registered for the test only: a registration at import would join every worker's `arms="all"`."""
+    from ablate.arms.base import _REGISTRY
+
+    register_arm("test-halfgate", replace=True)(HalfGate)
+    yield "test-halfgate"
+    _REGISTRY.pop("test-halfgate", None)
+
+
+def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data, halfgate):
+    summary = train(tmp_path, halfgate, data=sample_data, steps=8)
     assert summary["status"] == "completed" and summary["params_arm_extra"] == 2 * 2
     metrics = [r for r in read_metrics(run_dir(tmp_path, "adhoc", "smoke", "test-halfgate", 0) / "metrics.jsonl")
                if "train_loss" in r]
