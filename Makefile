@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 # CPU training: keep freed memory in glibc's heap instead of unmapping and faulting it back every step
-# (see ablate.dispatch.cpu_training_env; a third of a smoke run's time otherwise goes to the kernel).
+# (see ablate.workers.cpu_training_env; a third of a smoke run's time otherwise goes to the kernel).
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
@@ -37,6 +37,7 @@ cluster-stop:
 # Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores.
 test: install cluster
 	$(BIN)/lint-imports
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 --durations=10
 
 test-fast: install

@@ -138,8 +138,8 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
     excludes 0 exactly when the decision is "effect"). Before the first look there is no interval.
 
     A spread at float resolution is no spread (sd ≤ RESOLUTION × `scale`, the losses' magnitude, else the
-    largest |difference|): t and the interval are then None, and t never crosses a boundary (equal differences would give
-    |t| = ∞, differences equal up to rounding |t| ≈ 4e14, and either would read "effect" on no evidence).
+    largest |difference|): t and the interval are then None, and t never crosses a boundary (equal differences would
+    give |t| = ∞, differences equal up to rounding |t| ≈ 4e14, and either would read "effect" on no evidence).
     """
     values = _ordered_values(differences_by_seed)
     floor = RESOLUTION * (float(np.max(np.abs(values))) if scale is None and values.size else float(scale or 0.0))
@@ -157,7 +157,8 @@ def sequential_decision(differences_by_seed: Mapping[int, float] | Sequence[floa
         crossed = t is not None and abs(t) >= float(look["t_boundary"])
         last = k == len(looks)
         result.update(look=k, seeds=n, mean=mean, t=t, t_boundary=float(look["t_boundary"]),
-                      ci_low=None if t is None else mean - half, ci_high=None if t is None else mean + half, next_seeds=None if crossed or last else int(looks[k]["seeds"]),
+                      ci_low=None if t is None else mean - half, ci_high=None if t is None else mean + half,
+                      next_seeds=None if crossed or last else int(looks[k]["seeds"]),
                       decision="effect" if crossed else ("max seeds reached" if last else "continue"),
                       sign=int(np.sign(mean)) if crossed else None)
         if crossed:
@@ -172,7 +173,8 @@ def _ordered_values(differences_by_seed: Mapping[int, float] | Sequence[float]) 
         pairs = list(enumerate(differences_by_seed))
     for seed, value in pairs:
         if not _is_number(value):
-            raise AblateError(f"the difference of seed {seed} is {value!r}, not a finite number; check that run finished")
+            raise AblateError(f"the difference of seed {seed} is {value!r}, not a finite number; check "
+                              "that run finished")
     return np.asarray([value for _, value in pairs], dtype=float)
 
 

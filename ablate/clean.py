@@ -40,7 +40,8 @@ from typing import Sequence
 
 from ablate.errors import AblateError
 from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
-from ablate.store import CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_lr_run_dirs, iter_run_dirs, lr_factor_of, read_json_file, run_lock_path
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_lr_run_dirs,
+                          iter_run_dirs, lr_factor_of, read_json_file, run_lock_path)
 
 log = logging.getLogger(__name__)
 ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
@@ -157,21 +158,35 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
                           "the results folder: give --results the folder that holds the experiment itself")
     if not root.is_dir():
         raise AblateError(f"no results for this experiment: {root} does not exist (check --results)")
-    result = CleanResult(dry_run=dry_run, root=root)
-    whole = not tiers and not arms and seeds is None
-    links_seen: set[Path] = set()
+    cleaner = _Cleaner(CleanResult(dry_run=dry_run, root=root), (tiers, arms, seeds))
+    cleaner.runs()
+    cleaner.kept_aside(aside)
+    if not tiers and not arms and seeds is None:
+        cleaner.report()
+    cleaner.result.left = size_of(root) - (cleaner.result.total if dry_run else 0)
+    return cleaner.result
 
-    def behind_link(path: Path) -> bool:
+
+class _Cleaner:
+    """One `clean`: what it removed, kept and skipped so far (`result`), and the links it has already named."""
+
+    def __init__(self, result: CleanResult, selection: tuple):
+        self.result, self.root, self.dry_run = result, result.root, result.dry_run
+        self.selection = selection  # (tiers, arms, seeds), None each for all
+        self.links_seen: set[Path] = set()
+
+    def behind_link(self, path: Path) -> bool:
         """True (and the link listed once as skipped) when a link lies between root and path."""
-        link = first_link(path, root)
-        if link is not None and link not in links_seen:
-            links_seen.add(link)
-            result.skipped.append((link, link_reason(link)))
+        link = first_link(path, self.root)
+        if link is not None and link not in self.links_seen:
+            self.links_seen.add(link)
+            self.result.skipped.append((link, link_reason(link)))
         return link is not None
 
-    def act(folder: Path, lock_path: Path, judge) -> None:
+    def act(self, folder: Path, lock_path: Path, judge) -> None:
         """Judge and remove under the run's lock; a live holder means the run is running: leave it."""
-        if dry_run:
+        result = self.result
+        if self.dry_run:
             holder = live_holder(lock_path)
             if holder is not None:
                 result.skipped.append((folder, f"running ({describe_holder(holder)})"))
@@ -185,7 +200,7 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
                 items, links = judge()
                 result.skipped.extend(links)
                 for item in items:
-                    if behind_link(item.path):  # swapped for a link since it was judged: leave it
+                    if self.behind_link(item.path):  # swapped for a link since it was judged: leave it
                         continue
                     _remove(item.path)
                     log.debug("removed %s (%d bytes)", item.path, item.size)
@@ -193,44 +208,49 @@ def clean(experiment_dir: str | Path, *, tiers: Sequence[str] | None = None, arm
         except LockHeld as held:
             result.skipped.append((folder, f"running ({describe_holder(held.holder)})"))
 
-    for folder in [*iter_run_dirs(root), *iter_lr_run_dirs(root)]:  # the grid's runs, then those at an lr factor
-        seed = int(SEED_DIR.fullmatch(folder.name).group(1))
-        arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
-        if (not _selected(arm_dir.parent.name, arm_dir.name, seed, tiers, arms, seeds)
-                or behind_link(folder)):
-            continue
-        try:
-            act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
-        except AblateError as err:  # a damaged summary: say so, clean the other runs
-            result.skipped.append((folder, str(err)))
-        weights = folder / CHECKPOINTS / FINAL_WEIGHTS
-        if _plain_file(weights) and first_link(weights, root) is None:
-            result.kept_weights.append(Item(weights, size_of(weights), "final weights (probe, inject and eval read "
-                                                                       "them; nothing rebuilds them)"))
+    def runs(self) -> None:
+        """The selected run folders (the grid's, then those at an lr factor): what each can lose (`run_items`),
+        its final weights kept and listed."""
+        for folder in [*iter_run_dirs(self.root), *iter_lr_run_dirs(self.root)]:
+            seed = int(SEED_DIR.fullmatch(folder.name).group(1))
+            arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
+            if (not _selected(arm_dir.parent.name, arm_dir.name, seed, *self.selection)
+                    or self.behind_link(folder)):
+                continue
+            try:
+                self.act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
+            except AblateError as err:  # a damaged summary: say so, clean the other runs
+                self.result.skipped.append((folder, str(err)))
+            weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+            if _plain_file(weights) and first_link(weights, self.root) is None:
+                why = "final weights (probe, inject and eval read them; nothing rebuilds them)"
+                self.result.kept_weights.append(Item(weights, size_of(weights), why))
 
-    for folder in sorted(p for p in root.glob("*/*/seed*.old-*") if p.is_dir()):
-        match = ASIDE_DIR.fullmatch(folder.name)
-        if (not match or folder.parent.name.startswith(".") or folder.parent.parent.name.startswith(".")
-                or not _selected(folder.parent.parent.name, folder.parent.name, int(match.group(1)[4:]),
-                                 tiers, arms, seeds)):
-            continue
-        if behind_link(folder):
-            continue
-        item = Item(folder, size_of(folder), "run kept aside by --force (older results)")
-        if not aside:
-            result.kept_aside.append(item)
-            continue
-        # the lock of the run it was moved from: `--force` moves folders while holding it
-        act(folder, run_lock_path(folder.with_name(match.group(1))), lambda item=item: ([item], []))
+    def kept_aside(self, remove: bool) -> None:
+        """The run folders `--force` kept aside: listed, or removed with `--aside`."""
+        for folder in sorted(p for p in self.root.glob("*/*/seed*.old-*") if p.is_dir()):
+            match = ASIDE_DIR.fullmatch(folder.name)
+            if (not match or folder.parent.name.startswith(".") or folder.parent.parent.name.startswith(".")
+                    or not _selected(folder.parent.parent.name, folder.parent.name, int(match.group(1)[4:]),
+                                     *self.selection)):
+                continue
+            if self.behind_link(folder):
+                continue
+            item = Item(folder, size_of(folder), "run kept aside by --force (older results)")
+            if not remove:
+                self.result.kept_aside.append(item)
+                continue
+            # the lock of the run it was moved from: `--force` moves folders while holding it
+            self.act(folder, run_lock_path(folder.with_name(match.group(1))), lambda item=item: ([item], []))
 
-    report = root / REPORT_DIR
-    if whole and (report.exists() or report.is_symlink()) and not behind_link(report):
-        item = Item(report, size_of(report), "report (rebuilt by `ablate report`)")
-        if not dry_run:
-            _remove(report)
-        result.removed.append(item)
-    result.left = size_of(root) - (result.total if dry_run else 0)
-    return result
+    def report(self) -> None:
+        """The report folder (rebuilt by `ablate report`), when the whole experiment is cleaned."""
+        report = self.root / REPORT_DIR
+        if (report.exists() or report.is_symlink()) and not self.behind_link(report):
+            item = Item(report, size_of(report), "report (rebuilt by `ablate report`)")
+            if not self.dry_run:
+                _remove(report)
+            self.result.removed.append(item)
 
 
 def human(size: int) -> str:

@@ -1,7 +1,9 @@
 """A run's configuration: the tier's values plus overrides and options, resolved, checked and explicit.
 
-Torch-free, so that `ablate submit` checks a whole grid's overrides before anything is queued without
-loading training code. The learning rate is a pure function of the step (no scheduler state to restore).
+Free of training code (no Lightning, no loop), so that `ablate submit` checks a whole grid's overrides before
+anything is queued; it does load torch, through `ablate.sizing` (the model config of an arm is built on the
+meta device, so its counts cannot drift from the code). The learning rate is a pure function of the step (no scheduler
+state to restore).
 """
 
 from __future__ import annotations

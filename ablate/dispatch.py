@@ -20,22 +20,24 @@ import contextlib
 import datetime as dt
 import io
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import submitit
 
 from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
-from ablate.errors import AblateError
+from ablate.errors import AblateError, error_line
 from ablate.evals.run import EvalJob
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sequential import recorded_design
-from ablate.sizing import LOSS_CHUNK, micro_batch_for
-from ablate.status import error_line, experiment_dir, status
-from ablate.store import SUBMIT_LOCK, record_ledger
+from ablate.sizing import run_micro_batch
+from ablate.status import status
+from ablate.store import SUBMIT_LOCK, experiment_dir, record_ledger
 from ablate.tiers import get_gpu, get_tier
 from ablate.workers import RunJob, run_local
 
@@ -105,11 +107,28 @@ def check_slurm() -> dict[str, dict]:
     return parse_sinfo(answer.stdout)
 
 
-def submit(experiment: Experiment, experiment_file: str | None, *, results: Path, executor: str = "slurm",
-           profile: str = "local", tiers=None, arms=None, seeds=None, parallel: int | None = None,
-           dry_run: bool = False, options: dict | None = None, eval_tasks=None, eval_options: dict | None = None,
-           seeds_by_tier: dict[str, int] | None = None, sequential: dict | None = None,
-           grid: list[RunSpec] | None = None) -> dict:
+@dataclass(frozen=True)
+class Submission:
+    """What `ablate submit` asks for: where the runs go, which of the grid's runs (tiers, arms, seed indices),
+    the run options every run gets, and the evaluations that follow (`submit`)."""
+
+    results: Path
+    executor: str = "slurm"
+    profile: str = "local"
+    tiers: Sequence[str] | None = None
+    arms: Sequence[str] | None = None
+    seeds: Sequence[int] | None = None
+    parallel: int | None = None
+    dry_run: bool = False
+    options: Mapping = field(default_factory=dict)
+    eval_tasks: Sequence[str] | None = None
+    eval_options: Mapping = field(default_factory=dict)
+    seeds_by_tier: Mapping[str, int] | None = None
+    sequential: Mapping | None = None
+    grid: Sequence[RunSpec] | None = None  # these runs instead of the experiment's grid (an LR sweep's)
+
+
+def submit(experiment: Experiment, experiment_file: str | None, request: Submission) -> dict:
     """Submit the grid's runs that are neither completed nor queued/running. Returns what was done.
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
@@ -124,22 +143,24 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
     Checked first, before anything is queued: the executor, the profile, the data folders and their
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
+    results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
+    seeds_by_tier, sequential = request.seeds_by_tier, request.sequential
     if executor not in ("slurm", "local"):
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
-    specs = experiment.runs(tiers, arms, seeds) if grid is None else list(grid)
+    specs = experiment.runs(request.tiers, request.arms, request.seeds) if request.grid is None else list(request.grid)
     if seeds_by_tier is not None:
         specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
-    resources = load_profile(profile) if executor == "slurm" else None
-    options = {"progress": False, **(options or {})}
+    resources = load_profile(request.profile) if executor == "slurm" else None
+    options = {"progress": False, **request.options}
     partitions = preflight(experiment, specs, executor, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
-    if dry_run:
+    if request.dry_run:
         return {**_plan_submission(experiment, specs, results, resources), "misfits": misfits}
     if misfits:
         raise AblateError(f"profile {resources['name']!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
@@ -158,17 +179,16 @@ def submit(experiment: Experiment, experiment_file: str | None, *, results: Path
         elif todo:
             report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
         if eval_tasks:
-            report["evals"] = _submit_evals(experiment, experiment_file, specs, results, executor, resources,
-                                            list(eval_tasks), eval_options or {}, report["jobs"])
+            report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources, report["jobs"])
     return report
 
 
-def _submit_evals(experiment, experiment_file, specs, results, executor, profile, tasks, eval_options,
-                  training_jobs) -> dict:
+def _submit_evals(experiment, experiment_file, specs, request: Submission, profile, training_jobs) -> dict:
     """Evaluation of every run of `specs` that is completed or was just queued; {key: job id or outcome}."""
+    results, executor, tasks = request.results, request.executor, list(request.eval_tasks)
     folder = experiment_dir(results, experiment)
     job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                  tasks, eval_options)
+                  tasks, dict(request.eval_options))
     states = {s.key: row["state"] for s, row in zip(specs, status(experiment, results, specs))}
     outcomes = {}
     if executor == "local":  # the grid has run: evaluate what completed
@@ -178,25 +198,24 @@ def _submit_evals(experiment, experiment_file, specs, results, executor, profile
                 outcomes[spec.key] = "evaluated"
             except Exception as err:  # one run's failure must not stop the others
                 outcomes[spec.key] = f"failed: {error_line(str(err)) or err.__class__.__name__}"
-        record_ledger(folder, {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
+        record_ledger(folder,
+                      {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
         return outcomes
 
     chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
-    for tier in dict.fromkeys(s.tier for s in chosen):
-        tier_specs = [s for s in chosen if s.tier == tier]
-        logs = folder / "slurm" / f"eval-{tier}"
-        executor_ = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
-        params = executor_parameters(profile, f"ablate-eval-{experiment.name}-{tier}")
+
+    def after_training(tier_specs) -> dict:  # after the training array: runs that failed are refused by the evaluation
         after = sorted({training_jobs[s.key].split("_")[0] for s in tier_specs if s.key in training_jobs})
-        if after:  # after the training array: runs that failed are refused by the evaluation itself
-            params.setdefault("slurm_additional_parameters", {})["dependency"] = "afterany:" + ":".join(after)
-        executor_.update_parameters(**params)
-        submitted = map_array(executor_, job, tier_specs, profile)
+        return {"slurm_additional_parameters": {"dependency": "afterany:" + ":".join(after)}} if after else {}
+
+    for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, chosen, profile, "eval-",
+                                                             lambda tier_specs: job, after_training):
         entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                                      "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
-                                  "array": submitted[0].job_id.split("_")[0], "runs": [s.key for s in tier_specs]})
+                                        "array": submitted[0].job_id.split("_")[0],
+                                        "runs": [s.key for s in tier_specs]})
         outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
     return outcomes
 
@@ -220,37 +239,51 @@ def _gpu_hours(specs: list[RunSpec]) -> float:
 
     total = 0.0
     for tier in sorted({s.tier for s in specs}):
-        per_arm = {r["arm"]: r["gpu_hours_per_run"] for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
+        per_arm = {r["arm"]: r["gpu_hours_per_run"]
+                   for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
         total += sum(per_arm[s.arm] for s in specs if s.tier == tier)
     return total
 
 
 def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
-
     folder = experiment_dir(results, experiment)
     processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                  {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
                   "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
+    gpu = profile.get("gpu")
+
+    def job_of(tier_specs):
+        if not gpu:
+            return job
+        return RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile))
+
     jobs = {}
-    for tier in dict.fromkeys(s.tier for s in specs):
-        tier_specs = [s for s in specs if s.tier == tier]
-        logs = folder / "slurm" / tier
-        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
-        executor.update_parameters(**executor_parameters(profile, f"ablate-{experiment.name}-{tier}"))
-        tier_job = job
-        if profile.get("gpu") and "micro_batch" not in options:
-            tier_job = RunJob(job.experiment_file, job.results, {**job.options, "micro_batch": gpu_micro_batch(
-                tier, profile["gpu"], processes, tier_specs[0].overrides.get("micro_batch"))})
-        submitted = map_array(executor, tier_job, tier_specs, profile)
+    for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, specs, profile, "", job_of):
         entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
                            "submitted": dt.datetime.now().isoformat(timespec="seconds")}
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
-                                  "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
-                                  **({"data": options["data_dir"]} if options.get("data_dir") else {})})
+                                        "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
+                                        **({"data": options["data_dir"]} if options.get("data_dir") else {})})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
+
+
+def _array_per_tier(experiment, folder: Path, specs: list[RunSpec], profile: dict, prefix: str, job_of,
+                    parameters_of=lambda tier_specs: {}):
+    """One SLURM array per tier of `specs` (runs of a tier share their resources), logs under
+    FOLDER/slurm/<prefix><tier>/; yields (tier, its specs, the submitted jobs, the log folder). `job_of(specs)`
+    is the tier's job, `parameters_of(specs)` extra executor parameters (an evaluation's dependency)."""
+    for tier in dict.fromkeys(s.tier for s in specs):
+        tier_specs = [s for s in specs if s.tier == tier]
+        logs = folder / "slurm" / f"{prefix}{tier}"
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
+        params = executor_parameters(profile, f"ablate-{prefix}{experiment.name}-{tier}")
+        for key, value in parameters_of(tier_specs).items():
+            params.setdefault(key, {}).update(value)
+        executor.update_parameters(**params)
+        yield tier, tier_specs, map_array(executor, job_of(tier_specs), tier_specs, profile), logs
 
 
 def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profile: dict) -> list:
@@ -264,8 +297,10 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
         raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
-def gpu_micro_batch(tier: str, gpu: str, world_size: int, chosen: int | None = None) -> int:
-    """The micro-batch for the profile's GPU (`ablate.tiers.micro_batch_for`: the largest that fits, dividing
-    the per-rank batch; gradient accumulation keeps the global batch), unless the experiment sets one."""
-    fit = micro_batch_for(tier, get_gpu(gpu).memory_gb, world_size=world_size, loss_chunk=LOSS_CHUNK)
-    return int(chosen) if chosen else fit
+def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
+    """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
+    gives for the run's own options (the experiment's overrides, these options on top), as `ablate plan`
+    prints it."""
+    chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}
+    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen,
+                                                      world_size=profile.get("processes_per_run") or 1)}

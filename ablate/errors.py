@@ -39,3 +39,18 @@ def writing(path: str | os.PathLike):
         if err.errno in DISK_FULL:
             raise disk_full(path, err) from None
         raise
+
+
+def error_line(text: str | None) -> str | None:
+    """The one line that says what went wrong: `ablate: error: …` or a traceback's last `Type: message` line."""
+    if not text:
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("ablate: error:"):
+            return line.removeprefix("ablate: error:").strip()
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if ":" in line and head.replace(".", "").replace("_", "").isalnum() and head[:1].isupper() and " " not in head:
+            return line
+    return lines[-1][:300] if lines else None

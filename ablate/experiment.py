@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, lr_folder, run_dir
+from ablate.store import check_name, run_dir, run_key
 from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
 from ablate.tiers import get_tier
 
@@ -35,9 +36,7 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        if self.lr_factor is None:
-            return f"{self.tier}/{self.arm}/seed{self.seed}"
-        return f"{self.tier}/{self.arm}/{lr_folder(self.lr_factor)}/seed{self.seed}"
+        return run_key(self.tier, self.arm, self.seed, self.lr_factor)
 
     def folder(self, results: str | os.PathLike) -> Path:
         """The run's folder in the store (`ablate.store.run_dir`)."""
@@ -60,9 +59,11 @@ class Comparison:
         check_name("comparison", self.name)
         for role in ("minuend", "subtrahend"):
             if not isinstance(getattr(self, role), str) or not getattr(self, role):
-                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not {getattr(self, role)!r}")
+                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not "
+                                  f"{getattr(self, role)!r}")
         if self.minuend == self.subtrahend:
-            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two different arms")
+            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two "
+                              "different arms")
 
     @property
     def description(self) -> str:
@@ -111,7 +112,8 @@ class Experiment:
         if sweep is None:
             return
         if not isinstance(sweep, LRSweep):
-            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), not {sweep!r}")
+            raise AblateError(f"experiment {self.name!r}: lr_sweep is an LRSweep(factors=..., tiers=...), "
+                              f"not {sweep!r}")
         for tier in sweep.tiers:
             if tier not in self.tiers:
                 raise AblateError(f"experiment {self.name!r}: the LR sweep names tier {tier!r}, which the experiment "
@@ -124,15 +126,19 @@ class Experiment:
     def _check_hypotheses(self) -> None:
         """Comparisons of two of the experiment's arms, each name once; the family a known one."""
         if self.family not in FAMILIES:
-            raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: {', '.join(FAMILIES)}")
-        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison) for c in self.hypotheses):
-            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, minuend, subtrahend), "
+            raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: "
+                              f"{', '.join(FAMILIES)}")
+        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison)
+                                                                     for c in self.hypotheses):
+            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, "
+                              "minuend, subtrahend), "
                               f"not {self.hypotheses!r}")
         object.__setattr__(self, "hypotheses", tuple(self.hypotheses))
         names = [c.name for c in self.hypotheses]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each a distinct name")
+            raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each "
+                              "a distinct name")
         if self.arms == "all":  # the registry loads torch; `comparisons()` checks these arms once it is asked
             return
         self._check_arms(list(dict.fromkeys(self.arms)))
@@ -165,7 +171,7 @@ class Experiment:
 
     def arm_names(self) -> list[str]:
         """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
-        from ablate.arms import study_arms  # the arm registry loads torch; status and tables read experiments without it
+        from ablate.arms import study_arms  # the arm registry loads torch; status and tables do without it
 
         return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
 
@@ -269,7 +275,8 @@ def defines_experiment(path: Path) -> bool:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return False
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
         if any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in targets):
             return True
     return False
@@ -277,19 +284,22 @@ def defines_experiment(path: Path) -> bool:
 
 def available_experiments() -> list[str]:
     """The names of the experiments/*.py files that define an `EXPERIMENT` (`defines_experiment`)."""
-    return [name for name in names_in("experiments", ".py") if defines_experiment(find_file("experiments", f"{name}.py"))]
+    return [name for name in names_in("experiments", ".py")
+            if defines_experiment(find_file("experiments", f"{name}.py"))]
 
 
 def experiment_file(spec: str | os.PathLike) -> Path:
     """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
     defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
-    path = (Path(text) if Path(text).is_file() else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
+    path = (Path(text) if Path(text).is_file()
+            else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
     named = path is not None and not text.endswith(".py")
     if path is None or (named and not defines_experiment(path)):
         why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
         raise AblateError(
-            f"unknown experiment {text!r}{why}; valid experiments: {', '.join(available_experiments()) or '(none found)'}"
+            f"unknown experiment {text!r}{why}; valid experiments: "
+            f"{', '.join(available_experiments()) or '(none found)'}"
             " (or a path to an experiments/*.py file)"
         )
     return path.resolve()
@@ -326,19 +336,31 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
     return experiment
 
 
+def start_task(experiment_file: str | None) -> None:
+    """The start of every SLURM array task, a run's or an evaluation's: ablate's log lines go to the job's log,
+    and the experiment file is imported again, so the arms it registers exist before a model is built."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if experiment_file:
+        load_experiment(experiment_file)
+
+
 def named_experiment(source: str | os.PathLike) -> Experiment | None:
     """The Experiment a table source names (an experiments/*.py file or its name), None for a folder or table."""
     text = str(source)
     if text.endswith(".py"):
         return load_experiment(text)
-    if Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text or find_file("experiments", f"{text}.py") is None:
+    if (Path(text).suffix.lower() in (".csv", ".parquet") or os.sep in text
+            or find_file("experiments", f"{text}.py") is None):
         return None
     return load_experiment(text)
 
 
-def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None) -> Path:
+def results_of(source: str | os.PathLike, results: str | os.PathLike | None = None,
+               experiment: Experiment | None = None) -> Path:
     """What a table or report reads: a .csv/.parquet file or an experiment folder itself, else
-    `results/<experiment name>` for an experiment's name or experiments/*.py file."""
+    `results/<experiment name>` for an experiment's name or experiments/*.py file (`experiment`: the one
+    SOURCE names, already loaded by `named_experiment`, so that its file is executed once per command)."""
     results_dir = results_folder(results)
     text = str(source)
     path = Path(text)
@@ -352,7 +374,7 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
         if len(path.parts) > 1:  # a path, not an experiment's name: say what is missing
             raise AblateError(f"{text}: no such folder; give an experiment folder, a .csv/.parquet table, "
                               "or an experiment's name")
-    name = load_experiment(text).name  # refuses an unknown name, naming the valid experiments
+    name = (experiment or load_experiment(text)).name  # refuses an unknown name, naming the valid experiments
     folder = results_dir / name
     if not folder.is_dir():
         with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []

@@ -341,6 +341,7 @@ class RunState:
     step: int = 0
     wall: float = 0.0  # training seconds before this process's start (`t_resume`)
     t_resume: float = 0.0
+    loss_chunk: int = 0  # tokens per chunk of the loss in the steps and evaluations (0: the whole micro-batch)
     data: DataFingerprint = field(default_factory=lambda: DataFingerprint(hashlib.sha256(b"ablate-data").hexdigest()))
 
     @property

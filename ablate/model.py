@@ -375,7 +375,7 @@ def shared_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
 def common_fingerprint(model: GPT) -> str:
     """The init fingerprint over the shared parameters whose shape does not depend on the MLP width.
 
-    Parameter matching changes only the MLP hidden width (`ablate.tiers.model_config(match_params=True)`),
+    Parameter matching changes only the MLP hidden width (`ablate.sizing.model_config(match_params=True)`),
     so these are exactly the parameters a matched arm and its baseline both have with the same name and
     shape: equal for a matched pair of one seed, whatever the arm's width. The embeddings, attention
     projections and norms are in it; the MLP matrices of every layer are not (nor the arm's own weights).

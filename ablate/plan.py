@@ -16,7 +16,7 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
-from ablate.sizing import _meta_counts, micro_batch_for, model_config
+from ablate.sizing import _meta_counts, model_config, run_micro_batch
 from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
@@ -26,7 +26,8 @@ GPU_CHECK_FILE = "gpu_check.json"
 def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int, steps: int | None = None) -> float:
     """6·N·D with N = non-embedding weights + the output projection (tied, but still a matmul), plus
     Kaplan et al.'s attention term 6·n_layer·n_ctx·d_model per token (causal mask not discounted)."""
-    per_token = 6 * (params_non_embedding + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
+    per_token = 6 * (params_non_embedding
+                     + padded_vocab * tier.d_model) + 6 * tier.n_layer * tier.seq_len * tier.d_model
     return float(per_token) * (tier.steps if steps is None else steps) * tier.tokens_per_step
 
 
@@ -84,11 +85,13 @@ def _priced(tier: Tier, overrides: dict) -> tuple[Tier, int, dict, bool]:
 
 
 def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | None = None, *,
-              match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None,
+              world_size: int = 1) -> dict:
     """Per-arm cost of one tier (parameters measured on the real model, built on the meta device).
 
     seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
-    this tier ("model" fields, tier fields such as global_batch, max_steps, match_params).
+    this tier ("model" fields, tier fields such as global_batch, max_steps, match_params, loss_chunk).
+    world_size: GPUs per run (a profile's gpus_per_run), for the micro-batch the run gets on speed's GPU.
     """
     speed = speed or Throughput()
     tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
@@ -117,7 +120,8 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,
         "params_non_embedding_baseline": baseline,
         "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
-        "micro_batch_for_gpu": micro_batch_for(tier, get_gpu(speed.gpu).memory_gb),
+        "micro_batch_for_gpu": run_micro_batch(tier, get_gpu(speed.gpu).memory_gb, overrides or {},
+                                               world_size=world_size),
         "runs": rows, "total_runs": len(rows) * seeds,
         "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
         "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
@@ -125,9 +129,10 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
 
 
 def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,
-              match_params: bool | None = None, speed: Throughput | None = None) -> dict:
+              match_params: bool | None = None, speed: Throughput | None = None, world_size: int = 1) -> dict:
     """The whole grid: an Experiment's (filtered like `submit`: tiers, arms, seed indices), or the given
-    tiers × arms (every registered arm by default) × seed_count (default: each tier's)."""
+    tiers × arms (every registered arm by default) × seed_count (default: each tier's); world_size: GPUs
+    per run (a profile's gpus_per_run)."""
     speed = speed or Throughput()
     plans = []
     if experiment is not None:
@@ -138,13 +143,14 @@ def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count:
             arm_names = list(dict.fromkeys(s.arm for s in tier_specs))
             count = seed_count if seed_count is not None else len({s.seed for s in tier_specs})
             plans.append(plan_rows(tier, arm_names, count, match_params=match,
-                                   overrides=experiment.tier_overrides(tier), speed=speed))
+                                   overrides=experiment.tier_overrides(tier), speed=speed, world_size=world_size))
     else:
         if not tiers:
             raise AblateError("give an experiment or --tier; valid tiers: " + ", ".join(TIERS))
         if seeds is not None:
             raise AblateError("--seeds takes seed indices of an experiment; without one, use --seed-count N")
-        plans = [plan_rows(t, arms, seed_count, match_params=match_params, speed=speed) for t in tiers]
+        plans = [plan_rows(t, arms, seed_count, match_params=match_params, speed=speed, world_size=world_size)
+                 for t in tiers]
     return {
         "experiment": experiment.name if experiment is not None else None, "assumption": speed.describe(),
         "gpu": speed.gpu, "mfu": speed.mfu, "mfu_source": speed.mfu_source,
@@ -165,7 +171,8 @@ def sweep_plan(experiment, *, tiers=None, arms=None, speed: Throughput | None = 
     plans = []
     for tier in dict.fromkeys(s.tier for s in specs):
         arm_names = list(dict.fromkeys(s.arm for s in specs if s.tier == tier))
-        plans.append(plan_rows(tier, arm_names, len(sweep.factors) * sweep.seeds, overrides=experiment.tier_overrides(tier),
+        plans.append(plan_rows(tier, arm_names, len(sweep.factors) * sweep.seeds,
+                               overrides=experiment.tier_overrides(tier),
                                match_params=bool(experiment.match_params), speed=speed))
     confirm = plan_grid(experiment, tiers=[p["tier"] for p in plans], arms=arms, speed=speed)
     grid = plan_grid(experiment, arms=arms, speed=speed)
@@ -175,7 +182,8 @@ def sweep_plan(experiment, *, tiers=None, arms=None, speed: Throughput | None = 
         "lr": {p["tier"]: [experiment.base_lr(p["tier"]) * f for f in sweep.factors] for p in plans},
         "tiers": plans, "runs": [s.key for s in specs], "total_runs": len(specs),
         "total_gpu_hours": sum(p["total_gpu_hours"] for p in plans),
-        "confirmatory_runs_at_most": confirm["total_runs"], "confirmatory_gpu_hours_at_most": confirm["total_gpu_hours"],
+        "confirmatory_runs_at_most": confirm["total_runs"],
+            "confirmatory_gpu_hours_at_most": confirm["total_gpu_hours"],
         "grid_runs": grid["total_runs"], "grid_gpu_hours": grid["total_gpu_hours"],
     }
 
@@ -284,11 +292,13 @@ def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05,
         fixed = experiment.seed_count(tier)
         row = {"tier": tier, "gpu_hours_per_seed": per_seed[tier],
                "gpu_hours_first_look": design["looks"][0]["seeds"] * per_seed[tier],
-               "gpu_hours_max": max_seeds * per_seed[tier], "fixed_seeds": fixed, "fixed_gpu_hours": fixed * per_seed[tier]}
+               "gpu_hours_max": max_seeds * per_seed[tier], "fixed_seeds": fixed,
+               "fixed_gpu_hours": fixed * per_seed[tier]}
         if operating is not None:
             row.update(power=operating["power"], expected_seeds=operating["expected_seeds"],
                        expected_gpu_hours=operating["expected_seeds"] * per_seed[tier],
-                       fixed_power=float(power(effect / sd, fixed, design["alpha_per_comparison"])) if fixed >= 2 else None)
+                       fixed_power=(float(power(effect / sd, fixed, design["alpha_per_comparison"]))
+                                    if fixed >= 2 else None))
         rows.append(row)
     return {"sequential": design, "tiers": rows, "operating": operating, "gpu_hours_basis": POWER_BASIS,
             "assumption": grid["assumption"],

@@ -118,8 +118,10 @@ def seeds_needed(effect: float, sd: float, alpha: float = 0.05, family_size: int
     numbers (power rises with n). An answer above MAX_SEEDS (effect/sd ≲ 0.01) is refused: the effect
     is lost in the noise at any budget.
     """
-    effect = _check_positive("effect", effect, "give the smallest mean difference worth detecting, in nats (e.g. --effect 0.002)")
-    sd = _check_positive("sd", sd, "give the seed-to-seed sd of the paired differences, in nats (e.g. --sd 0.002), or a pilot")
+    effect = _check_positive("effect", effect, "give the smallest mean difference worth detecting, in nats (e.g. "
+                                               "--effect 0.002)")
+    sd = _check_positive("sd", sd, "give the seed-to-seed sd of the paired differences, in nats (e.g. --sd "
+                                   "0.002), or a pilot")
     alpha = _check_unit("alpha", alpha)
     family_size = _check_count("family size", family_size, 1)
     target_power = _check_unit("target power", target_power)
@@ -133,7 +135,8 @@ def smallest_seeds(d, level: float, target_power: float):
     worst = float(d.min())  # power rises with d: the smallest d is the one that may need too many seeds
     if power(worst, MAX_SEEDS, level) < target_power:
         raise AblateError(f"effect/sd = {worst:.3g} needs more than {MAX_SEEDS:,} seeds for power {target_power:g} at "
-                          f"alpha {level:.3g} (the effect is lost in the noise): give a larger --effect or a smaller --sd")
+                          f"alpha {level:.3g} (the effect is lost in the noise): give a larger --effect or "
+                          "a smaller --sd")
     # The normal approximation's n is within a seed or two of the answer; walk down, then up, from it.
     guess = np.ceil(((ndtri(1 - level / 2) + ndtri(target_power)) / d) ** 2)
     high = np.clip(guess, 2, MAX_SEEDS).astype(np.int64)
@@ -153,9 +156,11 @@ def pilot_sd(differences: Sequence[float]) -> float:
     """The sd (ddof 1) of a pilot's paired differences of one comparison, one value per seed."""
     values = np.asarray(list(differences), dtype=float)
     if values.size < 2:
-        raise AblateError(f"a pilot needs at least 2 seeds of a comparison to give an sd, got {values.size}; run more seeds or pass --sd")
+        raise AblateError(f"a pilot needs at least 2 seeds of a comparison to give an sd, got {values.size}; run more "
+                          "seeds or pass --sd")
     if not np.all(np.isfinite(values)):
-        raise AblateError(f"pilot differences {values.tolist()} are not all finite numbers; check the pilot's runs finished")
+        raise AblateError(f"pilot differences {values.tolist()} are not all finite numbers; check the "
+                          "pilot's runs finished")
     return float(np.std(values, ddof=1))
 
 
@@ -214,20 +219,24 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
     rows = []
     for tier, m in family_sizes(comparisons, family).items():
         if tier not in gpu_hours_per_seed:
-            raise AblateError(f"no GPU-hours per seed for tier {tier!r}; known tiers: {', '.join(map(str, gpu_hours_per_seed))}")
+            raise AblateError(f"no GPU-hours per seed for tier {tier!r}; known tiers: "
+                              f"{', '.join(map(str, gpu_hours_per_seed))}")
         for name in comparisons[tier]:
             pilot = pilots.get((tier, name))
             spread = pilot.sd if pilot else sd
             if spread is None:
-                raise AblateError(f"no sd for comparison {name!r} at tier {tier!r}: the pilot lacks it; pass --sd or a pilot that ran it")
+                raise AblateError(f"no sd for comparison {name!r} at tier {tier!r}: the pilot lacks it; pass --sd or a "
+                                  "pilot that ran it")
             if pilot and pilot_warning(pilot.n0):
                 log.warning("%s at tier %s: %s", name, tier, pilot_warning(pilot.n0))
             if pilot and pilot.sd <= ROUNDING_SD:
                 raise AblateError(f"the pilot's {pilot.n0} differences of {name!r} at tier {tier!r} spread by "
-                                  f"{pilot.sd:.2g} nats, float rounding (≤ {ROUNDING_SD:g}), not seed noise: they are all "
+                                  f"{pilot.sd:.2g} nats, float rounding (≤ {ROUNDING_SD:g}), not seed "
+                                  "noise: they are all "
                                   "equal; pass --sd")
             seeds = seeds_needed(effect, spread, alpha, m, target_power)
-            conservative = seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power) if pilot else None
+            conservative = (seeds_needed(effect, sd_upper_limit(pilot.sd, pilot.n0), alpha, m, target_power)
+                            if pilot else None)
             rows.append({"tier": tier, "comparison": name, "sd": spread, "effect": effect, "alpha": alpha,
                          "family_size": m, "target_power": target_power, "seeds": seeds,
                          "seeds_conservative": conservative, "gpu_hours": seeds * float(gpu_hours_per_seed[tier])})

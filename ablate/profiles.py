@@ -116,7 +116,8 @@ def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
     """What the partition `sinfo` describes cannot give a run of the profile, one line per setting (empty: fits)."""
     name = profile["partition"] or next((p for p, known in partitions.items() if known["default"]), "")
     if name not in partitions:
-        return [f"partition = {profile['partition']!r}: no such partition; partitions: {', '.join(partitions) or '(none)'}"]
+        return [f"partition = {profile['partition']!r}: no such partition; partitions: "
+                f"{', '.join(partitions) or '(none)'}"]
     part = partitions[name]
     misfits = []
     if profile["gpus_per_run"] > part["gpus"]:
@@ -127,7 +128,8 @@ def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
     if part["mem_mb"] and profile["mem_gb"] * 1024 > part["mem_mb"]:
         misfits.append(f"mem_gb = {profile['mem_gb']}: partition {name!r} has {part['mem_mb']} MB per node")
     if part["time_min"] is not None and profile["time_min"] > part["time_min"]:
-        misfits.append(f"time_min = {profile['time_min']}: partition {name!r} allows at most {part['time_min']} minutes")
+        misfits.append(f"time_min = {profile['time_min']}: partition {name!r} allows at most "
+                       f"{part['time_min']} minutes")
     return misfits
 
 
@@ -139,4 +141,5 @@ def sbatch_refusal(profile: dict, stderr: str) -> str:
     lowered = said.lower()
     setting = next((key for clue, key in SBATCH_REFUSALS if clue in lowered), None)
     shown = (f"{setting} = {profile[setting]!r}" if setting in profile else setting) if setting else "the profile"
-    return f"sbatch refused the jobs ({said}): check {shown} in profile {profile['name']!r} (slurm/{profile['name']}.toml)"
+    return (f"sbatch refused the jobs ({said}): check {shown} in profile {profile['name']!r} "
+            f"(slurm/{profile['name']}.toml)")

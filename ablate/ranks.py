@@ -38,7 +38,8 @@ def await_step_rank0(folder: Path, config: dict) -> dict | None:
             except AblateError as err:  # e.g. rank 0 has not written config.json yet
                 problem = err
         time.sleep(0.5)
-    raise AblateError(f"task {claimed_rank()} of SLURM job {os.environ.get('SLURM_JOB_ID')} waited {RANK0_WAIT_S:.0f} s "
+    raise AblateError(f"task {claimed_rank()} of SLURM job {os.environ.get('SLURM_JOB_ID')} waited "
+                      f"{RANK0_WAIT_S:.0f} s "
                       f"for its rank 0 to start run {folder}" + (f" ({problem})" if problem else ""))
 
 

@@ -156,7 +156,8 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
     working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
     evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
     scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
-                            + (output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
+                            + (output(scored, 8) if loss_chunk > 0
+                               else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
     train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
     phases = {"train_step": train, "evaluation": evaluation,
               "final_evaluation": evaluation, "eval_scoring": scoring}
@@ -192,6 +193,24 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
                else "use a larger GPU or set loss_chunk")
     raise AblateError(f"tier {tier.name} does not fit {gpu_mem_gb:g} GB even at micro-batch 1 ({worst} estimated "
                       f"at {phases[worst]:.1f} GB); {way_out}")
+
+
+GPU_SIZED = ("global_batch", "seq_len")  # run options that change what fits a GPU (besides loss_chunk, model)
+
+
+def run_micro_batch(tier: Tier | str, gpu_mem_gb: float, options: dict, *, world_size: int = 1) -> int:
+    """The micro-batch a run with these options (an experiment's tier overrides, the command's options on
+    top) has on a GPU of `gpu_mem_gb`: the options' micro_batch when set, else the largest that fits
+    (`micro_batch_for`) with the run's own loss chunk (`loss_chunk_for(options' loss_chunk, "cuda")`: 0
+    sizes for the unchunked loss), batch shape and MLP width. `ablate plan`, `ablate submit` and the run
+    all take it from here, so the micro-batch a plan prints is the one the run uses."""
+    if options.get("micro_batch"):
+        return int(options["micro_batch"])
+    tier = get_tier(tier) if isinstance(tier, str) else tier
+    tier = replace(tier, **{key: int(options[key]) for key in GPU_SIZED if options.get(key) is not None})
+    return micro_batch_for(tier, gpu_mem_gb, world_size=world_size,
+                           loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"),
+                           mlp_hidden=(options.get("model") or {}).get("mlp_hidden"))
 
 
 def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None, *, tier: str | None = None,

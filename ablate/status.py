@@ -23,6 +23,7 @@ from ablate.evals.results import valid_evals
 from ablate.experiment import Experiment, RunSpec
 from ablate.errors import AblateError
 from ablate.lock import live_holder
+from ablate.errors import error_line
 from ablate.sequential import recorded_design
 from ablate.store import (
     CONFIG,
@@ -32,6 +33,7 @@ from ablate.store import (
     SUMMARY,
     config_disagreement,
     check_results_folder,
+    experiment_dir,
     finished,
     iter_run_dirs,
     read_json_file,
@@ -44,10 +46,6 @@ ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still 
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
           "damaged", "unknown")
 JUST_SUBMITTED = dt.timedelta(minutes=2)  # accounting may not have seen a job this young yet
-
-
-def experiment_dir(results: Path, experiment: Experiment) -> Path:
-    return check_results_folder(results) / experiment.name
 
 
 def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
@@ -212,21 +210,6 @@ def read_text(path) -> str | None:
         return Path(path).read_text(errors="replace")
     except OSError:
         return None
-
-
-def error_line(text: str | None) -> str | None:
-    """The one line that says what went wrong: `ablate: error: …` or a traceback's last `Type: message` line."""
-    if not text:
-        return None
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("ablate: error:"):
-            return line.removeprefix("ablate: error:").strip()
-    for line in reversed(lines):
-        head = line.split(":", 1)[0]
-        if ":" in line and head.replace(".", "").replace("_", "").isalnum() and head[:1].isupper() and " " not in head:
-            return line
-    return lines[-1][:300] if lines else None
 
 
 def progress_of(metrics: list[dict], summary: dict, running_since: float | None, written_at: float | None) -> dict:

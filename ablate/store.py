@@ -39,10 +39,9 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 FINAL_WEIGHTS = "model.pt"  # in RUN_DIR/checkpoints/: the weights at the end of training
-STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 LEDGER = "ledger.json"
 RUN_LOG = "run.log"
-STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run is finished)
+STATE = "state.pt"  # in RUN_DIR/checkpoints/: everything needed to resume (removed once the run completes)
 PROBE_FILE = "probe.json"  # `ablate probe`: sink diagnostics of the final weights
 HEATMAP_FILE = "probe_first_key_mass.png"
 INJECT_FILE = "inject.json"  # `ablate inject`: junk injection into quiet reads
@@ -97,17 +96,25 @@ def check_results_folder(results: str | os.PathLike) -> Path:
     return path
 
 
+def experiment_dir(results: str | os.PathLike, experiment) -> Path:
+    """RESULTS/<experiment>: the folder of an experiment's runs, its ledger and its report."""
+    return check_results_folder(results) / check_name("experiment", experiment.name)
+
+
+def run_key(tier: str, arm: str, seed: int, lr_factor: float | None = None) -> str:
+    """<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k> at f × the tier's lr): a run's name in its experiment folder."""
+    lr = "" if lr_factor is None else f"{lr_folder(lr_factor)}/"
+    return f"{tier}/{arm}/{lr}seed{int(seed)}"
+
+
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int,
             lr_factor: float | None = None) -> Path:
     """RESULTS/<experiment>/<tier>/<arm>/seed<k>, or …/<arm>/lr<f>/seed<k> for a run at f × the tier's lr;
     every part is checked, so the folder lies inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
-    arm_dir = (check_results_folder(results) / check_name("experiment", experiment) / check_name("tier", tier)
-               / check_name("arm", arm))
-    if lr_factor is not None:
-        arm_dir = arm_dir / check_name("lr factor", lr_folder(lr_factor))
-    return arm_dir / f"seed{int(seed)}"
+    check_name("tier", tier), check_name("arm", arm), lr_factor is None or check_name("lr factor", lr_folder(lr_factor))
+    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor)
 
 
 LR_DIR = re.compile(r"lr([0-9][0-9.e+-]*)")
@@ -337,7 +344,8 @@ def verified_weights_sha256(folder: str | os.PathLike) -> str:
     kept = (summary or {}).get("weights_sha256")
     if kept is not None and kept != found:
         raise AblateError(f"{weights} is not the weights the run completed with (summary.json keeps sha256 "
-                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with `ablate run ... --force`")
+                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with "
+                          "`ablate run ... --force`")
     return found
 
 

@@ -35,8 +35,10 @@ class LRSweep:
 
     def __post_init__(self):
         factors = self.factors
-        if isinstance(factors, (str, int, float)) or not factors or not all(
-                isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0 for f in factors):
+        def positive(f) -> bool:
+            return isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0
+
+        if isinstance(factors, (str, int, float)) or not factors or not all(positive(f) for f in factors):
             raise AblateError(f"LRSweep factors must be a list of positive numbers (multiples of the tier's lr), "
                               f"not {factors!r}")
         if len(set(float(f) for f in factors)) != len(factors):

@@ -34,7 +34,8 @@ from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, pro
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
-from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, SUMMARY, atomic_write_json, file_sha256
+from ablate.store import (CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, SUMMARY, atomic_write_json, file_sha256,
+                          run_key)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
                 clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
     data_fingerprint = "sha256:" + task_fingerprint(task)
-    bar = progress_bar(config["steps"], 0, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
+    bar = progress_bar(config["steps"], 0, run_key(config['tier'], config['arm'], config['seed'])) if (
         config["progress"]) else None
     curve = [(0, _evaluate(model, task, validation)[0])]
     metrics.write({"step": 0, "tokens": 0, "val_loss": curve[0][1]})
@@ -180,7 +181,8 @@ def answer_signature(model, task: SyntheticTask, batches) -> dict:
         # An arm without a phantom key puts no mass on nothing: 0, so that its pair with a phantom arm is counted.
         parts["phantom"] = (record.phantom_mass.double().mean(1) if record.phantom_mass is not None
                             else torch.zeros_like(parts["first_key"]))
-        for case, where in (("absent", targets == task.NONE), ("present", (targets != task.NONE) & (targets != IGNORE))):
+        for case, where in (("absent", targets == task.NONE),
+                            ("present", (targets != task.NONE) & (targets != IGNORE))):
             counts[case] += int(where.sum())
             for name, value in parts.items():
                 sums[f"{name}_{case}"] = sums.get(f"{name}_{case}", 0.0) + float(value[where].sum())

@@ -29,7 +29,7 @@ from lightning.fabric import Fabric
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
 from ablate.data import BatchStream, TokenShards, selection_windows, validation_windows
-from ablate.data.shards import check_data_folder
+from ablate.data.shards import check_data_folder, tier_shards
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
@@ -40,10 +40,10 @@ from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_paramet
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
 from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group
-from ablate.sizing import LOSS_CHUNK, loss_chunk_for
+from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
-                          run_lock_path)
+                          run_key, run_lock_path)
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -219,12 +219,7 @@ class Trainer:
     def _fit(self, fabric) -> dict:
         """The run: data, model and optimiser, resume, the steps, then the final evaluation and weights."""
         config = self.config
-        tier = get_tier(config["tier"])
-        shards = TokenShards(config["data_dir"], split="train")
-        if shards.tokenizer != tier.tokenizer or shards.vocab_size != config["model"]["vocab_size"]:
-            raise AblateError(
-                f"data folder {config['data_dir']} holds {shards.tokenizer!r} tokens (vocabulary {shards.vocab_size}); "
-                f"tier {tier.name!r} expects {tier.tokenizer!r} (vocabulary {config['model']['vocab_size']})")
+        shards = tier_shards(config["data_dir"], get_tier(config["tier"]), config["model"]["vocab_size"])
         world, rank = fabric.world_size, fabric.global_rank
         stream = BatchStream(shards, seed=config["data_seed"], global_batch=config["global_batch"],
                              seq_len=config["seq_len"], rank=rank, world_size=world)
@@ -259,6 +254,25 @@ class Trainer:
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
+        self._write_running(run, init_common, counts, shards)
+
+        # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
+        # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
+        run.loss_chunk = loss_chunk_for(config["loss_chunk"], fabric.device)
+        evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
+                           world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"),
+                           loss_chunk=run.loss_chunk)
+        run.t_resume = time.time()
+        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
+        self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
+        val_loss = evaluate(final_windows)
+        extra = {} if chosen_windows is None else {"selection_loss": evaluate(chosen_windows), "selection_fingerprint":
+                                                   windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
+        return self._finish(run, val_loss, final_windows, extra)
+
+    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards) -> None:
+        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far."""
+        config = self.config
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
             status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
@@ -268,21 +282,10 @@ class Trainer:
             loss_read_every=1 if config["host_sync"] == "step" else config["log_interval"],
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
-            mlp_hidden=model.config.mlp_width, match_params=bool(config["match_params"]),
+            mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
             wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
-
-        evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
-                           world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"),
-                           loss_chunk=loss_chunk_for(config["loss_chunk"], fabric.device))  # as the steps'
-        run.t_resume = time.time()
-        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
-        self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
-        val_loss = evaluate(final_windows)
-        extra = {} if chosen_windows is None else {"selection_loss": evaluate(chosen_windows), "selection_fingerprint":
-                                                   windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
-        return self._finish(run, val_loss, final_windows, extra)
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""
@@ -302,17 +305,14 @@ class Trainer:
         asked)."""
         config, fabric, total_steps = self.config, self.fabric, self.config["steps"]
         device, rank, world = fabric.device, fabric.global_rank, fabric.world_size
-        # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model:
-        # on a GPU the loss is computed LOSS_CHUNK tokens at a time unless the run says otherwise (0: never).
-        loss_chunk = config["loss_chunk"] if config["loss_chunk"] is not None else (0 if on_cpu else LOSS_CHUNK)
-        model, optimizer = run.forward_model, run.optimizer
+        loss_chunk, model, optimizer = run.loss_chunk, run.forward_model, run.optimizer
         step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets, loss_chunk=loss_chunk).loss,
                     clip=lambda: fabric.clip_gradients(model, optimizer, max_norm=config["grad_clip"],
                                                        error_if_nonfinite=False),
                     backward=fabric.backward, no_sync=lambda enabled: fabric.no_backward_sync(model, enabled=enabled),
                     all_reduce=(lambda loss: fabric.all_reduce(loss, reduce_op="mean")) if world > 1 else None,
                     halt_on_nonfinite=every_step)  # read every step anyway: a bad loss stops before its update
-        bar = progress_bar(total_steps, run.step, f"{config['tier']}/{config['arm']}/seed{config['seed']}") if (
+        bar = progress_bar(total_steps, run.step, run_key(config['tier'], config['arm'], config['seed'])) if (
             rank == 0 and config["progress"]) else None
         requests = StopRequests().install()
         readback = ReadBack(config["global_batch"] * config["seq_len"], self._log_metrics, bar)

@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import traceback
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm.auto import tqdm
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
-from ablate.experiment import RunSpec, load_experiment
-from ablate.status import error_line, experiment_dir
-from ablate.store import RUN_LOG, record_ledger
+from ablate.experiment import RunSpec, start_task
+from ablate.store import RUN_LOG, experiment_dir, record_ledger
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -44,11 +43,7 @@ class RunJob(_Checkpointable):
     def __call__(self, spec: RunSpec) -> dict:
         from ablate.train import run  # training code loads in the task that trains, not in `submit`
 
-        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-        if self.experiment_file:
-            load_experiment(self.experiment_file)
+        start_task(self.experiment_file)
         summary = run(spec, self.results, **self.options)
         if summary.get("status") == "failed":
             raise RuntimeError(summary.get("error"))
@@ -88,91 +83,107 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     next submit), no further run starts, and `Interrupted` is raised once every worker has stopped.
     """
     parallel = max(1, min(parallel or (os.cpu_count() or 1), len(specs)))
-    folder = experiment_dir(results, experiment)
-    record_ledger(folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
-                             "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
-            {"executor": "local", "runs": [s.key for s in specs],
-             **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
+    grid = _LocalGrid(experiment_dir(results, experiment), results, experiment_file, options)
+    record_ledger(grid.folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
+                                        "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
+                  {"executor": "local", "runs": [s.key for s in specs],
+                   **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
     for spec in specs:
         spec.folder(results).mkdir(parents=True, exist_ok=True)
-    codes, interrupted, bar_lock = {}, [], threading.Lock()
-    stop, workers = threading.Event(), set()
-
-    def stop_workers(signum=None, frame=None) -> None:
-        if not stop.is_set():
-            stop.set()
-            with bar_lock:
-                live = list(workers)
-            for process in live:
-                _interrupt(process)
-
-    def finished_run(bar, key: str, code: int, error: str | None, **extra) -> None:
-        record_ledger(folder, {key: {"exit_code": code, "error": error, **extra}}, merge=True)
-        with bar_lock:
-            codes[key] = code
-            if extra.get("interrupted"):
-                interrupted.append(key)
-            bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
-            bar.update(1)
-
-    def work(slot: int, share: list[RunSpec], bar) -> None:
-        remaining = {s.key: s for s in share}
-        worker_log = folder / "local" / f"worker{slot}.log"
-        worker_log.parent.mkdir(parents=True, exist_ok=True)
-        while remaining and not stop.is_set():
-            payload = {"experiment_file": experiment_file, "options": {**options, "threads": options.get("threads") or 1},
-                       "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
-            command = [sys.executable, "-m", "ablate.workers", str(results), json.dumps(payload)]
-            with open(worker_log, "a", encoding="utf-8") as log:
-                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                           env=cpu_training_env(), text=True, start_new_session=True)
-                with bar_lock:
-                    workers.add(process)
-                if stop.is_set():  # Ctrl-C came while it was starting
-                    _interrupt(process)
-                current = None
-                for line in process.stdout:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if event.get("event") == "start":
-                        current = event["key"]
-                        record_ledger(folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}}, merge=True)
-                    elif event.get("event") in ("done", "interrupted"):
-                        remaining.pop(event["key"], None)
-                        if event["event"] == "done":
-                            finished_run(bar, event["key"], event["code"], event.get("error"))
-                        else:
-                            finished_run(bar, event["key"], 130, STOPPED, interrupted=True)
-                        current = None
-                code = process.wait()
-                process.stdin.close()
-                with bar_lock:
-                    workers.discard(process)
-            if stop.is_set():  # stopped by Ctrl-C: a run it was in is resumable, not failed
-                if current is not None:
-                    finished_run(bar, current, 130, STOPPED, interrupted=True)
-                return
-            if remaining:  # the worker died during `current` (or before its first run): that run failed
-                key = current or next(iter(remaining))
-                remaining.pop(key)
-                finished_run(bar, key, code or 1, f"the worker process died (exit code {code}) during this run; "
-                                                  f"see {worker_log}")
-
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, stop_workers) if main_thread else None
+    previous = signal.signal(signal.SIGINT, grid.stop_workers) if main_thread else None
     try:
         with tqdm(total=len(specs), desc=experiment.name, unit="run") as bar, ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
+            futures = [pool.submit(grid.work, slot, specs[slot::parallel], bar) for slot in range(parallel)]
             for future in as_completed(futures):
                 future.result()
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
-    if stop.is_set():
-        raise Interrupted(sorted(interrupted))
-    return {s.key: codes[s.key] for s in specs}
+    if grid.stop.is_set():
+        raise Interrupted(sorted(grid.interrupted))
+    return {s.key: grid.codes[s.key] for s in specs}
+
+
+class _LocalGrid:
+    """The worker threads of one `run_local`, each driving a worker process: the exit codes so far, the runs
+    interrupted, and the Ctrl-C that stops them all (`stop`)."""
+
+    def __init__(self, folder: Path, results, experiment_file: str | None, options: dict):
+        self.folder, self.results, self.experiment_file, self.options = folder, results, experiment_file, options
+        self.codes, self.interrupted, self.bar_lock = {}, [], threading.Lock()
+        self.stop, self.workers = threading.Event(), set()
+
+    def stop_workers(self, signum=None, frame=None) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+            with self.bar_lock:
+                live = list(self.workers)
+            for process in live:
+                _interrupt(process)
+
+    def finished_run(self, bar, key: str, code: int, error: str | None, **extra) -> None:
+        record_ledger(self.folder, {key: {"exit_code": code, "error": error, **extra}}, merge=True)
+        with self.bar_lock:
+            self.codes[key] = code
+            if extra.get("interrupted"):
+                self.interrupted.append(key)
+            bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
+            bar.update(1)
+
+    def work(self, slot: int, share: list[RunSpec], bar) -> None:
+        """One worker's share of the runs: a worker process for them, started again after one dies."""
+        remaining = {s.key: s for s in share}
+        worker_log = self.folder / "local" / f"worker{slot}.log"
+        worker_log.parent.mkdir(parents=True, exist_ok=True)
+        options = {**self.options, "threads": self.options.get("threads") or 1}
+        while remaining and not self.stop.is_set():
+            payload = {"experiment_file": self.experiment_file, "options": options,
+                       "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
+            command = [sys.executable, "-m", "ablate.workers", str(self.results), json.dumps(payload)]
+            with open(worker_log, "a", encoding="utf-8") as log:
+                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                           env=cpu_training_env(), text=True, start_new_session=True)
+                with self.bar_lock:
+                    self.workers.add(process)
+                if self.stop.is_set():  # Ctrl-C came while it was starting
+                    _interrupt(process)
+                current = self._follow(process, remaining, bar)
+                code = process.wait()
+                process.stdin.close()
+                with self.bar_lock:
+                    self.workers.discard(process)
+            if self.stop.is_set():  # stopped by Ctrl-C: a run it was in is resumable, not failed
+                if current is not None:
+                    self.finished_run(bar, current, 130, STOPPED, interrupted=True)
+                return
+            if remaining:  # the worker died during `current` (or before its first run): that run failed
+                key = current or next(iter(remaining))
+                remaining.pop(key)
+                self.finished_run(bar, key, code or 1, f"the worker process died (exit code {code}) during this "
+                                                       f"run; see {worker_log}")
+
+    def _follow(self, process, remaining: dict, bar) -> str | None:
+        """The worker's events until it exits: each run started, done or interrupted recorded in the ledger;
+        the run it was in when it exited (None between runs)."""
+        current = None
+        for line in process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "start":
+                current = event["key"]
+                record_ledger(self.folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}},
+                              merge=True)
+            elif event.get("event") in ("done", "interrupted"):
+                remaining.pop(event["key"], None)
+                if event["event"] == "done":
+                    self.finished_run(bar, event["key"], event["code"], event.get("error"))
+                else:
+                    self.finished_run(bar, event["key"], 130, STOPPED, interrupted=True)
+                current = None
+        return current
 
 
 STOPPED = "interrupted (Ctrl-C) at a step boundary, with a checkpoint; `ablate submit` resumes it"

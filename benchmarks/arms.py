@@ -211,8 +211,10 @@ def print_profile_diff(ops: dict[str, dict[str, float]], top: int = 12) -> None:
 # ------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", help="arms to measure (default: every registered arm; baseline is always added)")
+                                     epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", help="arms to measure (default: every registered arm; baseline "
+                                                  "is always added)")
     parser.add_argument("--tier", default="10M", help="model shape (default 10M)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--seq-len", type=int, default=512, help="sequence length for timing (default 512)")
@@ -247,7 +249,8 @@ def main(argv=None) -> int:
     print(f"shape: tier {args.tier} (n_layer {tier.n_layer}, d_model {tier.d_model}, {tier.n_head} heads, "
           f"vocab {tier.vocab_size} padded to 64), batch {args.batch}, float32")
     timing = None if args.no_timing else time_arms(arms, args.tier, args.batch, args.seq_len, args.repeats, args.warmup)
-    memory = measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads) if args.memory_seq_lens else None
+    memory = (measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads)
+              if args.memory_seq_lens else None)
     result.update(timing=timing, memory=memory, load_average_after=[round(x, 2) for x in os.getloadavg()])
 
     head = "| arm |"

@@ -88,7 +88,8 @@ def worker(argv: list[str]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", help="arms (default: every registered arm)")
     parser.add_argument("--tier", default="10M")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
@@ -132,8 +133,10 @@ def main(argv=None) -> int:
         for path in args.paths:
             cells = [by[(arm, path, t)] for t in lens]
             mem = [c["peak_growth_mib"] for c in cells]
-            slope = math.log2(mem[-1] / mem[-2]) / math.log2(lens[-1] / lens[-2]) if len(lens) > 1 and mem[-2] > 0 else float("nan")
-            print(f"| {arm} | {path} | {cells[-1]['kernel']} |" + "".join(f" {m:.1f} |" for m in mem) + f" {slope:.2f} |"
+            slope = (math.log2(mem[-1] / mem[-2]) / math.log2(lens[-1] / lens[-2])
+                     if len(lens) > 1 and mem[-2] > 0 else float("nan"))
+            print(f"| {arm} | {path} | {cells[-1]['kernel']} |" + "".join(f" {m:.1f} |" for m in mem)
+                  + f" {slope:.2f} |"
                   + "".join(f" {c['ms']:.0f} |" for c in cells))
     tt = {t: 1 * tier.n_head * t * t * 4 / 2**20 for t in lens}
     print("\none T×T float32 tensor (B=1, all heads): " + ", ".join(f"T={t}: {m:.0f} MiB" for t, m in tt.items()))

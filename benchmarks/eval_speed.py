@@ -50,7 +50,8 @@ WIKITEXT_TOKENS = round(245_569 * 1.2)
 
 
 def measured_counts(task_data: Path) -> dict:
-    """{task: (requests, input tokens per request, total scored tokens)} from the real files, as the harness builds them."""
+    """{task: (requests, input tokens per request, total scored tokens)} from the real files, as the harness
+    builds them."""
     from ablate.evals.tasks import build_tasks
 
     tasks = build_tasks(["lambada_openai", "hellaswag", "wikitext"], task_data)
@@ -59,7 +60,8 @@ def measured_counts(task_data: Path) -> dict:
     counts = {}
     lengths = []
     for doc in tasks["lambada_openai"].eval_docs:
-        lengths.append(len(encode(tasks["lambada_openai"].doc_to_text(doc) + tasks["lambada_openai"].doc_to_target(doc))))
+        lengths.append(len(encode(tasks["lambada_openai"].doc_to_text(doc)
+                                  + tasks["lambada_openai"].doc_to_target(doc))))
     counts["lambada_openai"] = (len(lengths), sum(lengths) / len(lengths))
     lengths = []
     hs = tasks["hellaswag"]
@@ -136,7 +138,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), float32")
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} "
+          "thread(s), float32")
     figures = {"speed": speed(args.batch_size, args.rounds)}
     print("\n| smoke shape, CPU | input tokens | best s | tokens/s |\n|---|---:|---:|---:|")
     for name, row in figures["speed"].items():
@@ -149,7 +152,8 @@ def main() -> None:
     print("| tier | lambada tokens | lambada FLOPs | hellaswag tokens | hellaswag FLOPs | wikitext tokens "
           "| wikitext FLOPs | all three | ÷ training |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in figures["flops"]:
-        cells = " | ".join(f"{row[t]['tokens']:,.0f} | {row[t]['flops']:.3g}" for t in ("lambada_openai", "hellaswag", "wikitext"))
+        cells = " | ".join(f"{row[t]['tokens']:,.0f} | {row[t]['flops']:.3g}"
+                           for t in ("lambada_openai", "hellaswag", "wikitext"))
         print(f"| {row['tier']} | {cells} | {row['total_flops']:.3g} | {row['total_flops'] / row['train_flops']:.2%} |")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

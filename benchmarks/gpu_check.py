@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py                      # on a GPU: writes gpu_check.json, prints a table
     python benchmarks/gpu_check.py --device cpu --tiny  # the same code at the smoke shape on CPU (tests)
 
-What it measures, per arm (model built by `ablate.tiers.model_config`, weights by `GPT.init_weights`):
+What it measures, per arm (model built by `ablate.sizing.model_config`, weights by `GPT.init_weights`):
 * accuracy: the fused path under bf16 autocast against the reference path in float32 (materialised
   attention weights), same weights, one batch: the largest absolute logit error and both losses;
 * backend: forward+backward with `sdpa_kernel` restricted to the flash kernel, then to the
@@ -238,7 +238,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Prove the GPU path; writes gpu_check.json and prints a table.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     parser.add_argument("--tiny", action="store_true", help="the smoke shape (CPU tests) instead of 124M")
-    parser.add_argument("--arms", nargs="+", help="arms to check (default: the study's, every registered arm but the examples)")
+    parser.add_argument("--arms", nargs="+", help="arms to check (default: the study's, every registered arm "
+                                                  "but the examples)")
     parser.add_argument("--steps", type=int, default=30, help="steps of the eager/compiled run (default 30)")
     parser.add_argument("--timed", type=int, default=10, help="timed steps per arm (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm before timing (default 3)")

@@ -104,6 +104,27 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """The index of the import-linter layer (pyproject.toml, 0 = the top) that holds `module`, None if none."""
+    for index, names in enumerate(layers):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return index
+    return None
+
+
+def upward(edges: dict[str, set[str]]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The modules in no layer, and the imports (top-level or inside a function) that run back up a layer."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    contract = next(c for c in config if c["type"] == "layers")
+    layers = [[n.strip() for n in layer.split(":")] for layer in contract["layers"]]
+    unplaced = sorted(m for m in edges if m != PACKAGE and layer_of(m, layers) is None)
+    up = sorted((a, b) for a, targets in edges.items() for b in targets
+                if None not in (layer_of(a, layers), layer_of(b, layers)) and layer_of(b, layers) < layer_of(a, layers))
+    return unplaced, up
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list-local", action="store_true", help="list every function-local import")
@@ -115,6 +136,9 @@ def main() -> int:
     print(f"modules: {len(modules)}")
     print(f"internal import edges: {sum(len(t) for t in edges.values())}")
     print(f"cycles: {len(found)}" + "".join(f"\n  {len(c)} modules: {', '.join(c)}" for c in found))
+    unplaced, up = upward(edges)
+    print(f"modules in no layer: {len(unplaced)}" + "".join(f"\n  {m}" for m in unplaced))
+    print(f"imports back up a layer: {len(up)}" + "".join(f"\n  {a} -> {b}" for a, b in up))
     print(f"largest file: {modules[largest].relative_to(ROOT)} ({sizes[largest]} lines)")
     print(f"files over 400 lines: {sum(s > 400 for s in sizes.values())}")
     print(f"function-local imports: {len(local)} ({sum(bool(r) for *_, r in local)} with a reason beside them)")

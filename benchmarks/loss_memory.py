@@ -55,7 +55,8 @@ def main() -> None:
     env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     tokens = args.batch * args.seq
-    print(f"10M shape (8 layers, d 320, vocabulary 50,304), {args.batch} × {args.seq} = {tokens} tokens, float32 on CPU")
+    print(f"10M shape (8 layers, d 320, vocabulary 50,304), {args.batch} × {args.seq} = {tokens} tokens, "
+          "float32 on CPU")
     print(f"{'loss chunk':>10} {'peak growth MB':>15} {'peak MB':>9} {'fwd+bwd s':>10} {'loss':>10}")
     for chunk in args.chunks:
         out = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--seq", str(args.seq),

@@ -6,8 +6,9 @@
 Phases (each in its own process, so that nothing of another phase is resident): `train_step` (one
 optimisation step, `ablate.loop.Step`, the loss `loss_chunk` tokens at a time or whole), `evaluation`
 (`ablate.loop.mean_token_loss` over one micro-batch of windows, the optimiser's moments resident, made
-by a step over zero gradients), `final_evaluation` (the same over two micro-batches), `eval_scoring` (`ablate.evals.lm.AblateLM`
-scoring `--eval-batch` windows whose continuation is the whole window, as its rolling windows are).
+by a step over zero gradients), `final_evaluation` (the same over two micro-batches), `eval_scoring`
+(`ablate.evals.lm.AblateLM` scoring `--eval-batch` windows whose continuation is the whole window, as its rolling
+windows are).
 
 How the peak is measured: the kernel's high-water mark of the process's resident memory (VmHWM in
 /proc/self/status), reset to the resident memory of the moment by writing 5 to /proc/self/clear_refs

@@ -295,7 +295,8 @@ def main(argv=None) -> int:
     info = machine()
     print(machine_line(info))
     tier, harness, reference = build_pair(args.tier, args.seq_len)
-    tokens = torch.randint(0, tier.vocab_size, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, tier.vocab_size, (args.batch, args.seq_len + 1),
+                           generator=torch.Generator().manual_seed(0))
     idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     with torch.no_grad():
         harness_loss = float(harness(idx, targets).loss)
@@ -332,7 +333,8 @@ def main(argv=None) -> int:
               "command": " ".join(sys.argv), "params": n_params,
               "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
               "times_ms": {n: [round(1e3 * x, 1) for x in t] for n, t in times.items()},
-              "reference_over_harness": statistics.median(ratio), "reference_over_plain": statistics.median(ratio_plain),
+              "reference_over_harness": statistics.median(ratio),
+              "reference_over_plain": statistics.median(ratio_plain),
               "ratio_min": min(ratio), "ratio_max": max(ratio)}
     if ratio_nanogpt:
         result.update(nanogpt_over_harness=statistics.median(ratio_nanogpt), nanogpt_ratio_min=min(ratio_nanogpt),
@@ -341,7 +343,8 @@ def main(argv=None) -> int:
     print(f"| reference (nanoGPT style) | {result['median_ms']['reference']:.0f} | 1.000 |")
     print(f"| harness (ablate GPT + Fabric step, as train.py) | {result['median_ms']['harness']:.0f} | "
           f"**{result['reference_over_harness']:.3f}** ({min(ratio):.3f}–{max(ratio):.3f}) |")
-    print(f"| ablate GPT, plain PyTorch step | {result['median_ms']['plain']:.0f} | {result['reference_over_plain']:.3f} "
+    print(f"| ablate GPT, plain PyTorch step | {result['median_ms']['plain']:.0f} | "
+          f"{result['reference_over_plain']:.3f} "
           f"({min(ratio_plain):.3f}–{max(ratio_plain):.3f}) |")
     if ratio_nanogpt:
         print(f"| karpathy/nanoGPT model.py (bias=False), its step | {result['median_ms']['nanogpt']:.0f} | "

@@ -17,7 +17,8 @@ from ablate.store import run_dir
 
 TIERS = ("10M", "50M", "124M", "350M")
 SEEDS = {"10M": 3, "50M": 3, "124M": 3, "350M": 1}
-NINE_ARMS = ("baseline", "sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm", "combo", "combo2")
+NINE_ARMS = ("baseline", "sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm", "combo",
+             "combo2")
 
 # The study's mean paired differences in nats, per tier in TIERS order.
 REFERENCE = {

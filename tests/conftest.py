@@ -19,6 +19,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from datafix import prepared_sample
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 LOCAL_PROFILE = REPO / "slurm" / "local.toml"
@@ -91,3 +93,9 @@ def submitit_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "submitit"
     folder.mkdir()
     return folder
+
+
+@pytest.fixture(scope="session")
+def sample_data(tmp_path_factory) -> Path:
+    """The shipped sample as token shards, prepared once per session for every test that asks for it."""
+    return prepared_sample(tmp_path_factory.mktemp("data"))

@@ -26,12 +26,3 @@ def ablate_cli(*args, cwd=None, env=None, check=True, timeout=600) -> subprocess
     if check and result.returncode != 0:
         raise AssertionError(f"ablate {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result
-
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def sample_data(tmp_path_factory) -> Path:
-    """The shipped sample as token shards (import this fixture into a test module to use it)."""
-    return prepared_sample(tmp_path_factory.mktemp("data"))

@@ -84,7 +84,8 @@ def test_statistics_match_scipy(runs):
         assert row["se"] == pytest.approx(stats.sem(diffs), rel=1e-9)
         assert row["ci_low"] == pytest.approx(interval.low, rel=1e-9)
         assert row["ci_high"] == pytest.approx(interval.high, rel=1e-9)
-        assert row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"] == pytest.approx(diffs.max(), abs=1e-12)
+        assert (row["min"] == pytest.approx(diffs.min(), abs=1e-12) and row["max"]
+                == pytest.approx(diffs.max(), abs=1e-12))
         assert row["agree"] == int((np.sign(diffs) == np.sign(diffs.mean())).sum())
         checked += 1
     assert checked == 8 * 3  # eight arms against baseline at the three tiers with three seeds
@@ -134,7 +135,8 @@ def test_pipeline_check_tier_is_marked_and_losses_table(tmp_path):
     table = losses_table(runs)
     assert table.columns == ["tier", "arm", "n", "mean", "sd", "se", "min", "max", "marks"]
     row = table.frame.filter(tier="10M", arm="sink-logit").row(0, named=True)
-    assert row["n"] == 2 and row["mean"] == pytest.approx(7.607) and row["sd"] == pytest.approx(np.std([7.602, 7.612], ddof=1))
+    assert (row["n"] == 2 and row["mean"] == pytest.approx(7.607) and row["sd"]
+            == pytest.approx(np.std([7.602, 7.612], ddof=1)))
     assert row["se"] == pytest.approx(row["sd"] / np.sqrt(2))
     md = render(table, "md")
     assert "| 10M | sink-logit | 2 | 7.6070 ± 0.0071 | 0.0050 |" in md and "pipeline-check" in md
@@ -150,7 +152,8 @@ def test_overlap_matches_its_definition(runs):
     assert table.columns == ["tier", "gate", *STAT_COLUMNS, "p_holm", "marks"]
     for gate, alone, both in (("norm", "norm-gate", "combo"), ("proj", "proj-gate", "combo2")):
         for tier in TIERS:
-            gain = lambda arm, s: losses[(tier, "baseline", s)] - losses[(tier, arm, s)]  # noqa: E731
+            def gain(arm, s, tier=tier):
+                return losses[(tier, "baseline", s)] - losses[(tier, arm, s)]
             per_seed = [gain("sink-logit", s) + gain(alone, s) - gain(both, s) for s in range(SEEDS[tier])]
             row = _row(table, tier, gate)
             assert row["mean"] == pytest.approx(np.mean(per_seed), abs=1e-12)
@@ -226,9 +229,10 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
     with pytest.raises(AblateError, match="baseline/seed1 and .*combo/seed1 are not matched: their val_fingerprint"):
         load_runs(folder)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, settings={"lr": 2e-3})
-    with pytest.raises(AblateError, match=r"baseline/seed1 and .*combo/seed1 are not matched: their settings differ \(lr"):
+    with pytest.raises(AblateError, match=r"baseline/seed1 and .*combo/seed1 are not matched: their "
+                                          r"settings differ \(lr"):
         load_runs(folder)
-    # a config_fingerprint that is not its config.json's: the run itself is damaged (tests/test_tabletrust_identity.py)
+    # a config_fingerprint that is not its config.json's: the run itself is damaged (tests/test_table_run_identity.py)
     write_run(tmp_path, "study", "50M", "combo", 1, 3.5, curve_points=2, config_fingerprint="0ther")
     with pytest.raises(AblateError, match="combo/seed1 is damaged: its config.json is not the configuration"):
         load_runs(folder)
@@ -289,6 +293,32 @@ def test_absent_arms_skip_quantities_with_a_note(tmp_path):
     overlap = overlap_table(runs)
     assert overlap.frame.is_empty() and len(overlap.notes) == 2
     assert "Skipped" in render(overlap, "md")
+
+
+def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
+    """One registry (`ablate.analysis.kinds`): build_table, argparse and the renderers take their kinds from it,
+    so a kind registered there is listed and built, and any other name is refused in one line everywhere
+    (build_table used to build an overlap table for any name it did not know)."""
+    from ablate.analysis.kinds import KINDS, TableKind, register_kind
+    from ablate.cli import main
+
+    for name, kind in KINDS.items():
+        if name not in ("declared", "lr"):  # a declared family and an LR sweep: their own tests
+            table = build_table(runs, name)
+            assert table.kind == name and render(table, "json") if name != "scale" else table.kind == name
+    with pytest.raises(AblateError, match=r"^unknown kind 'lossess'; valid kinds: paired, increments, overlap, "
+                                          r"losses, declared, scale, lr$"):
+        build_table(runs, "lossess")
+    with pytest.raises(SystemExit):
+        main(["table", str(store), "--kind", "lossess"])
+    assert "invalid choice: 'lossess'" in capsys.readouterr().err
+    register_kind(TableKind("final-losses", "ablate.analysis.build:build_losses", "t", "e", "a kind added in a test"))
+    try:
+        assert build_table(runs, "final-losses").kind == "losses"
+        assert main(["table", str(store), "--kind", "final-losses", "--format", "csv"]) == 0
+        assert capsys.readouterr().out.startswith("tier,arm,")
+    finally:
+        KINDS.pop("final-losses")
 
 
 def test_kind_format_and_reference_errors(runs):

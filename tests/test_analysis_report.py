@@ -19,7 +19,8 @@ from ablate.analysis.load import load_curves, load_runs
 
 from ablate.analysis.plots import find_crossover
 from ablate.analysis.report import SECTIONS, write_report
-from ablate.analysis.tables import KINDS, Table, increments_table
+from ablate.analysis.kinds import KINDS, paired_seed_kinds
+from ablate.analysis.tables import Table, increments_table
 from ablate.errors import AblateError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def report(tmp_path_factory):
 
 def test_report_files_and_images(report):
     names = {p.name for p in report.iterdir()}
-    expected = {f"{k}.{ext}" for k in (*KINDS, "losses") for ext in ("md", "csv")}
+    expected = {f"{k}.{ext}" for k in (*paired_seed_kinds(), "losses") for ext in ("md", "csv")}
     assert expected | {"increments.png", "curves.png", "paired.png", "summary.md"} <= names
     assert not [n for n in names if n.startswith("testbed_")]  # no task tier in this experiment
     for image in ("increments.png", "curves.png", "paired.png"):
@@ -83,10 +84,11 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert "**Pipeline check.** smoke (100,000 nominal non-embedding parameters, 25,600 training tokens)" in summary
     assert "carry no evidence" in summary
     assert "- none: no effect outside a pipeline-check tier has two seeds" in summary
-    assert "none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)" in summary
+    assert ("none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)"
+            in summary)
     assert "every effect with two or more seeds has an interval that excludes zero" not in summary
     assert not (folder / "overlap.md").exists()  # no gate arm: the experiment cannot have an overlap
-    for kind in (*(k for k in KINDS if k != "overlap"), "losses"):
+    for kind in (*(k for k in paired_seed_kinds() if k != "overlap"), "losses"):
         text = (folder / f"{kind}.md").read_text()
         if "| smoke |" in text:
             assert "pipeline-check" in text and "carry no evidence" in text, kind
@@ -150,7 +152,8 @@ def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
     assert "filtering_norm skipped" in summary  # increments has zero_option: its skipped quantities stay listed
     assert "## Crossover" not in summary and "norm overlap skipped" not in summary
     left_out = next(line for line in summary.splitlines() if line.startswith("Left out"))
-    assert "overlap (needs baseline, sink-logit and a gate with its combo" in left_out and "crossover (needs" in left_out
+    assert ("overlap (needs baseline, sink-logit and a gate with its combo" in left_out
+            and "crossover (needs" in left_out)
     assert (folder / "curves.png").is_file() and not (folder / "overlap.md").exists()
     assert (folder / "increments.md").is_file()
 
@@ -178,7 +181,8 @@ def test_curves_reader_skips_torn_lines_and_non_finite_points(tmp_path):
     curves = load_curves(load_runs(folder))
     assert curves["step"].to_list() == [250, 500, 750, 1000]
     assert curves["val_loss"][-1] == pytest.approx(4.0)
-    metrics.write_text('{"step": 1, "tokens": 1, "val_loss": 5.0}\nnot json\n{"step": 2, "tokens": 2, "val_loss": 4.5}\n')
+    metrics.write_text('{"step": 1, "tokens": 1, "val_loss": 5.0}\nnot json\n{"step": 2, "tokens": 2, '
+                       '"val_loss": 4.5}\n')
     assert load_curves(load_runs(folder))["val_loss"].to_list() == [5.0, 4.5]
 
 
@@ -208,7 +212,9 @@ def test_table_and_report_commands(tmp_path, capsys):
     assert str(folder / "report") in capsys.readouterr().out
     with pytest.raises(AblateError, match="needs an experiment's run store"):
         write_report(tmp_path / "p.csv")
-    assert analysis_cli.KINDS == (*KINDS, "losses", "declared", "scale", "lr")
+    assert paired_seed_kinds() == ("paired", "increments", "overlap")
+    assert analysis_cli.KINDS is KINDS and list(KINDS) == ["paired", "increments", "overlap", "losses", "declared",
+                                                          "scale", "lr"]
 
 
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module
@@ -234,7 +240,7 @@ def test_analysis_with_the_real_arms_package_never_imports_torch(small_store):
 
 
 def test_the_report_headlines_come_from_the_scale_table(report):
-    """Issue 30: "shrinks", "grows" and "overtakes at" are written from scale.json, each with its figure."""
+    """The scale sentences: "shrinks", "grows" and "overtakes at" are written from scale.json, each with its figure."""
     out = report
     summary = (out / "summary.md").read_text()
     section = summary.split("## Scale")[1].split("\n## ")[0]
@@ -243,7 +249,27 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     assert f"zero_option (baseline − sink-logit) shrinks with scale: {zero['slope_per_decade']:+.4f} nats" in section
     assert "filtering_proj (sink-logit − combo2) grows with scale" in section
     proj = next(c for c in table["crossings"] if c["quantity"] == "gap_proj")
-    assert f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters" in section
+    assert (f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters"
+            in section)
     assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
     assert "Scale is confounded" in section and "tokens per parameter" in section
     assert "Scale is confounded" in summary.split("## Crossover")[1]
+
+
+def test_a_table_or_report_of_an_experiment_file_executes_it_once(tmp_path, capsys):
+    """`ablate table FILE` and `ablate report FILE` load the experiment once (it used to be executed twice: once
+    for its results folder, once for its declared comparisons): an experiment file is code, run once a command."""
+    from ablate.cli import main
+
+    write_store(tmp_path / "results", experiment="once")
+    counter = tmp_path / "executed"
+    file = tmp_path / "once.py"
+    file.write_text("from pathlib import Path\nfrom ablate.experiment import Comparison, Experiment\n"
+                    f"with open({str(counter)!r}, 'a') as f:\n    f.write('x')\n"
+                    "EXPERIMENT = Experiment(name='once', tiers=['10M'], arms=['baseline', 'sink-logit'], seeds=3,\n"
+                    "    hypotheses=[Comparison('zero', 'baseline', 'sink-logit')])\n")
+    assert main(["table", str(file), "--results", str(tmp_path / "results"), "--format", "csv"]) == 0
+    assert counter.read_text() == "x"
+    assert main(["report", str(file), "--results", str(tmp_path / "results")]) == 0
+    assert counter.read_text() == "xx"
+    assert "p_holm" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Issue 30: the scale model (slopes per decade, crossings), intervals that cover, confounders stated.
+"""The scale model (slopes per decade, crossings), intervals that cover, confounders stated.
 
 The coverage simulations use the study's reference effects (restated here: the test must not depend on
 any document outside the repository) with 3/3/3/1 seeds at 10M/50M/124M/350M. Each repetition draws
@@ -51,7 +51,8 @@ def _simulate(sd: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
     sink = -REFERENCE["zero_option"]
     arms = {"baseline": np.zeros(4), "sink-logit": sink, "combo": sink - REFERENCE["filtering_norm"],
             "combo2": sink - REFERENCE["filtering_proj"]}
-    loss = {arm: mean[tier_of] + rng.normal(0.0, sd / np.sqrt(2), (REPETITIONS, SEEDS.sum())) for arm, mean in arms.items()}
+    loss = {arm: mean[tier_of] + rng.normal(0.0, sd / np.sqrt(2), (REPETITIONS, SEEDS.sum()))
+            for arm, mean in arms.items()}
     out = {"zero_option": loss["baseline"] - loss["sink-logit"], "filtering_norm": loss["sink-logit"] - loss["combo"],
            "filtering_proj": loss["sink-logit"] - loss["combo2"]}
     out["gap_norm"] = out["filtering_norm"] - out["zero_option"]

@@ -40,7 +40,9 @@ def make_arm(name, seed=0, dtype=torch.float64):
 
 def qkvx(T=11, B=2, seed=0, scale=1.0):
     gen = torch.Generator().manual_seed(seed)
-    make = lambda *s: (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).requires_grad_()
+
+    def make(*s):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).requires_grad_()
     return make(B, H, T, D), make(B, HKV, T, D), make(B, HKV, T, D), make(B, T, C)
 
 
@@ -104,7 +106,8 @@ def test_limit_identities(fused):
     # sink-logit with b_h → −∞ is the baseline
     torch.testing.assert_close(run_arm("sink-logit", q, k, v, x, fused, sink_bias=-1e4), base)
     # off-by-one is sink-logit with b_h = 0
-    torch.testing.assert_close(run_arm("off-by-one", q, k, v, x, fused), run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0))
+    torch.testing.assert_close(run_arm("off-by-one", q, k, v, x, fused),
+                               run_arm("sink-logit", q, k, v, x, fused, sink_bias=0.0))
     # any gate with g ≡ 1 is the baseline
     torch.testing.assert_close(run_arm("norm-gate", q, k, v, x, fused, tau=-1e3), base)
     torch.testing.assert_close(run_arm("proj-gate", q, k, v, x, fused, gate_w=0.0, gate_c=1e3), base)
@@ -197,7 +200,8 @@ def test_extra_parameters_match_spec_table():
         assert counts["arm_extra"] == 2 * extra, arm
         assert counts["total"] == small_model("baseline", n_kv_head=H).param_counts()["total"] + 2 * extra
     assert small_model("sink-token").param_counts()["arm_extra"] == C  # d_model, once
-    assert small_model("sink-token").param_counts()["non_embedding"] == small_model("baseline").param_counts()["non_embedding"]
+    assert (small_model("sink-token").param_counts()["non_embedding"]
+            == small_model("baseline").param_counts()["non_embedding"])
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -211,7 +215,8 @@ def test_off_by_one_is_finite_and_exact_for_huge_logits(fused):
         o.sum().backward()
         assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
         # exact: weights e^{l}/(1 + Σ e^{l}) computed in log space
-        logits = torch.full((7, 7), sign * 1e4, dtype=torch.float64).masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+        above = torch.ones(7, 7, dtype=torch.bool).triu(1)
+        logits = torch.full((7, 7), sign * 1e4, dtype=torch.float64).masked_fill(above, float("-inf"))
         log_den = torch.logsumexp(torch.cat([logits, torch.zeros(7, 1, dtype=torch.float64)], 1), dim=1, keepdim=True)
         weights = torch.exp(logits - log_den)
         expected = weights @ v.detach().repeat_interleave(2, 1)

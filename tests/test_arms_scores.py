@@ -149,7 +149,8 @@ def test_temperature_and_qk_norm_are_their_formulas():
     temp = make_arm("temperature")
     q2, k2 = temp.query_key(q, k)
     torch.testing.assert_close((q2 @ k.transpose(-2, -1).repeat_interleave(2, 1)),
-                               (q @ k.transpose(-2, -1).repeat_interleave(2, 1)) / temp.log_temperature.exp().view(-1, 1, 1))
+                               (q @ k.transpose(-2, -1).repeat_interleave(2, 1))
+                               / temp.log_temperature.exp().view(-1, 1, 1))
     assert k2 is k
     norm = make_arm("qk-norm")
     qn, kn = norm.query_key(q, k)

@@ -51,7 +51,8 @@ def test_a_lower_is_better_metric_table_differences_reference_minus_arm(evaluate
 def test_the_report_s_downstream_tables_are_captioned_by_their_metric(evaluated):
     downstream = (write_report(evaluated) / "downstream.md").read_text()
     assert LOSS_CAPTION not in downstream
-    assert "Downstream metric hellaswag/acc_norm" in downstream and "Downstream metric wikitext/word_perplexity" in downstream
+    assert ("Downstream metric hellaswag/acc_norm" in downstream
+            and "Downstream metric wikitext/word_perplexity" in downstream)
 
 
 def test_a_loss_table_says_nats_lower_is_better_and_the_val_loss_convention(tmp_path):
@@ -70,7 +71,8 @@ def test_a_csv_source_s_unverified_pairing_has_its_own_line_not_under_skipped(tm
     lines = md.splitlines()
     note = next(i for i, line in enumerate(lines) if "pairing NOT verified" in line)
     assert lines[note].startswith("Note: pairing NOT verified") and note < lines.index("| tier | arm | n | mean ± sd "
-                                                                                      "| se | 95% CI | min | max | agree "
+                                                                                      "| se | 95% CI | min "
+                                                                                      "| max | agree "
                                                                                       "| p | p_holm | marks |")
     assert md.count("pairing NOT verified") == 1 and "Skipped:" not in md
 

@@ -266,6 +266,7 @@ def test_cli_prepare_and_info_on_the_shipped_sample(tmp_path, capsys):
 
 
 def test_fineweb_edu_without_the_hub_says_what_to_do(tmp_path):
-    with pytest.raises(AblateError, match="cannot open HuggingFaceFW/fineweb-edu config 'sample-10BT'.*--source parquet --path"):
+    with pytest.raises(AblateError, match="cannot open HuggingFaceFW/fineweb-edu config 'sample-10BT'.*--source "
+                                          "parquet --path"):
         prepare("fineweb-edu", tmp_path / "data" / "out", tokens=1000, progress_bar=False, workers=1)
     assert not (tmp_path / "data").exists()  # nothing left behind

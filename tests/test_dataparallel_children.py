@@ -9,7 +9,7 @@ import pytest
 from ablate.experiment import RunSpec
 from ablate.store import read_json, read_ledger, run_dir
 from ablate.train import run
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 EXPERIMENT = '''
 from ablate.experiment import Experiment
@@ -65,8 +65,8 @@ def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, 
     assert params["tasks_per_node"] == 2 and params["cpus_per_task"] == 1
     assert executor_parameters({**profile, "gpus_per_run": 2}, "x")["gpus_per_node"] == 2
     file = tmp_path / "dp_slurm.py"
-    file.write_text(EXPERIMENT.format(data=str(sample_data)).replace('"dp_grid"', '"dp_slurm"').replace("seeds=2", "seeds=1")
-                    .replace('"devices": 2, ', ""))
+    file.write_text(EXPERIMENT.format(data=str(sample_data)).replace('"dp_grid"', '"dp_slurm"')
+                    .replace("seeds=2", "seeds=1").replace('"devices": 2, ', ""))
     results = tmp_path / "results"
     ablate_cli("submit", file, "--executor", "slurm", "--profile", profile_path, "--results", results)
     deadline = time.time() + 600

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from ablate.dispatch import submit
+from ablate.dispatch import Submission, submit
 from ablate.profiles import load_profile
 from ablate.status import status
 from ablate.store import read_ledger
 from ablate.experiment import load_experiment
 from ablate.store import read_json, read_metrics, run_dir
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 EXPERIMENT = '''
 import os
@@ -123,7 +123,7 @@ def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_p
     out = ablate_cli("submit", file, "--executor", "slurm", "--profile", "local", "--results", results).stdout
     assert "queued 8 runs" in out
     # submitting again while the grid is queued or running queues nothing twice
-    again = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert again["to_submit"] == [] and again["jobs"] == {}
     rows = wait_until_settled(experiment, results)
     states = {(r["arm"], r["seed"]): r["state"] for r in rows}
@@ -135,7 +135,7 @@ def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_p
     completed_ids = {k: v["job_id"] for k, v in read_ledger(results / "grid")["runs"].items()}
     # the fix, then a second submit reruns the failed runs alone
     (tmp_path / "FAIL").unlink()
-    second = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    second = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert sorted(second["to_submit"]) == ["smoke/flaky/seed0", "smoke/flaky/seed1"]
     rows = wait_until_settled(experiment, results)
     assert all(r["state"] == "completed" for r in rows)
@@ -156,7 +156,7 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
 
     file = write_experiment(tmp_path, "timeout", ["proj-gate"], 1, 80, sample_data)
     experiment, results = load_experiment(file), tmp_path / "results"
-    report = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+    report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     entry = read_ledger(results / "timeout")["runs"]["smoke/proj-gate/seed0"]
     metrics = run_dir(results, "timeout", "smoke", "proj-gate", 0) / "metrics.jsonl"
     deadline = time.time() + 300
@@ -186,12 +186,16 @@ def test_pending_array_rows_of_sacct_are_expanded():
 
 
 def test_the_micro_batch_follows_the_profiles_gpu():
-    from ablate.dispatch import gpu_micro_batch
+    from ablate.dispatch import gpu_run_options
+    from ablate.experiment import RunSpec
     from ablate.tiers import get_tier
 
-    small, large = gpu_micro_batch("124M", "a100", 1), gpu_micro_batch("124M", "h200", 1)
+    spec = RunSpec("e", "124M", "baseline", 0, {})
+    small = gpu_run_options({}, spec, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"]
+    large = gpu_run_options({}, spec, {"gpu": "h200", "gpus_per_run": 1})["micro_batch"]
     assert small < large and get_tier("124M").global_batch % small == 0
-    assert gpu_micro_batch("10M", "a100", 1, chosen=8) == 8  # an experiment's own choice wins
+    chosen = RunSpec("e", "10M", "baseline", 0, {"micro_batch": 8})  # an experiment's own choice wins
+    assert gpu_run_options({}, chosen, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"] == 8
 
 
 def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_error(tmp_path, sample_data):
@@ -241,4 +245,5 @@ def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_pa
     assert out.returncode == 1 and "ran 3 runs here, 1 failed" in out.stdout
     rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
     assert rows["baseline"]["state"] == rows["sink-logit"]["state"] == "completed"
-    assert rows["test-crash"]["state"] == "failed" and "worker process died (exit code 9)" in rows["test-crash"]["error"]
+    assert (rows["test-crash"]["state"] == "failed"
+            and "worker process died (exit code 9)" in rows["test-crash"]["error"])

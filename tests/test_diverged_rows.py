@@ -1,4 +1,4 @@
-"""Diverged runs are outcomes (issue 30 item 7): a row counts its diverged seeds, says what dropping them does,
+"""Diverged runs are outcomes: a row counts its diverged seeds, says what dropping them does,
 and a comparison whose better arm diverged is never called supported."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from ablate.model import GPT
 from ablate.plan import ASSUMED_MFU, GPU_CHECK_FILE
 from ablate.sizing import model_config
 from ablate.tiers import TIERS
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 
 METHOD = (REPO / "docs" / "method.md").read_text()
 

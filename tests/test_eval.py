@@ -71,7 +71,8 @@ def overfit_run(folder: Path, arm: str = "baseline", steps: int = 60) -> Path:
         loss.backward()
         optimizer.step()
     save_model(model.eval(), folder / "checkpoints" / "model.pt")
-    atomic_write_json(folder / "summary.json", {"status": "completed", "val_loss": float(loss.detach())})  # with its loss
+    # with its loss
+    atomic_write_json(folder / "summary.json", {"status": "completed", "val_loss": float(loss.detach())})
     return folder
 
 
@@ -149,7 +150,8 @@ def test_read_metric_and_the_metric_names(evaluated):
     assert row["fingerprint"] == settings_fingerprint(row["settings"])
     assert settings_fingerprint({**row["settings"], "limit": 5}) != row["fingerprint"]
     assert check_metric("hellaswag/acc_norm", [folder]) == ("hellaswag", "acc_norm")
-    with pytest.raises(AblateError, match="unknown metric 'hellaswag/f1'; valid metrics: hellaswag/acc, hellaswag/acc_norm"):
+    with pytest.raises(AblateError, match="unknown metric 'hellaswag/f1'; valid metrics: hellaswag/acc, "
+                                          "hellaswag/acc_norm"):
         check_metric("hellaswag/f1", [folder])
     with pytest.raises(AblateError, match="TASK/METRIC"):
         read_metric(folder, "acc")
@@ -186,7 +188,8 @@ def test_eval_job_is_picklable_and_the_cli_walks_an_experiment(evaluated, tmp_pa
     folder, data, _ = evaluated
     experiment = tmp_path / "evx.py"
     experiment.write_text("from ablate.experiment import Experiment\n"
-                          "EXPERIMENT = Experiment(name='evx', tiers=['smoke'], arms=['baseline', 'sink-token'], seeds=1)\n")
+                          "EXPERIMENT = Experiment(name='evx', tiers=['smoke'], arms=['baseline', "
+                          "'sink-token'], seeds=1)\n")
     results = tmp_path / "results"
     shutil.copytree(folder, results / "evx" / "smoke" / "baseline" / "seed0")
     options = {"limit": 1, "task_data": str(data), "bootstrap_iters": 0, "device": "cpu"}

@@ -1,4 +1,4 @@
-"""Per-item results of `ablate eval` (issue 22, items 1 and 3): RUN/eval_items/<task>.jsonl from lm-eval's
+"""Per-item results of `ablate eval`: RUN/eval_items/<task>.jsonl from lm-eval's
 logged samples, whose means are eval.json's values, tied to the weights, and equal at batch sizes 1 and 16."""
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def test_item_means_equal_eval_json(evaluated):
                 per_unit = -gold.sum() / sum(item[unit] for item in items)
                 expected = per_unit / math.log(2) if metric == "bits_per_byte" else math.exp(per_unit)
                 assert expected == pytest.approx(row["value"], rel=1e-9), metric
-    assert set(lines(folder, "hellaswag")[0]) == {"doc_id", "doc_hash", "prompt_hash", "acc", "acc_norm", "gold_logprob"}
+    assert set(lines(folder, "hellaswag")[0]) == {"doc_id", "doc_hash", "prompt_hash", "acc", "acc_norm",
+                                                  "gold_logprob"}
     assert set(lines(folder, "wikitext")[0]) == {"doc_id", "doc_hash", "prompt_hash", "gold_logprob", "words", "bytes"}
 
 
@@ -135,7 +136,8 @@ def test_scores_are_equal_at_batch_sizes_1_and_16_and_the_batch_size_is_recorded
         assert [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in a] == \
                [(r["doc_id"], r["doc_hash"], r["prompt_hash"]) for r in b]  # pairing does not see the batch size
         for x, y in zip(a, b):
-            assert {k: v for k, v in x.items() if k.startswith("acc")} == {k: v for k, v in y.items() if k.startswith("acc")}
+            assert {k: v for k, v in x.items()
+                    if k.startswith("acc")} == {k: v for k, v in y.items() if k.startswith("acc")}
             # float32 rounding: other batch shapes round each token's log-probability differently (~1e-7 relative)
             assert y["gold_logprob"] == pytest.approx(x["gold_logprob"], rel=1e-6, abs=0)
 

@@ -107,7 +107,8 @@ def test_loglikelihood_rolling_equals_the_harness_windows_scored_directly(arm):
             for offset, token in enumerate(continuation):
                 direct += float(logprobs[len(inputs) - len(continuation) + offset, token])
     short = "A second, short document."
-    got = AblateLM(model, batch_size=2).loglikelihood_rolling(requests([(document,), (short,)], "loglikelihood_rolling"))
+    rolling = requests([(document,), (short,)], "loglikelihood_rolling")
+    got = AblateLM(model, batch_size=2).loglikelihood_rolling(rolling)
     assert got[0] == pytest.approx(direct, abs=1e-4)  # ~60 float32 log-probs summed (each to ~1e-6)
     assert got[1] == pytest.approx(direct_logprob(model, [EOT_TOKEN], encode(short)), abs=1e-5)
 

@@ -14,7 +14,8 @@ from ablate.errors import AblateError
 from analysis_fixtures import write_run
 from datafix import ablate_cli
 
-SETTINGS = {"task_version": 1.0, "lm_eval_version": "0.4.13", "limit": None, "num_fewshot": 0, "data": "hub:Rowan/hellaswag"}
+SETTINGS = {"task_version": 1.0, "lm_eval_version": "0.4.13", "limit": None, "num_fewshot": 0,
+            "data": "hub:Rowan/hellaswag"}
 ACC = {("baseline", 0): 0.30, ("baseline", 1): 0.31, ("baseline", 2): 0.29,
        ("sink-logit", 0): 0.32, ("sink-logit", 1): 0.315, ("sink-logit", 2): 0.30}
 PPL = {("baseline", 0): 40.0, ("baseline", 1): 41.0, ("baseline", 2): 39.5,

@@ -1,4 +1,4 @@
-"""Families a paper can defend (issue 30 item 3): the m the table states is the m Holm used, the study-wide
+"""Families a paper can defend: the m the table states is the m Holm used, the study-wide
 error of the design is stated, and a downstream metric's table is exploratory, never supported."""
 
 from __future__ import annotations

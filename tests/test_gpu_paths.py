@@ -1,4 +1,4 @@
-"""The GPU-only branches of a run, run on the CPU (issue 20, items 2–4).
+"""The GPU-only branches of a run, run on the CPU.
 
 * `host_sync` "log" (the GPU's read-back every log_interval steps) gives the metrics of "step", catches a
   divergence at the next boundary, and never changes pairing;
@@ -35,7 +35,6 @@ from ablate.model import GPT, GPTConfig
 from ablate.sizing import model_config
 from ablate.store import read_json, read_metrics, run_dir
 from ablate.train import run
-from datafix import sample_data  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)
 
@@ -71,7 +70,8 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     for key in ("val_loss", "data_fingerprint", "init_fingerprint", "val_fingerprint", "config_fingerprint"):
         assert every[key] == batched[key], key
     assert len(copies) == 24  # every step's batch went through copy_in, in both runs
-    configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json") for r in ("step", "log")]
+    configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json")
+               for r in ("step", "log")]
     assert [c["host_sync"] for c in configs] == ["step", "log"]  # written into config.json
     assert config_differences(*configs) == []  # they pair
 
@@ -204,7 +204,8 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
             fused, _ = attention(module, *half, fused=True)
             reference16, _ = attention(module, *half, fused=False)
     assert fused.dtype == torch.bfloat16
-    error, error16 = (fused.float() - reference).abs().max().item(), (reference16.float() - reference).abs().max().item()
+    error = (fused.float() - reference).abs().max().item()
+    error16 = (reference16.float() - reference).abs().max().item()
     assert error <= ATTENTION_TOLERANCE * reference.abs().max().item()
     assert error <= 1.5 * error16 + 0.005
 
@@ -218,7 +219,8 @@ def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, 
     assert losses[0] != losses[1]  # other numbers …
     assert max(abs(a - b) for a, b in zip(*losses)) <= 5 * LOSS_TOLERANCE  # … close to float32's (6 steps on)
     assert abs(half["val_loss"] - full["val_loss"]) <= 5 * LOSS_TOLERANCE
-    assert read_json(run_dir(tmp_path / "bf16", "adhoc", "smoke", "combo", 0) / "config.json")["precision"] == "bf16-mixed"
+    assert (read_json(run_dir(tmp_path / "bf16", "adhoc", "smoke", "combo", 0) / "config.json")["precision"]
+            == "bf16-mixed")
 
 
 # ---------------------------------------------------------------------------------------------- input path

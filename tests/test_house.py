@@ -106,3 +106,69 @@ def test_the_import_contracts_hold():
     linter = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(linter)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_module_is_in_a_layer_of_the_import_contract():
+    """`lint-imports` checks only the modules its layers name: a module left out (loop.py and power.py once were)
+    may import anything. Every module of the package is named, or is inside a package that is."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in config if c["type"] == "layers")["layers"]
+    named = {name.strip() for layer in layers for name in layer.split(":")}
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__") for p in sources()}
+    unplaced = sorted(m for m in modules - {"ablate"}
+                      if not any(m == n or m.startswith(n + ".") for n in named))
+    assert unplaced == []
+
+
+def test_every_command_handler_is_named_one_way():
+    """A command's handler is `<what>_command` (`ablate.cli.analysis.table_command`), so the handler of a command
+    is found by its name; a handler named otherwise (`_plan`, `run_prepare`, `_submit_cli` once) fails here."""
+    handlers = set()
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "set_defaults":
+                handlers |= {f"{path.name}:{k.value.id}" for k in node.keywords
+                             if k.arg == "func" and isinstance(k.value, ast.Name)}
+    assert len(handlers) >= 12
+    assert sorted(h for h in handlers if not h.endswith("_command")) == []
+
+
+def test_the_store_owns_every_folder_fact():
+    """The run key <tier>/<arm>/seed<k>, the run folder of a spec, the experiment folder and the checkpoint's
+    name are spelled in ablate/store.py only (once each), and the one-line error in ablate/errors.py."""
+    spelled = {"run key": re.compile(r"/seed\{"), "run_dir of a spec's parts": re.compile(r"run_dir\([^)]*spec\."),
+               "experiment_dir": re.compile(r"def experiment_dir\("), "STATE": re.compile(r"^STATE = ", re.M),
+               "error_line": re.compile(r"def error_line\(")}
+    owners = {"error_line": "ablate/errors.py"}
+    for fact, pattern in spelled.items():
+        where = [str(p.relative_to(REPO)) for p in sources() for _ in pattern.finditer(p.read_text())]
+        owner = owners.get(fact, "ablate/store.py")
+        assert [w for w in where if w != owner] == [], fact
+        assert len(where) <= 1, (fact, where)
+
+
+MAX_FUNCTION_LINES, MAX_PARAMETERS = 60, 8
+# The one function still over the parameter limit, and why: `prepare`'s keywords are the `ablate data prepare`
+# options every test and the CLI pass by name (a dataclass of them is the next step, not yet taken).
+OVER_THE_PARAMETER_LIMIT = {"ablate/data/writer.py:prepare"}
+
+
+def functions():
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                count = len(names) - (names[:1] in (["self"], ["cls"])) + bool(args.vararg) + bool(args.kwarg)
+                yield f"{path.relative_to(REPO)}:{node.name}", node.end_lineno - node.lineno + 1, count
+
+
+def test_no_function_is_over_60_lines_or_8_parameters():
+    """A function reads in one screen and a call names at most 8 things (a dataclass of options beyond that:
+    `ablate.dispatch.Submission`, `ablate.probes.injection.Sweep`); decorators and docstring count as lines."""
+    found = list(functions())
+    assert len(found) > 500
+    assert [(name, lines) for name, lines, _ in found if lines > MAX_FUNCTION_LINES] == []
+    assert [(name, n) for name, _, n in found if n > MAX_PARAMETERS and name not in OVER_THE_PARAMETER_LIMIT] == []

@@ -1,4 +1,4 @@
-"""The by-item interval covers (issue 30 item 5): a crossed seed × item random-effects model simulated at
+"""The by-item interval covers: a crossed seed × item random-effects model simulated at
 several variance mixes, 2-4 seeds × 80 items; the 95% interval must cover the true mean ≥ 93% of the time.
 The seed-level t interval (what a per-seed mean alone gives) misses the items' variance and fails it."""
 

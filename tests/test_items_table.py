@@ -1,4 +1,4 @@
-"""`ablate table --metric TASK/METRIC --by-item` (issue 22, item 2): downstream differences paired by item
+"""`ablate table --metric TASK/METRIC --by-item`: downstream differences paired by item
 within each seed, then over seeds; checked against an independent computation from the item files."""
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def test_one_seed_gives_the_item_level_interval_marked_as_item_variance_only(tmp
     row, table = row_of(store)
     arm, ref = read_lines(store, "sink-logit", 0), read_lines(store, "baseline", 0)
     deltas = np.array([arm[i]["gold_logprob"] - ref[i]["gold_logprob"] for i in sorted(arm.keys() & ref.keys())])
-    result = stats.ttest_rel([arm[i]["gold_logprob"] for i in sorted(arm)], [ref[i]["gold_logprob"] for i in sorted(arm)])
+    result = stats.ttest_rel([arm[i]["gold_logprob"] for i in sorted(arm)],
+                             [ref[i]["gold_logprob"] for i in sorted(arm)])
     interval = stats.t.interval(0.95, len(deltas) - 1, loc=deltas.mean(), scale=stats.sem(deltas))
     assert row["n"] == 1 and row["items"] == ITEMS and row["interval_over"] == "items"
     assert row["mean"] == pytest.approx(deltas.mean(), rel=1e-12)

@@ -15,7 +15,7 @@ import platform
 
 import pytest
 
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 from kernel_replay import FINGERPRINTS, kernel_sets_offered, recorded_numbers, replay_in_subprocess
 
 # Max |Δ loss| over the 30 recorded steps and the final validation loss, between any two kernel sets or
@@ -33,7 +33,7 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def replays(sample_data, tmp_path_factory):  # noqa: F811
+def replays(sample_data, tmp_path_factory):
     work = tmp_path_factory.mktemp("replays")
     return {kernel_set: replay_in_subprocess(kernel_set, sample_data, work) for kernel_set in kernel_sets_offered()}
 

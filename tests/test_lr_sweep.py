@@ -15,7 +15,7 @@ from ablate.errors import AblateError
 from ablate.experiment import Experiment, LRSweep, RunSpec
 from ablate.identity import config_differences, config_fingerprint
 from ablate.store import atomic_write_json, iter_run_dirs
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 BASE_LR = 3e-3  # the smoke tier's
 
@@ -110,7 +110,8 @@ def test_the_best_lr_is_chosen_on_the_selection_split_not_the_validation_split(t
 
 def test_a_sweep_run_of_another_batch_size_is_refused(tmp_path):
     experiment = sweep_experiment(seeds=1)
-    write_sweep(tmp_path, experiment, {(arm, f): (5.0, 4.0) for arm in ("baseline", "sink-logit") for f in (0.5, 1.0, 2.0)})
+    write_sweep(tmp_path, experiment,
+                {(arm, f): (5.0, 4.0) for arm in ("baseline", "sink-logit") for f in (0.5, 1.0, 2.0)})
     odd = [s for s in experiment.sweep_runs() if s.arm == "sink-logit" and s.lr_factor == 2.0][0]
     write_run(tmp_path, odd, loss=4.0, val=4.0, global_batch=8)
     with pytest.raises(AblateError, match=r"differ in global_batch: 4 vs 8.*may differ only in lr"):
@@ -235,10 +236,12 @@ def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp
     summary = json.loads(diverged.read_text())
     assert summary["status"] == "diverged" and 1 <= summary["diverged_step"] < 6  # it ended early, step recorded
     completed = json.loads(diverged.parent.parent.parent.joinpath("lr1", "seed1000", "summary.json").read_text())
-    assert math.isfinite(completed["selection_loss"]) and completed["selection_fingerprint"] != completed["val_fingerprint"]
+    assert (math.isfinite(completed["selection_loss"])
+            and completed["selection_fingerprint"] != completed["val_fingerprint"])
     again = ablate_cli(*submit)
     assert "nothing to submit (1 completed, 1 diverged)" in again.stdout  # the diverged run is not retried
-    table = json.loads(ablate_cli("table", tmp_path / "diverging.py", "--kind", "lr", "--format", "json", *common).stdout)
+    table = json.loads(ablate_cli("table", tmp_path / "diverging.py", "--kind", "lr", "--format", "json",
+                                  *common).stdout)
     top = [r for r in table["rows"] if r["lr"] > 1][0]
     assert top["diverged"] == 1 and table["best"][0]["max_stable_lr"] == pytest.approx(BASE_LR)
     assert os.path.isdir(tmp_path / "res" / "diverging" / "smoke" / "baseline" / "lr1")
@@ -274,7 +277,8 @@ def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
            "ABLATE_RESULTS": str(tmp_path / "results")}  # the checkout's results/ otherwise
     out = []
     for line in lines:
-        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=600)
         assert result.returncode == 0, (line, result.stderr[-2000:])
         out.append(result.stdout)
     assert "LR sweep:" in out[0] and "smoke/baseline/lr2/seed1000" in out[0]
@@ -304,5 +308,6 @@ def test_submit_tuned_queues_the_grid_seeds_at_each_arm_s_best_lr_once_the_sweep
               loss=5.0, val=5.0)
     listed = ablate_cli(*tuned).stdout
     assert "4 of 4 runs would be submitted" in listed
-    for key in ("smoke/baseline/seed0", "smoke/baseline/seed1", "smoke/sink-logit/lr2/seed0", "smoke/sink-logit/lr2/seed1"):
+    for key in ("smoke/baseline/seed0", "smoke/baseline/seed1", "smoke/sink-logit/lr2/seed0",
+                "smoke/sink-logit/lr2/seed1"):
         assert f"  {key}\n" in listed

@@ -22,7 +22,7 @@ from ablate.loop import mean_token_loss
 from ablate.model import GPT, GPTConfig
 from ablate.sizing import (LOSS_CHUNK, PHASES, loss_chunk_for, memory_estimate_gb, memory_phases_gb,
                            micro_batch_for)
-from datafix import REPO, sample_data  # noqa: F401  (a fixture)
+from datafix import REPO
 
 torch.set_num_threads(1)
 
@@ -163,3 +163,33 @@ def test_the_estimate_bounds_the_measured_cpu_peak_of_every_phase_within_2x():
     assert {(r["loss_chunk"], r["phase"]) for r in rows} == {(c, p) for c in (0, 128) for p in PHASES}
     for row in rows:
         assert row["measured_mb"] <= row["estimate_mb"] <= 2 * row["measured_mb"], row
+
+
+def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_path):
+    """One rule (`ablate.sizing.run_micro_batch`): `ablate plan` prints the micro-batch `ablate submit` gives the
+    runs on a profile's GPU, and the run sizes its loss with the chunk that micro-batch was sized for; an
+    experiment that turns chunking off (loss_chunk: 0) gets a micro-batch sized for the whole loss."""
+    from ablate.config import resolve_config
+    from ablate.dispatch import gpu_run_options
+    from ablate.experiment import Experiment
+    from ablate.plan import Throughput, plan_grid
+    from ablate.tiers import get_gpu
+
+    profile = {"gpu": "h100", "gpus_per_run": 1}
+    sized = {}
+    for label, overrides in (("chunked", {}), ("unchunked", {"loss_chunk": 0})):
+        experiment = Experiment(name=f"sizing_{label}", tiers=["10M"], arms=["baseline"], seeds=1, overrides=overrides)
+        spec = experiment.runs()[0]
+        planned = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"]
+        submitted = gpu_run_options({}, spec, profile)["micro_batch"]
+        config = resolve_config(spec, data_dir=str(tmp_path), micro_batch=submitted)
+        chunk = loss_chunk_for(config["loss_chunk"], "cuda")
+        assert planned == submitted == config["micro_batch"], label
+        assert chunk == (LOSS_CHUNK if label == "chunked" else 0)
+        assert memory_estimate_gb("10M", submitted, loss_chunk=chunk) <= 0.9 * get_gpu("h100").memory_gb
+        sized[label] = submitted
+    assert sized["unchunked"] < sized["chunked"]  # the whole loss needs room: sized for it, not for chunks
+    # an experiment's own micro-batch wins everywhere
+    fixed = Experiment(name="sizing_fixed", tiers=["10M"], arms=["baseline"], seeds=1, overrides={"micro_batch": 8})
+    assert plan_grid(fixed, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"] == 8
+    assert gpu_run_options({}, fixed.runs()[0], profile)["micro_batch"] == 8

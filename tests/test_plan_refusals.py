@@ -1,4 +1,4 @@
-"""What `plan --power`, `plan/submit --sequential` cannot plan is refused in one line (issue 27 item 11)."""
+"""What `plan --power`, `plan/submit --sequential` cannot plan is refused in one line."""
 
 from __future__ import annotations
 

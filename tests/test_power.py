@@ -149,7 +149,8 @@ def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit(caplog
     ({"pilots": {("small", "zero_option"): Pilot(0.0, 3)}}, "all equal"),
 ])
 def test_power_rows_refuses_what_it_cannot_plan(kwargs, needle):
-    args = {"comparisons": {"small": ["zero_option"]}, "effect": 0.003, "gpu_hours_per_seed": GPU_HOURS, "sd": 0.004} | kwargs
+    args = {"comparisons": {"small": ["zero_option"]}, "effect": 0.003, "gpu_hours_per_seed": GPU_HOURS,
+            "sd": 0.004} | kwargs
     with pytest.raises(AblateError, match=needle):
         power_rows(**args)
 
@@ -169,7 +170,8 @@ def null_error(design: dict, boundaries: list[float], paths: int, seed: int) -> 
     return cumulative
 
 
-@pytest.mark.parametrize("alpha, m, looks, max_seeds", [(0.05, 3, 3, 6), (0.05, 3, 4, 12), (0.05, 1, 2, 4), (0.05, 1, 3, 9)])
+@pytest.mark.parametrize("alpha, m, looks, max_seeds", [(0.05, 3, 3, 6), (0.05, 3, 4, 12), (0.05, 1, 2, 4),
+                                                        (0.05, 1, 3, 9)])
 def test_sequential_boundaries_hold_the_error_to_alpha_over_m(alpha, m, looks, max_seeds):
     design = sequential_design(alpha, m, looks, max_seeds)
     level = alpha / m

@@ -1,4 +1,4 @@
-"""The planner's seed counts against an independent noncentral-t search on a fine grid (issue 30).
+"""The planner's seed counts against an independent noncentral-t search on a fine grid.
 
 The independent search takes the two-sided power of the paired t from scipy.stats.nct (boost's
 noncentral t, not the cdflib `nctdtr` the planner uses) and, at the few points where it is not a

@@ -14,7 +14,7 @@ from ablate.model import GPT, GPTConfig
 from ablate.modelio import save_model
 from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
-from ablate.probes.injection import INJECT_FILE, inject_run
+from ablate.probes.injection import INJECT_FILE, Sweep, inject_run
 from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask
 from ablate.store import atomic_write_json
 
@@ -34,7 +34,8 @@ def make_run(root, arm: str, seed: int, tier: str = "tiny", synthetic: bool = Tr
                 block.attn.arm.gate_w.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(seed))
     save_model(model, run_dir / "checkpoints" / "model.pt")
     extra = {SYNTHETIC_KEY: asdict(TASK)} if synthetic else {"data_dir": str(root / "data"), "seq_len": TASK.seq_len}
-    atomic_write_json(run_dir / "config.json", {"tier": tier, "arm": arm, "seed": seed, "model": asdict(config), **extra})
+    atomic_write_json(run_dir / "config.json", {"tier": tier, "arm": arm, "seed": seed, "model": asdict(config),
+                                                **extra})
     return run_dir
 
 
@@ -97,8 +98,7 @@ def test_summaries_by_tier_and_arm_across_seeds(tmp_path):
         for seed in (0, 1):
             run_dir = make_run(tmp_path, arm, seed)
             probe_run(run_dir, n_batches=1, batch_size=4)
-            inject_run(run_dir, cutoff="p25", eps=[0.4], junk=["structural", "gate-direction"], n_batches=1,
-                       batch_size=4)
+            inject_run(run_dir, Sweep("p25", (0.4,), ("structural", "gate-direction")), n_batches=1, batch_size=4)
     probes = summarise_probes(tmp_path)
     lines = probes.splitlines()
     assert lines[0].startswith("| tier | arm | seeds | first-key mass")

@@ -7,7 +7,7 @@ import submitit
 from ablate.dispatch import map_array
 from ablate.errors import AblateError
 from ablate.profiles import gpus_in_gres, load_profile, parse_sinfo, profile_misfits, sbatch_refusal, slurm_minutes
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 PROFILE = {"name": "mycluster", "partition": "debug", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1,
            "mem_gb": 2, "time_min": 20, "constraint": ""}
@@ -23,7 +23,8 @@ def test_sinfo_lines_give_each_partition_s_most_per_node():
         "gpu": {"gpus": 8, "mem_mb": 1024000, "cpus": 96, "time_min": 2880, "default": False},
         "short": {"gpus": 2, "mem_mb": 64000, "cpus": 16, "time_min": 30, "default": False}}
     assert gpus_in_gres("(null)") == 0 and gpus_in_gres("gpu:tesla:2,mps:100") == 2
-    assert [slurm_minutes(t) for t in ("45", "2:00:00", "1-12", "1-00:30:00", "UNLIMITED")] == [45, 120, 2160, 1470, None]
+    assert [slurm_minutes(t)
+            for t in ("45", "2:00:00", "1-12", "1-00:30:00", "UNLIMITED")] == [45, 120, 2160, 1470, None]
 
 
 def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
@@ -79,7 +80,8 @@ def test_a_gpu_profile_on_the_cpu_only_partition_is_refused_in_one_line_before_a
     refused = ablate_cli(*args, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines() == [refused.stderr.strip()], refused.stderr
-    assert "gpus_per_run = 1: partition 'debug' has no GPUs" in refused.stderr and "nothing was queued" in refused.stderr
+    assert ("gpus_per_run = 1: partition 'debug' has no GPUs" in refused.stderr
+            and "nothing was queued" in refused.stderr)
     assert not (results / "demo" / "ledger.json").exists() and not (results / "demo" / "slurm").exists()
     preview = ablate_cli(*args, "--dry-run")
     assert "1 of 1 runs would be submitted" in preview.stdout

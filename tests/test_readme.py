@@ -1,4 +1,5 @@
-"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo` installs."""
+"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo`
+installs."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 
 
 def readme_example() -> str:
@@ -86,7 +87,8 @@ def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copie
         return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
     before = sh(lines[2])  # without the copied profile: refused, one line naming the profiles there are
-    assert before.returncode != 0 and "unknown profile 'mycluster'" in before.stderr and "Traceback" not in before.stderr
+    assert (before.returncode != 0 and "unknown profile 'mycluster'" in before.stderr
+            and "Traceback" not in before.stderr)
     for line in lines[:3]:
         result = sh(line)
         assert result.returncode == 0, (line, result.stderr[-2000:])

@@ -86,4 +86,5 @@ def test_readme_lists_exactly_the_run_options_resolve_config_accepts():
     assert section, "the README lost its 'Run options' section"
     listed = set(re.findall(r"^[-*] `([a-z_]+)`", section.group(1), re.M))
     accepted = set(resolve_config(RunSpec("adhoc", "smoke", "baseline", 0))) | {"max_steps"}
-    assert listed == accepted, f"missing from the README: {sorted(accepted - listed)}; not accepted: {sorted(listed - accepted)}"
+    assert listed == accepted, (f"missing from the README: {sorted(accepted - listed)}; "
+                                f"not accepted: {sorted(listed - accepted)}")

@@ -1,4 +1,4 @@
-"""`plan --sequential` says what the design costs and does (issue 28 item 6): GPU-hours, the next step, and
+"""`plan --sequential` says what the design costs and does: GPU-hours, the next step, and
 with --effect/--sd its power and expected seeds, checked by an independent simulation, beside the fixed design's."""
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def test_the_sequential_plan_gives_power_expected_seeds_and_gpu_hours(effect, ca
         n = tier["fixed_seeds"]
         if n >= 2:
             c, lam = stats.t.ppf(1 - level / 2, n - 1), effect / 0.004 * math.sqrt(n)
-            assert tier["fixed_power"] == pytest.approx(stats.nct.sf(c, n - 1, lam) + stats.nct.sf(c, n - 1, -lam), abs=1e-9)
+            assert tier["fixed_power"] == pytest.approx(stats.nct.sf(c, n - 1, lam) + stats.nct.sf(c, n - 1, -lam),
+                                                        abs=1e-9)
     assert plan["next"] == "ablate submit sink_vs_filter --sequential --looks 3 --max-seeds 12"
 
 
@@ -51,6 +52,7 @@ def test_the_text_names_the_next_step_and_an_effect_without_an_sd_is_refused(cap
     assert main(["plan", "sink_vs_filter", "--sequential", "--looks", "2", "--max-seeds", "6"]) == 0
     out = capsys.readouterr().out
     assert "GPU-hours to the first look" in out and "next: ablate submit sink_vs_filter --sequential" in out
-    assert main(["plan", "sink_vs_filter", "--sequential", "--looks", "2", "--max-seeds", "6", "--effect", "0.004"]) == 2
+    assert main(["plan", "sink_vs_filter", "--sequential", "--looks", "2", "--max-seeds", "6", "--effect",
+                 "0.004"]) == 2
     err = capsys.readouterr().err
     assert "needs --sd" in err and err.count("\n") == 1

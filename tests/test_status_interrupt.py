@@ -9,7 +9,7 @@ import sys
 import time
 
 from ablate.store import read_json, read_metrics, run_dir
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 
 def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:

@@ -18,7 +18,7 @@ from ablate.boundaries import sequential_design
 from ablate.sequential import SEQUENTIAL
 from ablate.store import record_ledger
 from analysis_fixtures import write_run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 EXPERIMENT = """from ablate.experiment import Comparison, Experiment
 EXPERIMENT = Experiment(name='seqs', tiers=['smoke'], arms=['baseline', 'sink-logit'], seeds=2,

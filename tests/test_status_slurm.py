@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ablate.dispatch import submit
+from ablate.dispatch import Submission, submit
 from ablate.status import status
 from ablate.store import read_ledger
 from ablate.experiment import load_experiment
 from ablate.store import LEDGER, atomic_write_json, read_metrics, run_dir
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -73,7 +73,7 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         f"    overrides={{'max_steps': 3, 'data_dir': {str(sample_data)!r}}})\n")
     experiment, results = load_experiment(file), tmp_path / "results"
     held = str(held_profile(tmp_path, slurm_cluster))
-    report = submit(experiment, str(file), results=results, executor="slurm", profile=held)
+    report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile=held))
     array = next(iter(report["jobs"].values())).split("_")[0]
     try:
         backdate(results, "held")
@@ -83,7 +83,7 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         rows = status(experiment, results)
         assert [r["state"] for r in rows] == ["queued"] * 3, rows
         assert sorted(r["job_id"] for r in rows) == [f"{array}_{i}" for i in range(3)]
-        again = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+        again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == [] and again["skipped"] == {"queued": 3}
         shown = ablate_cli("status", file, "--results", results).stdout
         assert "queued: 3" in shown and "failed" not in shown and "resubmits" not in shown
@@ -94,7 +94,8 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         down = sacct(array, env={**os.environ, **env})
         assert down.returncode != 0 and "Connection refused" in down.stderr
         assert [r["state"] for r in status(experiment, results)] == ["queued"] * 3
-        assert submit(experiment, str(file), results=results, executor="slurm", profile="local")["to_submit"] == []
+        again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
+        assert again["to_submit"] == []
         monkeypatch.delenv("SLURM_CONF")
         assert len(read_ledger(results / "held")["submissions"]) == 1  # nothing was ever queued twice
     finally:
@@ -110,7 +111,7 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
         f"    overrides={{'max_steps': 60, 'data_dir': {str(sample_data)!r}}})\n")
     experiment, results = load_experiment(file), tmp_path / "results"
     held = str(held_profile(tmp_path, slurm_cluster))
-    report = submit(experiment, str(file), results=results, executor="slurm", profile=held)
+    report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile=held))
     task = report["jobs"]["smoke/sink-logit/seed0"]
     array = task.split("_")[0]
     metrics = run_dir(results, "cancel", "smoke", "sink-logit", 0) / "metrics.jsonl"
@@ -145,7 +146,7 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
         monkeypatch.delenv("SLURM_CONF")
 
         # resubmitting queues the cancelled run alone and it resumes from its checkpoint
-        again = submit(experiment, str(file), results=results, executor="slurm", profile="local")
+        again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == ["smoke/sink-logit/seed0"]
         done = poll(lambda: {r["arm"]: r for r in status(experiment, results)},
                     lambda s: s["sink-logit"]["state"] in ("completed", "failed", "diverged", "unknown"), timeout=600)

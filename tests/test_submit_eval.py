@@ -2,7 +2,7 @@
 
 import json
 
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 from test_eval import write_task_data
 
 

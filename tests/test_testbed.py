@@ -49,7 +49,8 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     assert main(["submit", *argv, "--arms", "baseline", "sink-logit", "--executor", "local", "--parallel", "1"]) == 0
     run = results / "tb_small" / "synthetic" / "sink-logit" / "seed1"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 30 and 0 < summary["signature"]["phantom_absent"] < 1
+    assert (summary["status"] == "completed" and summary["steps"] == 30
+            and 0 < summary["signature"]["phantom_absent"] < 1)
     assert json.loads((run / "config.json").read_text())["data_dir"] is None
     capsys.readouterr()
     assert main(["table", *argv, "--kind", "declared"]) == 0

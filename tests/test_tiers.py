@@ -9,7 +9,8 @@ import ablate.tiers as tiers_module
 from ablate.arms import list_arms
 from ablate.errors import AblateError
 from ablate.model import GPT
-from ablate.sizing import MATCH_TOLERANCE, _meta_counts, matched_mlp_hidden, memory_estimate_gb, micro_batch_for, model_config
+from ablate.sizing import (MATCH_TOLERANCE, _meta_counts, matched_mlp_hidden, memory_estimate_gb, micro_batch_for,
+                           model_config)
 from ablate.tiers import GPUS, TIER_ORDER, TIERS, get_gpu, gpu_key_for
 
 torch.set_num_threads(1)

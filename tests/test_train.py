@@ -18,7 +18,7 @@ from ablate.plan import plan_rows
 from ablate.tiers import TIERS, get_tier
 from ablate.config import lr_at
 from ablate.train import run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 from kernel_replay import machine_kind, recorded_numbers
 
 torch.set_num_threads(1)

@@ -21,7 +21,7 @@ from pathlib import Path
 from wandb.proto.wandb_internal_pb2 import Record
 
 from ablate.store import read_json, read_metrics, run_dir
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 
 BLOCK, HEADER = 32768, 7  # the log's block size; the file header (":W&B", magic, version) and a record header
 

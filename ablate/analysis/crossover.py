@@ -27,7 +27,8 @@ import numpy as np
 import polars as pl
 
 from ablate.analysis.scale import GAPS, crossing_of, fit_quantity
-from ablate.analysis.tables import DESCRIPTIONS, Table, is_pipeline_check
+from ablate.analysis.kinds import DESCRIPTIONS
+from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.tiers import tier_rank
 
 FILTERING_FORMS = ("filtering_proj", "filtering_norm")
@@ -97,7 +98,8 @@ def _gap_per_seed(increments: Table, form: str, tiers: list[str], means: dict) -
             .pivot(on="quantity", index=["tier", "seed"], values="diff"))
     if form not in wide.columns or ZERO_OPTION not in wide.columns:
         return pl.DataFrame(schema={"tier": pl.String, "seed": pl.Int64, "diff": pl.Float64})
-    return wide.drop_nulls([form, ZERO_OPTION]).select("tier", "seed", (pl.col(form) - pl.col(ZERO_OPTION)).alias("diff"))
+    return wide.drop_nulls([form, ZERO_OPTION]).select("tier", "seed",
+                                                       (pl.col(form) - pl.col(ZERO_OPTION)).alias("diff"))
 
 
 def find_crossover(increments: Table, form: str) -> Crossover:

@@ -18,17 +18,20 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass
 
 import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.tables import (EXPLORATORY, INCREMENTS, MARK_NOTES, Table, _skip_note, _table, add_mark,
+from ablate.analysis.kinds import INCREMENTS
+from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_decision
-from ablate.sequential import FAMILIES
+from ablate.sequential import FAMILIES, recorded_design
+from ablate.store import LEDGER
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -124,7 +127,8 @@ PIPELINE_GROUP = "pipeline-check"
 
 def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
     """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
-    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all") for t in frame["tier"].to_list()]
+    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all")
+            for t in frame["tier"].to_list()]
 
 
 def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
@@ -204,7 +208,8 @@ def exploratory_metric_table(table: Table) -> Table:
 
 
 DIVERGED = "diverged"
-MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the row's statistics "
+MARK_NOTES.setdefault(DIVERGED, "a seed of one of the row's arms diverged: that seed has no pair, so the "
+                                "row's statistics "
                                 "are over the seeds where both arms finished, and a diverged seed is an outcome of its "
                                 "arm (the note says how many and what dropping them does); a comparison whose better "
                                 "arm diverged is never called supported")
@@ -224,7 +229,8 @@ def count_diverged(table: Table, runs: Runs) -> Table:
         counts.append(len(seeds))
         arms_gone.append(",".join(sorted(set(hit["arm"].to_list()))) or None)
         if seeds:
-            total = runs.frame.filter((pl.col("tier") == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
+            total = runs.frame.filter((pl.col("tier")
+                                       == row["tier"]) & pl.col("arm").is_in(list(pair)))["seed"].n_unique()
             who = ", ".join(f"{a} seed {s}" for a, s in hit.select("arm", "seed").sort("seed").iter_rows())
             notes.append(f"{row['tier']} {row.get(table.key)}: {len(seeds)} of {total} seeds diverged ({who}); the row "
                          f"is over the {row['n']} seed(s) where both arms finished; counting each diverged seed as a "
@@ -284,7 +290,8 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
     for tier in tiers:
         needed = []
         for name, _, _ in declared.comparisons:
-            part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison") == name)) if diffs is not None else None
+            part = diffs.filter((pl.col("tier") == tier) & (pl.col("comparison")
+                                                            == name)) if diffs is not None else None
             if part is None or part.is_empty():
                 needed.append(first)
                 continue
@@ -292,3 +299,19 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
             needed.append(decision["next_seeds"] or 0)
         out[tier] = max(needed, default=0)
     return out
+
+
+def declared_for(experiment, folder) -> Declared | None:
+    """The declared comparisons a source's tables adjust over: those a `submit --sequential` recorded in the
+    folder's ledger, with their design (which `experiment`, when given, must still declare: a changed design is
+    refused), else the experiment's own (`experiment`: an `ablate.experiment.Experiment` or None, taken as
+    given so the analysis never loads an experiment file). None: no family."""
+    design = recorded_design(folder) if Path(folder).is_dir() else None
+    if design is not None and experiment is not None:
+        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
+                              str(Path(folder) / LEDGER))
+    if design is not None:
+        return Declared.of(design.comparisons, design.family, design.boundaries)
+    if experiment is not None and experiment.hypotheses:
+        return Declared.of(experiment.hypotheses, experiment.family)
+    return None

@@ -41,7 +41,8 @@ MIN_CROSSED_SEEDS = 2  # one seed has no seed spread: the crossed model is not i
 ITEMS_ONLY = "items-only"
 MARK_NOTES.setdefault(ITEMS_ONLY, "one seed: sd, se, the 95% CI and p are over the items of "
                                   "that seed only; they cover the variance over items, not over training seeds")
-COLUMNS = ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "re_low", "re_high", "re_df", "min", "max", "agree", "p")
+COLUMNS = ("n", "items", "mean", "sd", "se", "ci_low", "ci_high", "re_low", "re_high", "re_df", "min", "max", "agree",
+           "p")
 SCHEMA = {"tier": pl.String, "arm": pl.String, "seed": pl.Int64, "status": pl.String, "reason": pl.String}
 
 
@@ -71,7 +72,8 @@ def items_table(runs: Runs, metric: str, reference: str = "baseline") -> Table:
     gone = pl.DataFrame(excluded, schema=SCHEMA) if excluded else pl.DataFrame(schema=SCHEMA)
     excluded_frame = sort_runs(pl.concat([runs.excluded.select(list(SCHEMA)), gone]), runs.arm_order)
     return Table(kind="by-item", key="arm", frame=frame, name=f"{runs.name} [{metric} by item]", reference=reference,
-                 missing=runs.missing.filter(used), excluded=excluded_frame.select("tier", "arm", "seed", "status", "reason"),
+                 missing=runs.missing.filter(used),
+                 excluded=excluded_frame.select("tier", "arm", "seed", "status", "reason"),
                  notes=tuple(notes) + runs.notes_for(runs.arm_order), differences=per_seed)
 
 
@@ -92,7 +94,8 @@ def _read_runs(runs: Runs, task: str, name: str, metric: str):
             continue
         sign = 1.0 if directions.get(name, True) else -1.0
         scores = {item["doc_id"]: (item["doc_hash"], item["prompt_hash"], sign * float(item[name])) for item in items}
-        scored[(row["tier"], row["arm"], row["seed"])] = _Run(scores, settings_fingerprint(entry["settings"]), row["path"])
+        scored[(row["tier"], row["arm"], row["seed"])] = _Run(scores, settings_fingerprint(entry["settings"]),
+                                                             row["path"])
     if metric not in available:
         if not available:
             first = f" (e.g. {problems[0]})" if problems else ""
@@ -100,7 +103,8 @@ def _read_runs(runs: Runs, task: str, name: str, metric: str):
                               f"{task}` on them")
         hint = (f"; {name} is not a mean over items but computed from them ({CORPUS_METRICS[name]}): pair "
                 f"{task}/{GOLD} instead") if name in CORPUS_METRICS else ""
-        raise AblateError(f"unknown by-item metric {metric!r}; valid by-item metrics: {', '.join(sorted(available))}{hint}")
+        raise AblateError(f"unknown by-item metric {metric!r}; valid by-item metrics: "
+                          f"{', '.join(sorted(available))}{hint}")
     return scored, excluded, directions
 
 
@@ -168,8 +172,8 @@ def _rows(per_seed: pl.DataFrame, matrices: dict, reference: str, arm_order) -> 
                                  interval_over=pl.when(one).then(pl.lit("items")).otherwise(pl.lit("seeds")))
     joined = joined.with_columns(reference=pl.lit(reference), marks=pl.lit(None, dtype=pl.String))
     joined = sort_runs(joined, arm_order).select("tier", "arm", "reference", *COLUMNS, "interval_over", "marks")
-    joined = joined.with_columns(p_holm=pl.lit(None, dtype=pl.Float64)).select("tier", "arm", "reference", *COLUMNS, "p_holm",
-                                                                 "interval_over", "marks")
+    joined = joined.with_columns(p_holm=pl.lit(None, dtype=pl.Float64)).select(
+        "tier", "arm", "reference", *COLUMNS, "p_holm", "interval_over", "marks")
     joined = add_mark(add_mark(joined, pl.lit(True), EXPLORATORY), one, ITEMS_ONLY)
     checks = [t for t in joined["tier"].unique().to_list() if is_pipeline_check(t)]
     return add_mark(joined, pl.col("tier").is_in(checks), "pipeline-check") if checks else joined
@@ -237,8 +241,10 @@ TITLE = "Paired by item and seed against {reference}"
 FOOTER = ("n: seeds; items: items paired (equal doc_hash and prompt_hash in both runs). mean: over seeds of each "
           "seed's mean item Δ; sd (ddof 1), se = sd/√n, 95% CI (Student-t, n − 1 degrees of freedom) and p (two-sided "
           "t-test against 0) over seeds, as for losses; crossed 95%: seed × item random effects (two-way ANOVA, "
-          "Satterthwaite df), counting the items' variance; \"not identified\" with one seed. Every row is exploratory: "
-          "no declared comparison is on a downstream metric, so p_holm is empty and nothing is called supported. With one seed (interval over items) every spread is over that seed's items only.")
+          "Satterthwaite df), counting the items' variance; \"not identified\" with one seed. Every row "
+          "is exploratory: "
+          "no declared comparison is on a downstream metric, so p_holm is empty and nothing is called supported. With "
+          "one seed (interval over items) every spread is over that seed's items only.")
 
 
 def _n(value, signed: bool = True) -> str:
@@ -252,7 +258,9 @@ def _cells(row: dict) -> list[str]:
     over = " (1 seed: over items)" if row["interval_over"] == "items" else ""
     return [row["tier"], row["arm"], str(row["n"]), str(row["items"]), f"{_n(row['mean'])} ± {spread}{over}",
             _n(row["se"], signed=False), f"[{_n(row['ci_low'])}, {_n(row['ci_high'])}]",
-            ("not identified" if row["re_low"] is None else f"[{_n(row['re_low'])}, {_n(row['re_high'])}] ({row['re_df']:.0f} df)"), f"{row['agree']}/{row['n']}", format_p(row["p"]),
+            ("not identified" if row["re_low"] is None else f"[{_n(row['re_low'])}, {_n(row['re_high'])}] "
+                                                            f"({row['re_df']:.0f} df)"), f"{row['agree']}/{row['n']}",
+            format_p(row["p"]),
             format_p(row["p_holm"]), (row["marks"] or "").replace(",", ", ")]
 
 
@@ -262,7 +270,8 @@ HEAD = ["tier", "arm", "n", "items", "mean ± sd", "se", "95% CI", "crossed 95%"
 def _markdown(table: Table) -> str:
     lines = [markdown_text(f"## {TITLE.format(reference=table.reference)} — {table.name}"), "",
              "| " + " | ".join(HEAD) + " |", "|" + "|".join("---" for _ in HEAD) + "|"]
-    lines += ["| " + " | ".join(markdown_cell(c) for c in _cells(row)) + " |" for row in table.frame.iter_rows(named=True)]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in _cells(row)) + " |"
+              for row in table.frame.iter_rows(named=True)]
     if table.frame.is_empty():
         lines.append("| " + " | ".join(["–"] * len(HEAD)) + " |")
     lines += ["", FOOTER]

@@ -23,7 +23,7 @@ from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import shared_fingerprint
 from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, refuse_damaged_config,
-                          read_json_file, read_metrics)
+                          read_json_file, read_metrics, run_key)
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -119,7 +119,7 @@ def _runs_from_store(folder: Path) -> Runs:
         refuse_damaged_config(run, summary)
         key = (tier, arm, where["seed"])
         if key in seen:
-            raise AblateError(f"run {tier}/{arm}/seed{where['seed']} appears twice: {seen[key]} and {run}")
+            raise AblateError(f"run {run_key(tier, arm, where['seed'])} appears twice: {seen[key]} and {run}")
         seen[key] = run
         row = {
             "tier": tier, "arm": arm, "seed": where["seed"],
@@ -189,7 +189,7 @@ def _runs_from_table(path: Path) -> Runs:
     if dupes.height:
         first = dupes.row(0, named=True)
         raise AblateError(
-            f"{str(path)!r} has more than one row for run {first['tier']}/{first['arm']}/seed{first['seed']}; "
+            f"{str(path)!r} has more than one row for run {run_key(first['tier'], first['arm'], first['seed'])}; "
             "each (tier, arm, seed) must appear once"
         )
     if "status" not in frame.columns:
@@ -201,7 +201,8 @@ def _runs_from_table(path: Path) -> Runs:
     frame = frame.with_columns(
         reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
-        path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)}, mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
+        path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
+                               mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
         **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))

@@ -61,7 +61,8 @@ def lr_section(ctx) -> str:
              ""]
     for best in table.best:
         width = best["range_width_log2"]
-        lines.append(f"- {best['tier']} {best['arm']}: best lr {_lr(best['best_lr'])}, vertex {_lr(best['vertex_lr'])}, "
+        lines.append(f"- {best['tier']} {best['arm']}: best lr {_lr(best['best_lr'])}, vertex "
+                     f"{_lr(best['vertex_lr'])}, "
                      f"largest stable {_lr(best['max_stable_lr'])}, range within δ "
                      f"{'–' if width is None else f'{width:g}'} octaves")
     lines += [f"- warning: {w}" for w in table.warnings]

@@ -6,7 +6,8 @@ Two checks, both before any table is built:
   batches, every setting but the arm and the validation tokens (the fingerprints of FINGERPRINTS);
 * within one tier, the runs of every seed are averaged into one row: they must share every setting but
   the arm and the seed (`settings_fingerprint`, from `ablate.identity.shared_config`), the training
-  data (`data_id`, the shards' checksums: `data_dir` is only where they lay) and the validation tokens (and, for a downstream metric, the evaluation settings).
+  data (`data_id`, the shards' checksums: `data_dir` is only where they lay) and the validation tokens (and, for a
+  downstream metric, the evaluation settings).
 
 A refusal names what differs as plainly as it can: the settings themselves (`steps: 2 vs 3`) from the
 runs' config.json when those differ, and the fingerprint only when the settings agree.
@@ -19,7 +20,7 @@ from pathlib import Path
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
-from ablate.store import CONFIG, read_json
+from ablate.store import CONFIG, read_json, run_key
 
 FINGERPRINTS = ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint")
 SETTINGS = "settings_fingerprint"  # of shared_config: equal for every run of one tier
@@ -81,11 +82,12 @@ def _check_pair(a: dict, b: dict, columns, across_seeds: bool) -> None:
 def parameter_matched(a: dict, b: dict) -> bool:
     """Two runs whose MLP widths differ (match_params) but whose common initial parameters are equal."""
     return (a["mlp_hidden"] is not None and b["mlp_hidden"] is not None and a["mlp_hidden"] != b["mlp_hidden"]
-            and a["init_fingerprint_common"] is not None and a["init_fingerprint_common"] == b["init_fingerprint_common"])
+            and a["init_fingerprint_common"] is not None
+            and a["init_fingerprint_common"] == b["init_fingerprint_common"])
 
 
 def _name(row: dict) -> str:
-    return row["path"] or f"{row['tier']}/{row['arm']}/seed{row['seed']}"
+    return row["path"] or run_key(row['tier'], row['arm'], row['seed'])
 
 
 def _settings_differences(a: dict, b: dict, across_seeds: bool) -> list:
@@ -111,5 +113,6 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
     }.get(column, "")
     if across_seeds:
-        return text + ". The runs of one tier are averaged over seeds into one row, so they must differ only in the arm and the seed"
+        return text + (". The runs of one tier are averaged over seeds into one row, so they must differ only in the "
+                       "arm and the seed")
     return text + ". A paired difference needs runs that differ only in the arm"

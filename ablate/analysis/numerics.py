@@ -18,7 +18,8 @@ NUMERICS = "numerics"  # the Runs column: `numerics_label` of each run, null whe
 
 def numerics_label(versions_of_run: dict | None) -> str | None:
     """One short name for what computed a run, for a table to compare: "cuda NVIDIA H100 (sm 9.0)" or
-    "cpu AVX512"; None for a run recorded before provenance had `numerics`. Here, not in ablate.provenance: the analysis stays torch-free."""
+    "cpu AVX512"; None for a run recorded before provenance had `numerics`. Here, not in ablate.provenance: the analysis
+    stays torch-free."""
     found = (versions_of_run or {}).get("numerics")
     if not isinstance(found, dict):
         return None

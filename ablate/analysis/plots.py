@@ -14,7 +14,8 @@ import polars as pl
 
 from ablate.analysis.crossover import (FILTERING_FORMS, ZERO_OPTION, Crossover, find_crossover,  # noqa: F401
                                        format_params, sized)
-from ablate.analysis.tables import DESCRIPTIONS, INCREMENTS, Table, is_pipeline_check
+from ablate.analysis.kinds import DESCRIPTIONS, INCREMENTS
+from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
 from ablate.tiers import tier_rank
@@ -50,7 +51,7 @@ def _save(fig, path: Path) -> None:
 
 
 def figure(**kwargs):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn (a table needs none)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn
     from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn (a table needs none)
 
     fig = Figure(**kwargs)
@@ -99,7 +100,8 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
 
 def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) -> bool:
     """Increments against nominal tier size (log x), 95% t intervals; n = 1 points hollow, without a bar;
-    each crossover (the scale model's fitted line) dashed, its Fieller interval shaded when identified. Returns False (and draws
+    each crossover (the scale model's fitted line) dashed, its Fieller interval shaded when identified. Returns False
+    (and draws
     nothing) when no tier has a known size."""
     frame = increments.frame.filter(pl.col("tier").map_elements(sized, return_dtype=pl.Boolean))
     if frame.is_empty():
@@ -117,7 +119,8 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
         spread = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is not None]
         if spread:
             ax.errorbar([x for x, _ in spread], [r["mean"] for _, r in spread],
-                        yerr=[[r["mean"] - r["ci_low"] for _, r in spread], [r["ci_high"] - r["mean"] for _, r in spread]],
+                        yerr=[[r["mean"] - r["ci_low"] for _, r in spread],
+                              [r["ci_high"] - r["mean"] for _, r in spread]],
                         fmt="o", color=colour, capsize=3)
         single = [(x, r) for x, r in zip(xs, rows) if r["ci_low"] is None]
         if single:
@@ -150,6 +153,18 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
 
 
 LATE_FRACTION = 0.5  # curves.png's second row: the tokens from this fraction of the run on, zoomed
+
+
+def _one_legend(fig, axes, arm_order: list[str]) -> None:
+    """One legend under the figure for every arm drawn in any panel, in the arms' order."""
+    legend = {}
+    for ax in axes.ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    labels = [arm for arm in arm_order if arm in legend]
+    if labels:
+        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0))
 
 
 def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], path: Path, name: str,
@@ -201,14 +216,7 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
         axes[-1][column].set_xlabel("tokens")
     if not tiers:
         axes[0][0].text(0.5, 0.5, "no validation curves in metrics.jsonl", ha="center", va="center")
-    legend = {}
-    for ax in axes.ravel():
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    labels = [arm for arm in arm_order if arm in legend]
-    if labels:
-        fig.legend([legend[a] for a in labels], labels, loc="lower center", ncols=min(len(labels), 9), fontsize=8,
-                   bbox_to_anchor=(0.5, 0.0))
+    _one_legend(fig, axes, arm_order)
     fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds; "
                  "top: the whole run, middle: its second half zoomed"
                  + (f"; bottom: gap to {reference}, positive = lower loss" if rows == 3 else ""), fontsize=10)
@@ -234,6 +242,7 @@ def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], colours: dict) ->
         line = lines.get((arm,))
         if line is not None:
             tokens = line["tokens"].to_numpy()
-            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15, lw=0)
+            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15,
+                            lw=0)
             ax.plot(tokens, line["mean"].to_numpy(), color=colours[arm], lw=1.1, label=arm)
     ax.grid(alpha=0.3)

@@ -141,8 +141,10 @@ def summarise_probes(experiment_dir) -> str:
         lines.append(_row([tier, arm, len(runs), *cells]))
     lines.append("")
     lines.append("Means over layers and heads (queries i ≥ 1), then over seeds (± sd). Exposure: mass on reads "
-                 "below the head's 25th-percentile norm. Max |residual|: the largest activation over layers; mean over layers of max |residual|: "
-                 "each layer's largest activation, averaged over layers. Heads key-0 >0.3: share of heads whose first-key mass exceeds 0.3.")
+                 "below the head's 25th-percentile norm. Max |residual|: the largest activation over layers; mean over "
+                 "layers of max |residual|: "
+                 "each layer's largest activation, averaged over layers. Heads key-0 >0.3: share of heads whose "
+                 "first-key mass exceeds 0.3.")
     return "\n".join(lines + stale_note(stale, PROBE_FILE, "ablate probe"))
 
 
@@ -168,7 +170,8 @@ def summarise_injections(experiment_dir) -> str:
     sections = []
     for cutoff in sorted({k[0] for k in keys}, key=lambda c: (c != "p25", c)):
         eps = sorted({k[4] for k in keys if k[0] == cutoff})
-        rows = sorted({k[1:4] for k in keys if k[0] == cutoff}, key=lambda r: (*_order(r[0], r[1]), _junk_rank(r[2]), r[2]))
+        rows = sorted({k[1:4] for k in keys if k[0] == cutoff},
+                      key=lambda r: (*_order(r[0], r[1]), _junk_rank(r[2]), r[2]))
         lines = [
             f"Junk injection, cutoff {cutoff}: loss increase over clean (nats), mean over seeds (± sd).",
             "",

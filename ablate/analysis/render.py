@@ -15,45 +15,13 @@ import math
 
 from ablate.errors import choice_error
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.tables import DESCRIPTIONS, MARK_NOTES, Table
+from ablate.analysis.kinds import DESCRIPTIONS, get_kind
+from ablate.analysis.tables import MARK_NOTES, Table
 from ablate.tiers import TIERS
 
 FORMATS = ("md", "csv", "latex", "json")
 DIGITS = 4  # reference figures are quoted to 1e-4 nats
 
-TITLES = {
-    "paired": "Paired differences against {reference}",
-    "increments": "Zero-option and filtering increments",
-    "overlap": "2×2 overlap of sink-logit with each value gate",
-    "losses": "Final validation loss per arm",
-    "declared": "Declared comparisons",
-    "scale": "Scale model: slopes per decade of parameters and crossings",
-}
-EXPLAIN = {
-    "paired": "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
-    "increments": "zero_option = baseline − sink-logit; filtering_norm = sink-logit − combo; "
-                  "filtering_proj = sink-logit − combo2; positive: the quantity lowers the loss",
-    "overlap": "overlap = g_sink + g_gate − g_both per seed, gains g against baseline "
-               "(norm: norm-gate with combo; proj: proj-gate with combo2); positive: together the two "
-               "lower the loss by less than the sum of their separate gains",
-    "losses": "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
-    "declared": "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: "
-                "the subtrahend lowers the loss",
-    "scale": "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per "
-             "decade (ablate.analysis.scale renders it: CAPTION there)",
-}
-# The same definitions for an `ablate eval` metric s, differenced as m = −s when higher is better (so that
-# positive is better, as for a loss): {m} is that m, {s} the metric.
-METRIC_EXPLAIN = {
-    "paired": "Δ = {gain} per seed; positive: the arm is better",
-    "increments": "zero_option = baseline − sink-logit; filtering_norm = sink-logit − combo; "
-                  "filtering_proj = sink-logit − combo2, each a difference of m = {m}; positive: the quantity "
-                  "improves {s}",
-    "overlap": "overlap = g_sink + g_gate − g_both per seed, gains g = m_baseline − m_arm with m = {m} "
-               "(norm: norm-gate with combo; proj: proj-gate with combo2); positive: together the two improve "
-               "{s} by less than the sum of their separate gains",
-    "losses": "the metric over the counted seeds as m = {m} (mean ± sd, n)",
-}
 # val_loss's convention (docs/method.md §4), under every table of losses.
 PADDED_VOCAB, REAL_VOCAB = 50_304, 50_257
 VAL_LOSS_FOOTER = (f"val_loss: mean token cross-entropy in nats of the softmax over the model's whole output layer, "
@@ -113,20 +81,22 @@ def effect_cells(row: dict) -> tuple[str, str]:
 
 
 def title(table: Table) -> str:
-    return TITLES[table.kind].format(reference=table.reference)
+    return get_kind(table.kind).title.format(reference=table.reference)
 
 
 def caption(table: Table) -> str:
     """What the numbers are and which way is better: the quantity, then the kind's definitions."""
     if table.metric is None:
-        return "Validation loss in nats (lower is better). " + EXPLAIN[table.kind].format(reference=table.reference) + "."
+        return ("Validation loss in nats (lower is better). "
+                + get_kind(table.kind).explain.format(reference=table.reference) + ".")
     higher = bool(table.higher_is_better)
     short = table.metric.rsplit("/", 1)[-1]
     reference = table.reference or "reference"
     gain = f"{short}_arm − {short}_{reference}" if higher else f"{short}_{reference} − {short}_arm"
     quantity = (f"Downstream metric {table.metric} (`ablate eval`, lm-evaluation-harness; "
                 f"{'higher' if higher else 'lower'} is better), not the validation loss. ")
-    return quantity + METRIC_EXPLAIN[table.kind].format(gain=gain, m=f"−{short}" if higher else short, s=short) + "."
+    explain = get_kind(table.kind).metric_explain
+    return quantity + explain.format(gain=gain, m=f"−{short}" if higher else short, s=short) + "."
 
 
 def footer_lines(table: Table) -> list[str]:
@@ -136,7 +106,8 @@ def footer_lines(table: Table) -> list[str]:
     tiers = set(table.frame["tier"].to_list()) if "tier" in table.frame.columns else set()
     on_tasks = [t for t in sorted(tiers) if t in TIERS and TIERS[t].task is not None]
     task_line = [f"val_loss of a task tier ({', '.join(on_tasks)}): mean cross-entropy in nats over the answers of the "
-                 "fixed validation set, over the task's own tokens (docs/method.md, the mechanism testbed)."] if on_tasks else []
+                 "fixed validation set, over the task's own tokens (docs/method.md, the mechanism testbed)."
+                 ] if on_tasks else []
     return ["", *(task_line + ([VAL_LOSS_FOOTER] if tiers - set(on_tasks) or not tiers else []))]
 
 
@@ -295,7 +266,8 @@ def to_latex(table: Table) -> str:
         tier, label, marks = latex_text(row["tier"]), latex_text(row[key]), latex_text(_marks(row))
         se = f"${_num(row['se'], signed=False)}$"
         if table.kind == "losses":
-            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$" if row["sd"] is not None else "$ (1 seed)")
+            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$"
+                                                              if row["sd"] is not None else "$ (1 seed)")
             lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
             continue
         if row["n"] < 2 or row["sd"] is None:

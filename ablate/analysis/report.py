@@ -33,11 +33,12 @@ from ablate.analysis.lr_report import lr_section
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
-from ablate.analysis.render import DESCRIPTIONS, decision_text, effect_cells, format_p, render
+from ablate.analysis.render import decision_text, effect_cells, format_p, render
 from ablate.analysis.testbed import plot_testbed, task_runs, testbed_markdown
 from ablate.analysis.build import build_table
-from ablate.analysis.tables import (INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK, Table,
-                                    is_pipeline_check, losses_table, pipeline_check_text)
+from ablate.analysis.kinds import (DESCRIPTIONS, INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK,
+                                   paired_seed_kinds)
+from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes
@@ -84,7 +85,8 @@ def overview_section(ctx: ReportContext) -> str:
         f"Runs: {counted} of {total} completed and counted; tiers {', '.join(runs.tiers)}; "
         f"arms {', '.join(runs.arm_order)}.",
     ]
-    excluded = [f"- {r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}" for r in runs.excluded.iter_rows(named=True)]
+    excluded = [f"- {r['tier']} {r['arm']} seed {r['seed']}: {r['reason']}"
+                for r in runs.excluded.iter_rows(named=True)]
     if excluded:
         lines += ["", "Excluded runs (not completed, left out of every statistic):", "", *excluded]
     missing = runs.missing
@@ -124,7 +126,8 @@ def crossover_section(ctx: ReportContext) -> str:
     if increments.frame.is_empty():
         return "\n".join(lines + ["No increments could be computed, so there is no crossover:",
                                   *[f"- {note}" for note in increments.notes]])
-    lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment could be computed"]
+    lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment "
+                                                            "could be computed"]
     lines += [f"- {note}" for note in increments.notes]
     if ctx.scale is not None:
         lines += [f"- {confounder_sentence(ctx.scale)}"]
@@ -146,7 +149,8 @@ def scale_section(ctx: ReportContext) -> str:
     if "scale" in ctx.left_out:
         return ""
     if table is None or table.rows.is_empty():
-        return "## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of known size."
+        return ("## Scale\n\nNo scale model: no increment or declared comparison at two or more real tiers of "
+                "known size.")
     ctx.write("scale.md", render_scale(table, "md"))
     ctx.write("scale.json", render_scale(table, "json"))
     lines = ["## Scale", "", "From the scale model ([scale.md](scale.md), [json](scale.json)): per quantity, the slope "
@@ -157,6 +161,22 @@ def scale_section(ctx: ReportContext) -> str:
     lines += [f"- {crossing_sentence(table, c)}" for c in table.crossings.iter_rows(named=True)]
     lines += ["", f"{confounder_sentence(table)}."]
     return "\n".join(lines)
+
+
+def _support_rule(ctx: ReportContext, family, fixed_sample: bool, families: list[str]) -> str:
+    """What "supported" means in this report: Holm within each table's families, or the declared family only
+    (by its sequential design's decision when it follows one); pipeline-check tiers left out of both lists."""
+    checks = sorted({r["tier"] for t in _kinds(ctx) for r in ctx.tables[t].frame.iter_rows(named=True)
+                     if is_pipeline_check(r["tier"])})
+    left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
+    if fixed_sample:
+        return (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
+                "seeds, Holm-adjusted within each family (" + "; ".join(KINDS[k].family for k in _kinds(ctx))
+                + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
+    return (f"Only the declared comparisons can be supported ({family.family}): "
+            + ("the sequential design decided effect" if "decision" in family.columns
+               else f"p_holm < {ALPHA}, Holm over that family only")
+            + ". Every other row is exploratory (unadjusted p) and never listed here." + left_out)
 
 
 def flags_section(ctx: ReportContext) -> str:
@@ -180,7 +200,8 @@ def flags_section(ctx: ReportContext) -> str:
             if row["n"] < 2 or row["ci_low"] is None:
                 single.append(f"- {what}: {effect}")
                 continue
-            stats = f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, n = {row['n']}"
+            stats = (f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
+                     f"n = {row['n']}")
             if is_pipeline_check(row["tier"]):
                 continue
             tested += row["p"] is not None
@@ -192,20 +213,7 @@ def flags_section(ctx: ReportContext) -> str:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
                 contains_zero.append(f"- {what}: {stats}")
-    checks = sorted({r["tier"] for t in _kinds(ctx) for r in ctx.tables[t].frame.iter_rows(named=True)
-                     if is_pipeline_check(r["tier"])})
-    left_out = f" Pipeline-check tiers ({', '.join(checks)}) are left out of both lists." if checks else ""
-    if verdicts is None:
-        kinds = {"paired": "the arms of one tier against the reference", "increments": "the increments of one tier",
-                 "overlap": "the overlaps of one tier"}
-        rule = (f"Supported means p_holm < {ALPHA} (the p_holm column of each table): the two-sided paired t-test over "
-                "seeds, Holm-adjusted within each family (" + "; ".join(kinds[k] for k in _kinds(ctx))
-                + "). Comparisons made: " + ("; ".join(families) if families else "none") + f".{left_out}")
-    else:
-        rule = (f"Only the declared comparisons can be supported ({family.family}): "
-                + ("the sequential design decided effect" if "decision" in family.columns
-                   else f"p_holm < {ALPHA}, Holm over that family only")
-                + ". Every other row is exploratory (unadjusted p) and never listed here." + left_out)
+    rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
     if supported:
         lines += supported
@@ -224,7 +232,8 @@ def flags_section(ctx: ReportContext) -> str:
         lines.append(f"- none of the {tested} tested effect(s); an interval that excludes zero is not by itself "
                      "support: with many comparisons, see the p_holm rule above")
     else:
-        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval needs two seeds)")
+        lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval "
+                     "needs two seeds)")
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)
@@ -240,7 +249,8 @@ def declared_section(ctx: ReportContext) -> str:
         is_pipeline_check, return_dtype=pl.Boolean)).height
     lines = ["## Declared comparisons", "",
              f"Family for multiplicity control: {family.family}. {family.frame.height} declared comparison row(s) over "
-             f"{len(tiers)} tier(s), {tested} with a test outside pipeline-check tiers; p_holm adjusts over this family "
+             f"{len(tiers)} tier(s), {tested} with a test outside pipeline-check tiers; p_holm adjusts "
+             "over this family "
              "only. [declared.md](declared.md) has the table; rows of the other tables that are not declared "
              "comparisons are marked exploratory.", ""]
     sequential = "decision" in family.columns
@@ -322,8 +332,8 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
 
 
 def _kinds(ctx: ReportContext) -> list[str]:
-    """The paired-seed tables this experiment can have (KINDS less those its arms cannot give)."""
-    return [kind for kind in KINDS if kind not in ctx.left_out]
+    """The paired-seed tables this experiment can have (`paired_seed_kinds` less those its arms cannot give)."""
+    return [kind for kind in paired_seed_kinds() if kind not in ctx.left_out]
 
 
 def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
@@ -337,7 +347,8 @@ def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
     sections = {
         "increments": (INCREMENTS.values(), "needs baseline and sink-logit, or sink-logit with combo or combo2"),
         "overlap": ([(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()],
-                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and combo2"),
+                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and "
+                    "combo2"),
         "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
     }
     out = {name: why for name, (needs, why) in sections.items() if not possible(needs)}
@@ -372,8 +383,8 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     runs = load_runs(source, allow_unverified=allow_unverified)
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
-    tables = {kind: build_table(runs, kind, reference if kind == "paired" else None, declared) for kind in KINDS}
-    tables["losses"] = losses_table(runs)
+    tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
+              for kind in (*paired_seed_kinds(), "losses")}
     if declared is not None:
         tables[DECLARED] = build_table(runs, DECLARED, declared=declared)
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS

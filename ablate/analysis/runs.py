@@ -9,6 +9,7 @@ import polars as pl
 
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.tiers import tier_rank
+from ablate.store import run_key
 
 
 NOT_EVALUATED = "not evaluated on"  # the reason of a completed run that has no score of a table's metric
@@ -34,7 +35,7 @@ class Runs:
         unverified = self.completed.filter(~pl.col("verified") & pl.col("arm").is_in(list(arms)))
         if self.root is None or unverified.is_empty():
             return self.notes
-        names = ", ".join(f"{r['tier']}/{r['arm']}/seed{r['seed']}" for r in unverified.iter_rows(named=True))
+        names = ", ".join(run_key(r['tier'], r['arm'], r['seed']) for r in unverified.iter_rows(named=True))
         return self.notes + (f"pairing NOT verified for {names}: older runs without fingerprints or "
                              "config.json, admitted by --allow-unverified",)
 

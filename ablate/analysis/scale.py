@@ -39,7 +39,8 @@ from scipy.special import fdtrc, stdtr, stdtrit
 
 from ablate.analysis.hypotheses import comparison_differences
 from ablate.analysis.stats import RESOLUTION
-from ablate.analysis.tables import INCREMENTS, increments_table, is_pipeline_check
+from ablate.analysis.kinds import INCREMENTS
+from ablate.analysis.tables import increments_table, is_pipeline_check
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"

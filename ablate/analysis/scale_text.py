@@ -9,7 +9,7 @@ import polars as pl
 
 from ablate.analysis.scale import (CROSSING_COLUMNS, GAP_DESCRIPTIONS, GAPS, ScaleTable, _p, _params)
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.tables import DESCRIPTIONS
+from ablate.analysis.kinds import DESCRIPTIONS
 from ablate.errors import choice_error
 
 
@@ -49,7 +49,8 @@ def crossing_sentence(table: ScaleTable, crossing: dict) -> str:
     return f"where filtering ({form}) overtakes the zero option is not identified{point}: {reason}"
 
 
-CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 of the tier's "
+CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 "
+           "of the tier's "
            "nominal non-embedding parameters, per decade: least squares over seeds (tier means weighted "
            "by their seeds), spread pooled within tiers (df = Σ(n_t − 1)), 95% Student-t interval; pipeline-check "
            "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval, or not "
@@ -110,7 +111,8 @@ def _markdown(table: ScaleTable) -> str:
         known = r["lr"] is not None
         lines.append(line((r["tier"], f"{r['tokens_per_param']:.1f}" if known else "unknown",
                            f"{r['lr']:g}" if known else "unknown",
-                           f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']}" if known else "unknown")))
+                           f"{r['batch_sequences']} × {r['batch_tokens'] // r['batch_sequences']}" if known
+                           else "unknown")))
     lines += ["", "Notes:", "", *[f"- {markdown_text(w)}" for w in table.warnings]]
     return "\n".join(lines) + "\n"
 

@@ -71,7 +71,8 @@ def summarise(differences: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     )
     spread = pl.col("n") >= 2
     rounding = pl.col("sd") <= RESOLUTION * pl.col("_scale")
-    grouped = grouped.with_columns(sd=pl.when(spread & rounding).then(0.0).when(spread).then(pl.col("sd"))).with_columns(se=pl.col("sd") / pl.col("n").sqrt())
+    grouped = grouped.with_columns(sd=pl.when(spread & rounding).then(0.0).when(spread).then(pl.col("sd")))
+    grouped = grouped.with_columns(se=pl.col("sd") / pl.col("n").sqrt())
     ns = grouped["n"].to_numpy()
     t_quantile = np.full(len(ns), np.nan)
     t_quantile[ns >= 2] = stdtrit(ns[ns >= 2] - 1, 0.5 + CONFIDENCE / 2)

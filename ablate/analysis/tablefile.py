@@ -24,7 +24,8 @@ FIX = "correct that cell or delete the row"
 def read_table(path: Path) -> pl.DataFrame:
     """tier, arm (String), seed (Int64), val_loss (Float64) and the optional string columns `optional`."""
     try:
-        table = pl.read_parquet(path) if path.suffix.lower() == ".parquet" else pl.read_csv(path, infer_schema_length=None)
+        table = (pl.read_parquet(path) if path.suffix.lower() == ".parquet"
+                 else pl.read_csv(path, infer_schema_length=None))
     except Exception as err:  # polars raises several types for unreadable files; name the file either way
         raise AblateError(f"cannot read {str(path)!r} as {path.suffix[1:]}: {err}") from err
     absent = [c for c in REQUIRED_COLUMNS if c not in table.columns]
@@ -79,7 +80,8 @@ def _check_seeds(path: Path, seed: pl.Series) -> None:
 
 
 def _check_losses(path: Path, loss: pl.Series) -> None:
-    """val_loss must hold numbers (or be empty: a run without a loss is listed as excluded): true or "low" is no loss."""
+    """val_loss must hold numbers (or be empty: a run without a loss is listed as excluded): true or "low" is no
+    loss."""
     if not (loss.dtype.is_float() or loss.dtype.is_integer()) and not loss.is_null().all():
         raise AblateError(f"{str(path)!r}: column val_loss holds {loss.dtype} values (e.g. "
                           f"{loss.drop_nulls().head(1).to_list()}); val_loss must be a number")

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import polars as pl
 
 from ablate.errors import AblateError
+from ablate.store import run_key
+from ablate.analysis.kinds import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
 from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
 from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
 from ablate.tiers import TIERS, tier_rank
 
-KINDS = ("paired", "increments", "overlap")
 LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
 
 # The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
@@ -40,24 +41,6 @@ MARK_NOTES = {
     EXPLORATORY: "not one of the experiment's declared comparisons: its p is unadjusted, it is in no family "
                  "(p_holm empty) and it is never called supported",
     MIXED_NUMERICS: MIXED_NUMERICS_NOTE,
-}
-
-# quantity → (reference arm, arm): the increment is L_reference − L_arm.
-INCREMENTS = {
-    "zero_option": ("baseline", "sink-logit"),
-    "filtering_norm": ("sink-logit", "combo"),
-    "filtering_proj": ("sink-logit", "combo2"),
-}
-# gate → (the gate alone, the gate with sink-logit); gains are against baseline.
-OVERLAP_GATES = {"norm": ("norm-gate", "combo"), "proj": ("proj-gate", "combo2")}
-OVERLAP_BASE, OVERLAP_SINK = "baseline", "sink-logit"
-
-DESCRIPTIONS = {
-    "zero_option": "baseline − sink-logit",
-    "filtering_norm": "sink-logit − combo",
-    "filtering_proj": "sink-logit − combo2",
-    "norm": "norm-gate with combo",
-    "proj": "proj-gate with combo2",
 }
 
 
@@ -103,9 +86,12 @@ class Table:
     @property
     def warnings(self) -> list[str]:
         """Everything a reader of the numbers must also know, one line each."""
-        lines = [f"excluded {r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.left_out.iter_rows(named=True)]
-        lines += [f"{r['tier']}/{r['arm']}/seed{r['seed']}: {r['reason']}" for r in self.unevaluated.iter_rows(named=True)]
-        lines += [f"missing {r['tier']}/{r['arm']}/seed{r['seed']}: no run" for r in self.missing.iter_rows(named=True)]
+        lines = [f"excluded {run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}"
+                 for r in self.left_out.iter_rows(named=True)]
+        lines += [f"{run_key(r['tier'], r['arm'], r['seed'])}: {r['reason']}"
+                  for r in self.unevaluated.iter_rows(named=True)]
+        lines += [f"missing {run_key(r['tier'], r['arm'], r['seed'])}: no run"
+                  for r in self.missing.iter_rows(named=True)]
         return lines + list(self.notes) + [f"{mark}: {MARK_NOTES.get(mark, mark)}" for mark in self.marks_used]
 
     @property
@@ -248,7 +234,8 @@ def _table(kind, key, frame, runs: Runs, arms, reference=None, notes=(), differe
     frame, mixed = _mark_mixed_numerics(frame, runs, key, reference)
     return Table(
         kind=kind, key=key, frame=frame, name=runs.name, reference=reference,
-        missing=runs.missing.filter(used), excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
+        missing=runs.missing.filter(used),
+                 excluded=runs.excluded.filter(used).select("tier", "arm", "seed", "status", "reason"),
         notes=tuple(notes) + mixed + source_notes, differences=differences, metric=runs.metric,
         higher_is_better=runs.higher_is_better, source_notes=source_notes,
     )
@@ -280,9 +267,3 @@ def _mark_mixed_numerics(frame: pl.DataFrame, runs: Runs, key: str, reference: s
 
 def _skip_note(what: str, needed, absent) -> str:
     return f"{what} skipped: it needs arms {', '.join(needed)}; not in this source: {', '.join(absent)}"
-
-
-def _fixed_arms(kind: str) -> str:
-    if kind == "increments":
-        return "; ".join(f"{q} = {DESCRIPTIONS[q]}" for q in INCREMENTS)
-    return "; ".join(f"{g}: baseline, sink-logit, {DESCRIPTIONS[g]}" for g in OVERLAP_GATES)

@@ -45,13 +45,15 @@ def _mean_sd(values: list[float]) -> str:
 
 def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
     """Per arm: seeds learned, loss at the budget, area under the curve, and the signature (mean ± sd)."""
-    head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + [f"{key} {case}" for key, _ in SIGNATURE for case in CASES]
+    head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + [f"{key} {case}" for key, _ in SIGNATURE
+                                                                   for case in CASES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, summaries in by_arm.items():
         learned = sum(s["val_accuracy"] >= LEARNED_ACCURACY for s in summaries)
         cells = [arm, f"{learned}/{len(summaries)}", _mean_sd([s["val_loss"] for s in summaries]),
                  _mean_sd([s["val_loss_auc"] for s in summaries])]
-        cells += [_mean_sd([s["signature"][f"{key}_{case}"] for s in summaries]) for key, _ in SIGNATURE for case in CASES]
+        cells += [_mean_sd([s["signature"][f"{key}_{case}"] for s in summaries]) for key, _ in SIGNATURE
+                  for case in CASES]
         lines.append("| " + " | ".join(cells) + " |")
     return (f"Task {TIERS[tier].task} (tier {tier}): a run learned the task when its answer accuracy on the fixed "
             f"validation set is at least {LEARNED_ACCURACY}. The signature is measured at answer positions of the last "

@@ -5,26 +5,28 @@ from __future__ import annotations
 import argparse
 import sys
 
-KINDS = ("paired", "increments", "overlap", "losses", "declared", "scale", "lr")  # tables.KINDS, losses, declared, scale, lr
+from ablate.analysis.kinds import KINDS  # import-light: names and words only (no polars)
+
 FORMATS = ("md", "csv", "latex", "json")
 
 
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="paired-seed tables: paired differences, increments, the 2×2 overlap, the declared comparisons, or the "
-             "scale model (slopes per decade, crossings)",
-        description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from a run store or a CSV/parquet file with columns tier, arm, seed, "
+        help="tables of the runs: " + "; ".join(kind.help for kind in KINDS.values()),
+        description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from "
+                    "a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
     )
     table.add_argument("source", metavar="SOURCE",
                        help="experiment name or experiments/*.py file (runs under --results), an experiment "
                             "folder, or a .csv/.parquet file")
-    table.add_argument("--kind", choices=KINDS, default="paired", help="which table (default: paired)")
+    table.add_argument("--kind", choices=list(KINDS), default="paired", help="which table (default: paired)")
     table.add_argument("--reference", default=None,
                        help="reference arm of the paired table (default: baseline)")
     table.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    table.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the "
+                                                       "checkout's results/)")
     table.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of printing")
     table.add_argument("--metric", default=None, metavar="TASK/METRIC",
                        help="a downstream metric of `ablate eval` instead of the loss (e.g. hellaswag/acc_norm); "
@@ -43,63 +45,34 @@ def add_commands(subparsers) -> None:
     report = subparsers.add_parser(
         "report",
         help="write the tables, figures and a summary to <experiment>/report/",
-        description="Write paired/increments/overlap/losses tables (md and csv), paired.png, increments.png, curves.png, "
-        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's report/ folder.",
+        description="Write paired/increments/overlap/losses tables (md and csv), paired.png, "
+                    "increments.png, curves.png, "
+        "testbed_<tier>.png (for a task tier's runs, experiments/testbed.py) and summary.md into the experiment's "
+        "report/ folder.",
     )
     report.add_argument("experiment", metavar="EXPERIMENT", help="experiment name, experiments/*.py file, or folder")
-    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    report.add_argument("--results", default=None, help="results folder (default: $ABLATE_RESULTS, else the "
+                                                        "checkout's results/)")
     report.add_argument("--allow-unverified", action="store_true",
                         help="pair older runs that carry no fingerprints (the tables' footers name them)")
     report.set_defaults(func=report_command)
 
 
-def declared_of(source, folder):
-    """The declared comparisons the tables adjust over: the experiment's (when SOURCE names one), else those a
-    `submit --sequential` recorded in the folder's ledger; with the recorded sequential design, which the
-    experiment must still declare (a changed design is refused). None: no family."""
-    from pathlib import Path  # the library loads in the handler: see ablate.cli
-
-    from ablate.analysis.hypotheses import Declared
-    from ablate.experiment import named_experiment
-    from ablate.sequential import recorded_design
-    from ablate.store import LEDGER
-
-    experiment = named_experiment(source)
-    design = recorded_design(folder) if Path(folder).is_dir() else None
-    if design is not None and experiment is not None:
-        design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
-                              str(Path(folder) / LEDGER))
-    if design is not None:
-        return Declared.of(design.comparisons, design.family, design.boundaries)
-    if experiment is not None and experiment.hypotheses:
-        return Declared.of(experiment.hypotheses, experiment.family)
-    return None
-
-
 def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import results_of
-    from ablate.analysis.render import render
     from ablate.analysis.build import build_table
+    from ablate.analysis.hypotheses import declared_for
+    from ablate.experiment import named_experiment, results_of
 
     if args.by_item:
         return _by_item(args)
     if args.kind == "lr" or args.tuned:
         return _lr_command(args)
-    folder = results_of(args.source, args.results)
+    experiment = named_experiment(args.source)  # its file is executed once, here
+    folder = results_of(args.source, args.results, experiment)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
-    if args.kind == "losses":
-        from ablate.analysis.tables import losses_table
-
-        table = losses_table(runs)
-    else:
-        table = build_table(runs, args.kind, args.reference, declared_of(args.source, folder))
-    if args.kind == "scale":
-        from ablate.analysis.scale_text import render_scale
-
-        text = render_scale(table, args.format)
-    else:
-        text = render(table, args.format)
+    table = build_table(runs, args.kind, args.reference, declared_for(experiment, folder))
+    text = KINDS[args.kind].render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
@@ -108,12 +81,10 @@ def table_command(args: argparse.Namespace) -> int:
     return _emit(args, text)
 
 
-def lr_settings(source) -> tuple[float, float]:
-    """(margin, δ) of the experiment's LR sweep when SOURCE names one, else the defaults."""
+def lr_settings(experiment) -> tuple[float, float]:
+    """(margin, δ) of the experiment's LR sweep (`experiment`: the one SOURCE names, or None), else the defaults."""
     from ablate.analysis.lr import DELTA, MARGIN  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import named_experiment
 
-    experiment = named_experiment(source)
     sweep = experiment.lr_sweep if experiment is not None else None
     return (sweep.margin, sweep.delta) if sweep is not None else (MARGIN, DELTA)
 
@@ -123,9 +94,10 @@ def _lr_command(args: argparse.Namespace) -> int:
 
     from ablate.analysis.lr import lr_table, render_lr
     from ablate.analysis.render import render
+    from ablate.analysis.hypotheses import declared_for
     from ablate.analysis.tuned import survival_text, tuned_tables
     from ablate.errors import AblateError
-    from ablate.experiment import results_of
+    from ablate.experiment import named_experiment, results_of
 
     if args.metric or (args.kind == "lr" and (args.tuned or args.reference)):
         raise AblateError("--kind lr is the LR sweep's own table (no --metric, --reference or --tuned); --tuned "
@@ -133,12 +105,13 @@ def _lr_command(args: argparse.Namespace) -> int:
     if args.kind in ("losses", "scale"):
         raise AblateError(f"--tuned pairs the arms at their own best LRs: use it with --kind paired, increments, "
                           f"overlap or declared, not {args.kind}")
-    folder = results_of(args.source, args.results)
-    table = lr_table(folder, *lr_settings(args.source))
+    experiment = named_experiment(args.source)
+    folder = results_of(args.source, args.results, experiment)
+    table = lr_table(folder, *lr_settings(experiment))
     if args.kind == "lr":
         return _emit(args, render_lr(table, args.format))
     shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), args.kind, args.reference,
-                                                declared_of(args.source, folder), args.allow_unverified)
+                                                declared_for(experiment, folder), args.allow_unverified)
     if args.format == "json":
         text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
                            "survival": survived}, indent=2) + "\n"
@@ -183,11 +156,13 @@ def _emit(args: argparse.Namespace, text: str) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from ablate.analysis.hypotheses import declared_for
     from ablate.analysis.report import make_report  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import results_of
+    from ablate.experiment import named_experiment, results_of
 
-    source = results_of(args.experiment, args.results)
-    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_of(args.experiment, source))
+    experiment = named_experiment(args.experiment)  # its file is executed once, here
+    source = results_of(args.experiment, args.results, experiment)
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_for(experiment, source))
     names = [path.name for path in report.written]
     texts = [n for n in names if n.endswith(".md")]
     others = [n for n in names if not n.endswith(".md")]

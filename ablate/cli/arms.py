@@ -21,10 +21,10 @@ def add_commands(subparsers) -> None:
                                                    "experiment: each tier's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output (with an experiment: one row per "
                                                             "tier and arm)")
-    parser.set_defaults(func=_arms)
+    parser.set_defaults(func=arms_command)
 
 
-def _arms(args) -> int:
+def arms_command(args) -> int:
     from ablate.experiment import load_experiment  # the library loads in the handler: see ablate.cli
     from ablate.sizing import arm_table
 

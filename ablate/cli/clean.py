@@ -23,10 +23,10 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--aside", action="store_true",
                         help="also remove folders kept aside by `ablate run --force` (seed<k>.old-*): they hold "
                              "OLDER RESULTS that cannot be rebuilt")
-    parser.set_defaults(func=_clean_cli)
+    parser.set_defaults(func=clean_command)
 
 
-def _clean_cli(args) -> int:
+def clean_command(args) -> int:
     from ablate.clean import clean, human  # the library loads in the handler: see ablate.cli
     from ablate.experiment import load_experiment
     from ablate.status import with_queued_seeds
@@ -55,7 +55,8 @@ def _clean_cli(args) -> int:
         for item in result.kept_weights:
             print(f"  {human(item.size):>10}  {item.path}")
     if args.dry_run:
-        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed (dry run: nothing removed)")
+        print(f"total: {human(result.total)} in {len(result.removed)} item(s) would be freed "
+              "(dry run: nothing removed)")
     else:
         print(f"total: freed {human(result.total)} in {len(result.removed)} item(s)")
     remain = f"{'would remain' if args.dry_run else 'remaining'}: {human(result.left)} in {result.root}"

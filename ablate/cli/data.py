@@ -52,20 +52,21 @@ def add_commands(subparsers) -> None:
     prep.add_argument("--source-arg", nargs="+", action="extend", type=_source_arg, default=[], metavar="KEY=VALUE",
                       help="any other arguments of the source, space-separated (the option may be repeated)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    prep.set_defaults(func=run_prepare)
+    prep.set_defaults(func=prepare_command)
 
-    build = commands.add_parser("build-sample", help="rebuild the shipped sample (maintainers; needs pip and the network)")
+    build = commands.add_parser("build-sample", help="rebuild the shipped sample (maintainers; needs pip "
+                                                     "and the network)")
     build.add_argument("--wheel", type=Path, help="a downloaded gensim 4.4.0 wheel (default: pip download it)")
     build.add_argument("--out", type=Path, help="where to write the parquet file (default: the shipped one)")
-    build.set_defaults(func=run_build_sample)
+    build.set_defaults(func=build_sample_command)
 
     info = commands.add_parser("info", help="summarise a prepared folder's manifest")
     info.add_argument("dir", help="a folder written by `ablate data prepare`")
     info.add_argument("--verify", action="store_true", help="also check every shard's SHA-256")
-    info.set_defaults(func=run_info)
+    info.set_defaults(func=info_command)
 
 
-def run_prepare(args) -> int:
+def prepare_command(args) -> int:
     import logging
 
     from ablate.data.writer import prepare
@@ -86,7 +87,7 @@ def run_prepare(args) -> int:
     return 0
 
 
-def run_info(args) -> int:
+def info_command(args) -> int:
     from ablate.data.shards import TokenShards, read_manifest
 
     manifest = read_manifest(args.dir)
@@ -109,7 +110,7 @@ def run_info(args) -> int:
     return 0
 
 
-def run_build_sample(args) -> int:
+def build_sample_command(args) -> int:
     from ablate.data.sample import OUT, build_sample
 
     build_sample(args.wheel, args.out or OUT)

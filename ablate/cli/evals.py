@@ -21,21 +21,25 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--tier", nargs="+", dest="tiers", help="EXPERIMENT: only these tiers")
     parser.add_argument("--arms", nargs="+", help="EXPERIMENT: only these arms")
     parser.add_argument("--seeds", nargs="+", type=int, help="EXPERIMENT: only these seeds")
-    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    parser.add_argument("--results", help="EXPERIMENT: results folder (default: $ABLATE_RESULTS, else the "
+                                          "checkout's results/)")
     parser.add_argument("--limit", type=int,
                         help="documents per task (default: all; a limited result pairs only with the same limit)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded with the results as an execution "
-                             "setting: scores agree across batch sizes to float32 rounding, so it never affects pairing")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16); recorded "
+                                                                   "with the results as an execution "
+                             "setting: scores agree across batch sizes to float32 rounding, so it never affects "
+                             "pairing")
     parser.add_argument("--task-data", metavar="DIR",
-                        help=f"read the tasks' documents from local JSON-lines files instead of the Hub: {file_layout()}")
+                        help="read the tasks' documents from local JSON-lines files instead of the Hub: "
+                             f"{file_layout()}")
     parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                         help=f"bootstrap draws for the stderr of perplexities (default {DEFAULT_BOOTSTRAP_ITERS:,}, "
                              "lm-eval's; 0: no stderr for any metric)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.set_defaults(func=_eval)
+    parser.set_defaults(func=eval_command)
 
 
-def _eval(args) -> int:
+def eval_command(args) -> int:
     from ablate.evals.run import evaluate_run, require_lm_eval
 
     require_lm_eval()

@@ -30,7 +30,8 @@ class Selection:
         """The selection a parsed command line made (`submit`, `status`, …: options it lacks are None)."""
         executor = getattr(args, "executor", None)
         return cls(str(args.experiment), getattr(args, "tiers", None), getattr(args, "arms", None),
-                   getattr(args, "seeds", None), executor, getattr(args, "profile", None) if executor == "slurm" else None,
+                   getattr(args, "seeds", None), executor,
+                   getattr(args, "profile", None) if executor == "slurm" else None,
                    None if args.results is None else str(args.results), getattr(args, "data", None),
                    bool(getattr(args, "sequential", False)))
 

@@ -25,7 +25,8 @@ def add_commands(subparsers) -> None:
                         help="narrow the MLPs of arms that add parameters to the baseline's count (within 0.5%%); "
                              "--no-match-params prices the unmatched variant (default: the experiment's choice)")
     parser.add_argument("--gpu", choices=sorted(GPUS),
-                        help=f"GPU whose peak bf16 throughput prices an hour (default: the profile's, else {DEFAULT_GPU})")
+                        help="GPU whose peak bf16 throughput prices an hour (default: the profile's, else "
+                             f"{DEFAULT_GPU})")
     parser.add_argument("--profile", metavar="NAME",
                         help="cluster profile slurm/NAME.toml whose `gpu` key names the GPU")
     parser.add_argument("--gpu-check", metavar="PATH",
@@ -37,21 +38,24 @@ def add_commands(subparsers) -> None:
     power = parser.add_argument_group("how many seeds (needs an experiment that declares hypotheses=)")
     power.add_argument("--power", action="store_true",
                        help="seeds a paired t-test needs per tier and declared comparison, and their GPU-hours")
-    power.add_argument("--effect", type=float, metavar="E", help="--power: the true mean difference to detect, nats; --sequential: the effect its power "
+    power.add_argument("--effect", type=float, metavar="E", help="--power: the true mean difference to detect, nats; "
+                                                                 "--sequential: the effect its power "
                             "and expected seeds are simulated under (with --sd)")
     power.add_argument("--sd", type=float, metavar="S",
                        help="--power: the seed-to-seed sd of the paired differences, nats (with --pilot: for "
                             "comparisons the pilot lacks)")
     power.add_argument("--pilot", metavar="SOURCE",
-                       help="--power: a results folder, experiment or CSV of a few seeds whose sd per comparison is used")
+                       help="--power: a results folder, experiment or CSV of a few seeds whose sd per "
+                            "comparison is used")
     power.add_argument("--alpha", type=float, default=0.05, help="family-wise error (default 0.05)")
     power.add_argument("--target-power", type=float, default=0.8, help="--power: wanted power (default 0.8)")
     power.add_argument("--sequential", action="store_true",
                        help="a group-sequential design: looks, |t| boundaries and alpha spent")
     power.add_argument("--looks", type=int, metavar="K", help="--sequential: number of looks")
     power.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
-    power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
-    parser.set_defaults(func=_plan)
+    power.add_argument("--results", default=None, help="--pilot: results folder (default: $ABLATE_RESULTS, else the "
+                                                       "checkout's results/)")
+    parser.set_defaults(func=plan_command)
 
 
 def _needs(args, flag: str, *names: str) -> None:
@@ -60,7 +64,8 @@ def _needs(args, flag: str, *names: str) -> None:
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
     if missing:
         raise AblateError(f"{flag} needs {' and '.join(missing)}; e.g. `ablate plan sink_vs_filter "
-                          + ("--power --effect 0.002 --sd 0.004`" if flag == "--power" else "--sequential --looks 3 --max-seeds 12`"))
+                          + ("--power --effect 0.002 --sd 0.004`" if flag == "--power" else "--sequential --looks 3 "
+                                                                                            "--max-seeds 12`"))
 
 
 def _power(args, experiment) -> int:
@@ -120,7 +125,8 @@ def _sequential(args, experiment) -> int:
     operating = plan["operating"]
     if operating:
         print(f"under effect/sd = {args.effect:g}/{args.sd:g} ({operating['paths']:,} simulated studies, generator "
-              f"seed {operating['seed']}): power {operating['power']:.3f}, expected seeds {operating['expected_seeds']:.1f}")
+              f"seed {operating['seed']}): power {operating['power']:.3f}, expected seeds "
+              f"{operating['expected_seeds']:.1f}")
     for t in plan["tiers"]:
         line = (f"tier {t['tier']}: {t['gpu_hours_first_look']:.1f} GPU-hours to the first look, at most "
                 f"{t['gpu_hours_max']:.1f}")
@@ -146,27 +152,29 @@ def sequential_text(name: str, design: dict) -> str:
     return "\n".join(lines)
 
 
-def _plan(args) -> int:
+def plan_command(args) -> int:
     from ablate.experiment import load_experiment
     from ablate.plan import plan_grid, throughput
     from ablate.profiles import load_profile
 
-    gpu = args.gpu
-    if args.profile and not gpu:
-        gpu = load_profile(args.profile).get("gpu") or None
+    gpu, world_size = args.gpu, 1
+    if args.profile:
+        profile = load_profile(args.profile)
+        gpu, world_size = gpu or profile.get("gpu") or None, profile.get("processes_per_run") or 1
     experiment = load_experiment(args.experiment) if args.experiment else None
     if args.power or args.sequential:
         from ablate.errors import AblateError
 
         if experiment is None or (args.power and args.sequential):
             raise AblateError("--power and --sequential each plan an experiment's declared comparisons: give one "
-                              "experiment and one of them, e.g. `ablate plan sink_vs_filter --power --effect 0.002 --sd 0.004`")
+                              "experiment and one of them, e.g. `ablate plan sink_vs_filter --power --effect "
+                              "0.002 --sd 0.004`")
         args.gpu = gpu
         return _power(args, experiment) if args.power else _sequential(args, experiment)
     if args.sweep:
         return _sweep(args, experiment, throughput(gpu, args.gpu_check))
     plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
-                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check))
+                     match_params=args.match_params, speed=throughput(gpu, args.gpu_check), world_size=world_size)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -216,7 +224,8 @@ def _sweep(args, experiment, speed) -> int:
 
 def _print_tier(plan: dict) -> None:
     h = plan["hyperparameters"]
-    print(f"tier {plan['tier']}: {h['n_layer']} layers, d_model {h['d_model']}, {h['n_head']} heads, seq {h['seq_len']}, "
+    print(f"tier {plan['tier']}: {h['n_layer']} layers, d_model {h['d_model']}, {h['n_head']} heads, seq "
+          f"{h['seq_len']}, "
           f"batch {h['global_batch']} × {h['seq_len']} tokens, lr {h['lr']:g}, warm-up {h['warmup_steps']}, "
           f"cosine to {h['min_lr_ratio']:g}×, wd {h['weight_decay']:g}, clip {h['grad_clip']:g}; "
           f"micro-batch for the GPU {plan['micro_batch_for_gpu']}"

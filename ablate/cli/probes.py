@@ -11,18 +11,19 @@ def add_commands(subparsers) -> None:
     probe = subparsers.add_parser("probe", help="sink diagnostics of a trained run (probe.json + heatmap)")
     probe.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
     _batch_options(probe)
-    probe.set_defaults(func=_probe)
+    probe.set_defaults(func=probe_command)
 
     inject = subparsers.add_parser("inject", help="junk injection into quiet reads: loss increase over clean")
     inject.add_argument("run_dir", metavar="RUN_DIR", help="a run folder RESULTS/<experiment>/<tier>/<arm>/seed<k>")
-    inject.add_argument("--cutoff", default="p25", help="quiet reads: below the head's median or p25 norm (default p25)")
+    inject.add_argument("--cutoff", default="p25",
+                        help="quiet reads: below the head's median or p25 norm (default p25)")
     inject.add_argument("--eps", nargs="+", default=["0.2", "0.4", "0.8", "1.6"], metavar="EPS",
                         help="doses ε, space-separated (default 0.2 0.4 0.8 1.6)")
     inject.add_argument("--junk", nargs="+", default=["structural", "gaussian", "random", "gate-direction"],
                         metavar="KIND", help="junk kinds, space-separated (default: all four)")
     inject.add_argument("--seed", type=int, default=0, help="seed of the junk draws (default 0)")
     _batch_options(inject)
-    inject.set_defaults(func=_inject)
+    inject.set_defaults(func=inject_command)
 
 
 def _batch_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +49,7 @@ def _numbers(values: list[str], what: str, kind=float) -> list:
         raise AblateError(f"--{what} {' '.join(values)!r} is not a list of {noun} (e.g. --{what} 0 1)") from err
 
 
-def _probe(args) -> int:
+def probe_command(args) -> int:
     from ablate.probes.diagnostics import HEATMAP_FILE, PROBE_FILE, probe_run
     from ablate.modelio import default_device
 
@@ -63,20 +64,21 @@ def format_probe(probe: dict) -> str:
     """Markdown: the summary line, then one row per layer with its per-head first-key mass."""
     summary = probe["summary"]
     shown = ", ".join(f"{key} {value:.4g}" for key, value in summary.items() if value is not None)
-    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |", "|---:|---|---:|"]
+    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |",
+             "|---:|---|---:|"]
     for layer in probe["layers"]:
         masses = " ".join(f"{m:.3f}" for m in layer["first_key_mass"])
         lines.append(f"| {layer['layer']} | {masses} | {layer['max_abs_residual']:.3g} |")
     return "\n".join(lines)
 
 
-def _inject(args) -> int:
-    from ablate.probes.injection import INJECT_FILE, inject_run, injection_table
+def inject_command(args) -> int:
+    from ablate.probes.injection import INJECT_FILE, Sweep, inject_run, injection_table
     from ablate.modelio import default_device
 
-    result = inject_run(args.run_dir, cutoff=args.cutoff, eps=_numbers(args.eps, "eps"),
-                        junk=_listed(args.junk, "junk"), seed=args.seed, n_batches=args.batches,
-                        batch_size=args.batch_size, device=args.device or default_device(), progress=True)
+    sweep = Sweep(args.cutoff, tuple(_numbers(args.eps, "eps")), tuple(_listed(args.junk, "junk")), args.seed)
+    result = inject_run(args.run_dir, sweep, n_batches=args.batches, batch_size=args.batch_size,
+                        device=args.device or default_device(), progress=True)
     print(injection_table(result))
     print(f"\nwrote {args.run_dir}/{INJECT_FILE}")
     return 0

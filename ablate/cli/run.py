@@ -21,10 +21,10 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     parser.add_argument("--force", action="store_true", help="keep an existing run folder aside and start again")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=run_command)
 
 
-def _run(args) -> int:
+def run_command(args) -> int:
     from ablate.experiment import RunSpec  # the library loads in the handler: `ablate --help` stays torch-free
     from ablate.train import run_as
 

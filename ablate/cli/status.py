@@ -23,7 +23,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--sweep", action="store_true",
                         help="the runs of the experiment's LR sweep (lr_sweep=) instead of its grid")
-    parser.set_defaults(func=_status)
+    parser.set_defaults(func=status_command)
 
 
 def _runs(args):
@@ -66,7 +66,7 @@ def _runs(args):
     return text, specs, True
 
 
-def _status(args) -> int:
+def status_command(args) -> int:
     from ablate.status import STATES, status  # the library loads in the handler: see ablate.cli
 
     name, specs, adhoc = _runs(args)
@@ -118,12 +118,12 @@ def resume_commands(args, rows, stopped, folder) -> list[str]:
     """`ablate submit` commands that resume the `stopped` rows as they were submitted: the ledger says each
     run's executor and its submission's profile and data folder; tiers, arms and seeds are narrowed to the
     stopped runs where they are fewer than the rows shown."""
-    from ablate.store import read_ledger  # the library loads in the handler: see ablate.cli
+    from ablate.store import read_ledger, run_key  # the library loads in the handler: see ablate.cli
 
     ledger = read_ledger(folder)
     groups: dict[tuple, list[dict]] = {}
     for row in stopped:
-        key = f"{row['tier']}/{row['arm']}/seed{row['seed']}"
+        key = run_key(row['tier'], row['arm'], row['seed'])
         executor = (ledger["runs"].get(key) or {}).get("executor")
         submission = next((s for s in reversed(ledger["submissions"]) if isinstance(s, dict)
                            and s.get("executor") == executor and key in s.get("runs", [])), {})

@@ -33,7 +33,8 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--task-data", help="--eval: folder of local task files (see `ablate eval --help`)")
     lr = parser.add_argument_group("every arm at its own learning rate (an experiment that declares lr_sweep=)")
     lr.add_argument("--sweep", action="store_true",
-                    help="queue the LR sweep: arms × the sweep's lr factors × its seeds (`ablate plan EXPERIMENT --sweep`)")
+                    help="queue the LR sweep: arms × the sweep's lr factors × its seeds (`ablate plan "
+                         "EXPERIMENT --sweep`)")
     lr.add_argument("--tuned", action="store_true",
                     help="queue the confirmatory runs: the grid's seeds at each arm's best LR of the finished sweep "
                          "(chosen on the selection loss; an arm whose best is the shared lr reuses its grid runs)")
@@ -45,7 +46,7 @@ def add_commands(subparsers) -> None:
     sequential.add_argument("--looks", type=int, metavar="K", help="--sequential: looks (first submit only)")
     sequential.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
     sequential.add_argument("--alpha", type=float, default=None, help="--sequential: family-wise error (default 0.05)")
-    parser.set_defaults(func=_submit_cli)
+    parser.set_defaults(func=submit_command)
 
 
 def _resolve(args):
@@ -64,13 +65,14 @@ def _hint(args) -> str:
     return Selection.of(args).status_command()
 
 
-def _submit_cli(args) -> int:
+def submit_command(args) -> int:
     try:
         return _submit_and_tell(args)
     except KeyboardInterrupt as err:  # Ctrl-C: one line, exit 130 (the runs it stopped resume on the next submit)
         stopped = getattr(err, "keys", [])
         again = Selection.of(args).submit_command()
-        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint ({', '.join(stopped)}), no further "
+        what = (f"{len(stopped)} run(s) stopped at a step boundary with a checkpoint "
+                f"({', '.join(stopped)}), no further "
                 f"run started; `{again}` resumes the grid") if stopped else f"see `{_hint(args)}`"
         print(f"ablate: interrupted: {what}", file=sys.stderr)
         return 130
@@ -93,7 +95,8 @@ def lr_runs(args, experiment, results):
     if not (args.sweep or args.tuned):
         return None
     if args.sequential or args.seeds or (args.sweep and args.tuned):
-        raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds or --sequential")
+        raise AblateError("--sweep and --tuned choose their own seeds: give one of them, without --seeds "
+                          "or --sequential")
     if args.sweep:
         return experiment.sweep_runs(args.tiers, args.arms)
     from ablate.analysis.lr import lr_table, sweep_runs
@@ -112,6 +115,22 @@ def lr_runs(args, experiment, results):
         raise AblateError(f"no best LR yet for {', '.join(lacking)}: their sweep runs are not all finished (see "
                           f"`ablate status {args.experiment} --sweep`, `ablate table {args.experiment} --kind lr`)")
     return experiment.confirmatory_runs({tier: {arm: best[tier][arm] for arm in arms} for tier, arms in wanted.items()})
+
+
+def _submission(args, results, sequential: dict | None, grid):
+    """What the command line asks `ablate.dispatch.submit` for."""
+    from ablate.dispatch import Submission  # the library loads in the handler: see ablate.cli
+
+    return Submission(
+        results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
+        seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
+        options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
+                 **({"match_params": args.match_params} if args.match_params is not None else {})},
+        eval_tasks=args.eval_tasks,
+        eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
+                      if v is not None},
+        **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
+        **({"grid": grid} if grid is not None else {}))
 
 
 def _submit_and_tell(args) -> int:
@@ -139,21 +158,14 @@ def _submit_and_tell(args) -> int:
               + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
               + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
                           for tier, n in counts.items()))
-    report = submit(experiment, file, results=results, executor=args.executor, profile=args.profile,
-                    tiers=args.tiers, arms=args.arms, seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-                    options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                             **({"match_params": args.match_params} if args.match_params is not None else {})},
-                    eval_tasks=args.eval_tasks,
-                    eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
-                                  if v is not None},
-                    **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
-                    **({"grid": grid} if grid is not None else {}))
+    report = submit(experiment, file, _submission(args, results, sequential, grid))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
               f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
         if report["resources"]:
-            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items()
+                                                      if v not in ("", [])}))
         for key in report["to_submit"]:
             print(f"  {key}")
         for line in report.get("misfits", []):  # after the list: the last thing read

@@ -2,7 +2,7 @@
 
     from ablate.data import TokenShards, BatchStream, validation_batches, prepare, encode, decode
 
-Names are imported on first use (PEP 562), so `ablate.data.cli` — and with it the `ablate` command —
+Names are imported on first use (PEP 562), so `ablate.cli.data` — and with it the `ablate` command —
 starts without loading torch, tiktoken or datasets.
 """
 

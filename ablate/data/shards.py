@@ -123,6 +123,16 @@ class TokenShards:
         return f"TokenShards({str(self.data_dir)!r}, split={self.split!r}, tokens={len(self):,})"
 
 
+def tier_shards(data_dir: str | os.PathLike, tier, vocab_size: int) -> TokenShards:
+    """A data folder's training shards for a run of `tier` (an `ablate.tiers.Tier`), refused in one line when
+    they hold another tokenizer's tokens or another vocabulary than the run's model."""
+    shards = TokenShards(data_dir, split="train")
+    if shards.tokenizer != tier.tokenizer or shards.vocab_size != vocab_size:
+        raise AblateError(f"data folder {data_dir} holds {shards.tokenizer!r} tokens (vocabulary {shards.vocab_size}); "
+                          f"tier {tier.name!r} expects {tier.tokenizer!r} (vocabulary {vocab_size})")
+    return shards
+
+
 def check_data_folder(data_dir: str) -> None:
     """A data folder that is not a prepared one is refused before the run folder is touched."""
     try:

@@ -53,7 +53,8 @@ class SyntheticTask:
 
     def __post_init__(self):
         if not 0 < self.n_pairs < self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} must lie in 1..n_keys-1={self.n_keys - 1} (absent keys must exist)")
+            raise ValueError(f"n_pairs={self.n_pairs} must lie in 1..n_keys-1={self.n_keys - 1} (absent "
+                             "keys must exist)")
         if not 0.0 <= self.absent_prob <= 1.0:
             raise ValueError(f"absent_prob={self.absent_prob} must lie in [0, 1]")
         if not 0.0 <= self.answer_noise <= 1.0:
@@ -113,7 +114,8 @@ def synthetic_batch(task: SyntheticTask, batch_size: int, seed: int) -> tuple[to
     answers = torch.where(absent, torch.full_like(asked, task.NONE), task.first_value + values.gather(1, pick_stored))
     # Drawn last, so that the rest of a batch does not depend on the noise level.
     noisy = (torch.rand(B, task.n_queries, generator=gen) < task.answer_noise) & ~absent
-    answers = torch.where(noisy, task.first_value + torch.randint(task.n_values, (B, task.n_queries), generator=gen), answers)
+    answers = torch.where(noisy, task.first_value + torch.randint(task.n_values, (B, task.n_queries), generator=gen),
+                          answers)
     inputs = torch.cat([torch.full((B, 1), task.BOS), task.pair_token(stored, values), task.first_query + asked], dim=1)
     targets = torch.cat([torch.full((B, 1 + n), IGNORE), answers], dim=1)
     return inputs, targets

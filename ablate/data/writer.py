@@ -23,6 +23,7 @@ writes the same bytes as one that was never interrupted.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -245,27 +246,17 @@ def prepare(
     provenance = spec.provenance(**args) if spec.provenance else None
     request = _request(source, args, provenance, tokens, int(shard_tokens), float(val_fraction), int(val_tokens))
     out = Path(out)
-    if (out / MANIFEST).exists():
-        manifest = read_manifest_file(out)
-        if manifest["request"] != request:
-            differences = _differences(manifest["request"], request)
-            raise AblateError(
-                f"{out} already holds a different prepared dataset ({differences}); choose another --out or delete it"
-            )
-        log.info("%s is already prepared with these arguments; nothing to do", out)
+    if _already_prepared(out, request):
         return out
-    # Only temporary files (a prepare killed during its first write) make a folder that resumes, not a stranger.
-    if out.exists() and any(not _is_temporary(p) for p in out.iterdir()) and not (out / PROGRESS).exists():
-        raise AblateError(
-            f"--out {str(out)!r} is a non-empty folder that is not a prepared dataset; choose an empty or new folder"
-        )
     # `out` is made with the first shard (`_Writer.write_shard`): a source that cannot be opened (the hub offline)
     # or gives nothing leaves no empty folder behind.
     splits, documents_read, carry_file = _resume(out, request, {"train": tokens, "val": int(val_tokens)})
     writer = _Writer(out, request)
     writer.carry_file = carry_file
     train, val = splits["train"], splits["val"]
-    shard_tokens, written = int(shard_tokens), 0
+    progress = _Progress(int(shard_tokens), stop_after_shards, workers or os.cpu_count() or 1,
+                         dict(total=tokens, initial=train.tokens, unit="tok", unit_scale=True,
+                              desc=f"prepare {source}", disable=not progress_bar))
 
     def unread_documents():
         rows = itertools.islice(spec.documents(**args), documents_read, None)
@@ -273,38 +264,23 @@ def prepare(
             split = val if is_validation(doc_id, val_fraction) else train
             yield (index, split), ("" if split.full else text)
 
-    from tqdm.auto import tqdm  # a bar only while preparing
+    documents_read = _encode_into(writer, splits, unread_documents(), documents_read, progress)
+    _check_read(f"source {source!r} ({args})", splits, tokens, documents_read, out, val_fraction)
+    _finish(writer, out, request, splits, documents_read)
+    log.info("prepared %s: %s train tokens in %d shards, %s val tokens (%d + %d documents)", out,
+             f"{train.tokens:,}", len(train.shards), f"{val.tokens:,}", train.documents, val.documents)
+    return out
 
-    bar = tqdm(total=tokens, initial=train.tokens, unit="tok", unit_scale=True, desc=f"prepare {source}",
-               disable=not progress_bar)
-    workers = workers or os.cpu_count() or 1
-    to_read = unread_documents() if not train.full else iter(())
-    encoded_documents = tokenizer.encode_documents(to_read, workers=workers)
-    with bar, contextlib.closing(encoded_documents):
-        for (index, split), encoded in encoded_documents:
-            documents_read = index + 1
-            if split.full:
-                continue
-            split.add(encoded)
-            if split is train:
-                bar.update(len(encoded))
-            new_shards = 0
-            while split.pending_tokens >= shard_tokens:
-                writer.write_shard(split, split.take(shard_tokens))
-                new_shards += 1
-            if new_shards:
-                writer.checkpoint(splits, documents_read)
-                written += new_shards
-                if stop_after_shards is not None and written >= stop_after_shards:
-                    raise PrepareStopped(f"stopped after {written} shards, as asked")
-            if train.full:
-                break
 
+def _check_read(what: str, splits: dict, tokens: int | None, documents_read: int, out: Path,
+                val_fraction: float) -> None:
+    """Refuses a source that gave no text, fewer training tokens than asked, or no validation document."""
+    train, val = splits["train"], splits["val"]
     if train.documents + val.documents == 0:
-        raise AblateError(f"source {source!r} ({args}) gave no documents with text: the corpus is empty")
+        raise AblateError(f"{what} gave no documents with text: the corpus is empty")
     if tokens is not None and train.tokens < tokens:
         raise AblateError(
-            f"source {source!r} has only {train.tokens:,} training tokens ({documents_read:,} documents) "
+            f"{what} has only {train.tokens:,} training tokens ({documents_read:,} documents) "
             f"but --tokens asks for {tokens:,}; lower --tokens to at most {train.tokens:,} "
             f"(and delete {out}, which holds the unfinished prepare)"
         )
@@ -313,6 +289,69 @@ def prepare(
             f"no document of the {documents_read:,} read fell in the validation split (val fraction {val_fraction}); "
             f"use a larger --val-fraction (and delete {out})"
         )
+
+
+def _already_prepared(out: Path, request: dict) -> bool:
+    """Whether `out` already holds this request's dataset; refused when it holds another, or anything else."""
+    if (out / MANIFEST).exists():
+        manifest = read_manifest_file(out)
+        if manifest["request"] != request:
+            differences = _differences(manifest["request"], request)
+            raise AblateError(
+                f"{out} already holds a different prepared dataset ({differences}); choose another --out or delete it"
+            )
+        log.info("%s is already prepared with these arguments; nothing to do", out)
+        return True
+    # Only temporary files (a prepare killed during its first write) make a folder that resumes, not a stranger.
+    if out.exists() and any(not _is_temporary(p) for p in out.iterdir()) and not (out / PROGRESS).exists():
+        raise AblateError(
+            f"--out {str(out)!r} is a non-empty folder that is not a prepared dataset; choose an empty or new folder"
+        )
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Progress:
+    """How the encoding loop goes: tokens per shard, an on-purpose stop (tests), tokenizer processes, the bar."""
+
+    shard_tokens: int
+    stop_after_shards: int | None
+    workers: int
+    bar: dict
+
+
+def _encode_into(writer, splits: dict, to_read, documents_read: int, progress: _Progress) -> int:
+    """Tokenize the unread documents into their splits' shards, checkpointing after each new shard, until the
+    train split is full or the source ends; the documents read so far."""
+    from tqdm.auto import tqdm  # a bar only while preparing
+
+    train, written = splits["train"], 0
+    encoded_documents = tokenizer.encode_documents(to_read if not train.full else iter(()), workers=progress.workers)
+    with tqdm(**progress.bar) as bar, contextlib.closing(encoded_documents):
+        for (index, split), encoded in encoded_documents:
+            documents_read = index + 1
+            if split.full:
+                continue
+            split.add(encoded)
+            if split is train:
+                bar.update(len(encoded))
+            new_shards = 0
+            while split.pending_tokens >= progress.shard_tokens:
+                writer.write_shard(split, split.take(progress.shard_tokens))
+                new_shards += 1
+            if new_shards:
+                writer.checkpoint(splits, documents_read)
+                written += new_shards
+                if progress.stop_after_shards is not None and written >= progress.stop_after_shards:
+                    raise PrepareStopped(f"stopped after {written} shards, as asked")
+            if train.full:
+                break
+    return documents_read
+
+
+def _finish(writer, out: Path, request: dict, splits: dict, documents_read: int) -> None:
+    """The last partial shards, then the manifest (atomically: its presence means the folder is complete)."""
+    train, val = splits["train"], splits["val"]
     for split in (train, val):
         if split.pending_tokens:
             writer.write_shard(split, split.take(split.pending_tokens))
@@ -333,6 +372,3 @@ def prepare(
     (out / PROGRESS).unlink(missing_ok=True)
     for stale in out.glob("carry-*.bin"):
         stale.unlink()
-    log.info("prepared %s: %s train tokens in %d shards, %s val tokens (%d + %d documents)", out,
-             f"{train.tokens:,}", len(train.shards), f"{val.tokens:,}", train.documents, val.documents)
-    return out

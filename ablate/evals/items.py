@@ -77,7 +77,8 @@ def _gold(task: str, output_type: str, sample: dict) -> dict:
             if isinstance(sample.get(metric), (list, tuple)):
                 counts[key] = int(sample[metric][1])
         return {GOLD: float(responses[0]), **counts}
-    raise AblateError(f"{task}: output type {output_type!r} has no gold log-likelihood (ablate scores likelihoods only)")
+    raise AblateError(f"{task}: output type {output_type!r} has no gold log-likelihood "
+                      "(ablate scores likelihoods only)")
 
 
 def write_items(folder: str | os.PathLike, task: str, rows: list[dict]) -> dict:

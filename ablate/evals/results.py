@@ -123,9 +123,11 @@ def check_metric(name: str, run_folders) -> tuple[str, str]:
     valid = available_metrics(run_folders)
     if name not in valid:
         if metric == GOLD:
-            raise AblateError(f"metric {name!r} is a per-item score (RUN/eval_items/{task}.jsonl), not one of eval.json: "
+            raise AblateError(f"metric {name!r} is a per-item score (RUN/eval_items/{task}.jsonl), not one "
+                              "of eval.json: "
                               f"add --by-item to pair it by item (`ablate table SOURCE --metric {name} --by-item`)")
-        shown = ", ".join(valid) if valid else "none (no run has an eval.json of its final weights: run `ablate eval` first)"
+        shown = ", ".join(valid) if valid else ("none (no run has an eval.json of its final weights: "
+                                                "run `ablate eval` first)")
         stale = [str(f) for f in run_folders if name in metric_names(f, stale=True)]
         extra = (f"; {len(stale)} eval.json hold {name} for other weights than their run's (e.g. {stale[0]}): "
                  "run `ablate eval` on those runs again") if stale else ""

@@ -29,16 +29,17 @@ from ablate.evals.tasks import (
     task_manager,
     task_version,
 )
-from ablate.experiment import RunSpec, load_experiment
+from ablate.experiment import RunSpec, start_task
 from ablate.lock import FileLock
 from ablate.modelio import default_device, load_run
-from ablate.store import (completed, 
+from ablate.store import (completed,
     CHECKPOINTS,
     EVAL_FILE,
     FINAL_WEIGHTS,
     SUMMARY,
     atomic_write_json,
     iter_run_dirs,
+    run_key,
     read_json_file,
     run_lock_path,
     verified_weights_sha256,
@@ -154,7 +155,7 @@ def folder_runs_to_evaluate(experiment_dir, tiers=None, arms=None, seeds=None) -
         seed = int(seed_dir.removeprefix("seed"))
         if (tiers and tier not in tiers) or (arms and arm not in arms) or (seeds is not None and seed not in seeds):
             continue
-        _sort_evaluable(folder, f"{tier}/{arm}/seed{seed}", folders, skipped)
+        _sort_evaluable(folder, run_key(tier, arm, seed), folders, skipped)
     return folders, skipped
 
 
@@ -180,9 +181,6 @@ class EvalJob:
         self.tasks, self.options = list(tasks), dict(options or {})
 
     def __call__(self, spec: RunSpec) -> dict:
-        if not logging.getLogger().handlers:  # a SLURM task: send ablate's log lines to the job's log
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        if self.experiment_file:
-            load_experiment(self.experiment_file)
+        start_task(self.experiment_file)
         folder = spec.folder(self.results)
         return evaluate_run(folder, self.tasks, **self.options)

@@ -62,7 +62,8 @@ def task_manager():
     from lm_eval.tasks import TaskManager  # the optional `eval` extra
 
     root = Path(lm_eval.tasks.__file__).parent
-    return TaskManager(include_defaults=False, include_path=sorted({str(root / folder) for _, _, folder in TASKS.values()}))
+    return TaskManager(include_defaults=False,
+                       include_path=sorted({str(root / folder) for _, _, folder in TASKS.values()}))
 
 
 def task_config(name: str, manager=None) -> dict:

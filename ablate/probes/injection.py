@@ -70,7 +70,8 @@ def gate_direction_kind(arm) -> str | None:
 
 
 def no_gate_reason(arm_name: str) -> str:
-    return f"arm {arm_name!r} has no gate that reads v (gate-direction applies to proj-gate, combo2, norm-gate, combo, renorm)"
+    return (f"arm {arm_name!r} has no gate that reads v (gate-direction applies to proj-gate, combo2, norm-gate, "
+            "combo, renorm)")
 
 
 def gate_direction_problem(arms, arm_name: str) -> str | None:
@@ -186,6 +187,35 @@ def make_injector(plan: LayerPlan, direction: torch.Tensor | None, eps: float, a
     return inject
 
 
+def _checked_sweep(cutoff: str, junk, eps) -> list[float]:
+    """The sweep's ε as floats, once the cutoff, the junk kinds and the ε are known to be valid."""
+    if cutoff not in CUTOFFS:
+        raise choice_error("cutoff", cutoff, CUTOFFS)
+    for kind in junk:
+        if kind not in JUNK_KINDS:
+            raise choice_error("junk kind", kind, JUNK_KINDS)
+    eps = [float(e) for e in eps]
+    if any(e < 0 for e in eps):
+        raise AblateError(f"ε must be ≥ 0, got {eps}")
+    return eps
+
+
+def _mean_row(kind: str, e: float, losses: list[float], clean: float) -> dict:
+    loss = sum(losses) / len(losses)
+    return {"junk": kind, "eps": e, "loss": loss, "increase": loss - clean}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What an injection sweep injects: at which reads (the quiet `cutoff`), how much (each ε), which junk
+    kinds, and the seed of their random directions."""
+
+    cutoff: str = "p25"
+    eps: tuple = DEFAULT_EPS
+    junk: tuple = JUNK_KINDS
+    seed: int = 0
+
+
 @torch.no_grad()
 def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=JUNK_KINDS, seed: int = 0,
                  progress: bool = False, loss_chunk: int | None = None) -> dict:
@@ -197,14 +227,7 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
     Returns {"cutoff", "clean_loss", "injected_share", "rows": [{junk, eps, loss, increase}],
     "not_applicable": {kind: reason}}; n/a kinds have rows with loss and increase None.
     """
-    if cutoff not in CUTOFFS:
-        raise choice_error("cutoff", cutoff, CUTOFFS)
-    for kind in junk:
-        if kind not in JUNK_KINDS:
-            raise choice_error("junk kind", kind, JUNK_KINDS)
-    eps = [float(e) for e in eps]
-    if any(e < 0 for e in eps):
-        raise AblateError(f"ε must be ≥ 0, got {eps}")
+    eps = _checked_sweep(cutoff, junk, eps)
     if not batches:
         raise ValueError("inject_model needs at least one batch")
     model.eval()
@@ -240,14 +263,8 @@ def inject_model(model, batches, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=J
                 with read_hooks(model, hooks):
                     losses[(kind, e)].append(model(inputs, targets, loss_chunk=loss_chunk).loss.item())
     clean = sum(clean_losses) / len(clean_losses)
-    rows = []
-    for kind in junk:
-        for e in eps:
-            if kind in not_applicable:
-                rows.append({"junk": kind, "eps": e, "loss": None, "increase": None})
-                continue
-            loss = sum(losses[(kind, e)]) / len(losses[(kind, e)])
-            rows.append({"junk": kind, "eps": e, "loss": loss, "increase": loss - clean})
+    rows = [{"junk": kind, "eps": e, "loss": None, "increase": None} if kind in not_applicable
+            else _mean_row(kind, e, losses[(kind, e)], clean) for kind in junk for e in eps]
     return {
         "cutoff": cutoff,
         "seed": seed,
@@ -279,9 +296,8 @@ def injection_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def inject_run(run_dir: str | Path, *, cutoff: str = "p25", eps=DEFAULT_EPS, junk=JUNK_KINDS, seed: int = 0,
-               n_batches: int = 8, batch_size: int = 8, batches=None, device: str = "cpu",
-               progress: bool = False) -> dict:
+def inject_run(run_dir: str | Path, sweep: Sweep = Sweep(), *, n_batches: int = 8, batch_size: int = 8, batches=None,
+               device: str = "cpu", progress: bool = False) -> dict:
     """Run the sweep on a run's final weights and merge it into RUN_DIR/inject.json (atomically).
 
     inject.json keeps one entry per cutoff: a later call with the other cutoff adds to the file, one
@@ -291,12 +307,12 @@ def inject_run(run_dir: str | Path, *, cutoff: str = "p25", eps=DEFAULT_EPS, jun
     with final_weights_held(run_dir, device) as (model, config, identity, weights_sha256):
         if batches is None:
             batches = validation_batches_for_run(config, n_batches, batch_size)
-        result = inject_model(model, batches, cutoff=cutoff, eps=eps, junk=junk, seed=seed, progress=progress,
-                              loss_chunk=config.get("loss_chunk"))
+        result = inject_model(model, batches, cutoff=sweep.cutoff, eps=sweep.eps, junk=sweep.junk, seed=sweep.seed,
+                              progress=progress, loss_chunk=config.get("loss_chunk"))
         previous = read_json(path) if path.is_file() else {}
         previous = previous if isinstance(previous, dict) and previous.get("weights_sha256") == weights_sha256 else {}
         by_cutoff = dict(previous.get("by_cutoff", {}))  # entries of other weights than these are dropped
-        by_cutoff[cutoff] = result
+        by_cutoff[sweep.cutoff] = result
         atomic_write_json(path, {"run": identity, "arm": model.config.arm, "weights_sha256": weights_sha256,
                                  "by_cutoff": by_cutoff})
     log.info("wrote %s", path)

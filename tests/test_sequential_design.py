@@ -27,7 +27,6 @@ from ablate.boundaries import sequential_decision, sequential_design
 from ablate.sequential import SequentialDesign, recorded_design
 from ablate.store import LEDGER, record_ledger
 from analysis_fixtures import write_run
-from datafix import sample_data  # noqa: F401  (fixture)
 
 ZERO = ("zero_option", "baseline", "sink-logit")
 EXPERIMENT = '''
@@ -83,7 +82,8 @@ def test_a_comparison_added_after_the_first_look_is_refused_by_submit_and_tables
     code, _, err = cli(capsys, "submit", file, "--sequential", "--executor", "local", "--dry-run", "--results", results)
     line = one_line(err)
     assert code == 2 and "now declares [zero_option (baseline − sink-logit), filtering_norm" in line
-    assert "m = 2]" in line and "records the sequential design [zero_option (baseline − sink-logit); family tier, m = 1]" in line
+    assert ("m = 2]" in line and "records the sequential design [zero_option (baseline − sink-logit); "
+                                 "family tier, m = 1]" in line)
     code, _, err = cli(capsys, "table", file, "--kind", "declared", "--results", results)
     assert code == 2 and "a design cannot change once its seeds are queued" in one_line(err)
     code, _, err = cli(capsys, "table", file, "--results", results)  # the default paired table too

@@ -20,7 +20,7 @@ from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock, LockHeld
 from ablate.store import SUBMIT_LOCK, read_json, read_metrics, run_dir, run_lock_path
 from ablate.train import run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
 
@@ -38,7 +38,8 @@ def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sa
     assert result.returncode == 2, result.stdout
     message = result.stderr
     assert "smoke/baseline/seed0" in message and "smoke/sink-logit/seed0" in message
-    assert "their settings differ" in message and "lr: 0.003 vs 0.05" in message and "weight_decay: 0.1 vs 0.5" in message
+    assert ("their settings differ" in message and "lr: 0.003 vs 0.05" in message
+            and "weight_decay: 0.1 vs 0.5" in message)
 
 
 def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data):

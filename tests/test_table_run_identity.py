@@ -24,7 +24,6 @@ from ablate.data.shards import MANIFEST, TokenShards
 from ablate.errors import AblateError
 from ablate.status import folder_runs, status
 from analysis_fixtures import write_run
-from datafix import sample_data  # noqa: F401  (fixture)
 
 
 def other_prepared_folder(source, target):

@@ -1,5 +1,5 @@
-"""Every reader counts the store's runs the same way (issue 18, item 4), and damaged evaluation inputs are
-one line naming the file and the way out (item 9: --task-data lines, eval.json)."""
+"""Every reader counts the store's runs the same way, and damaged evaluation inputs are
+one line naming the file and the way out (--task-data lines, eval.json)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ablate.status import status
 from ablate.store import atomic_write_json, is_run_dir, iter_run_dirs, run_dir
 from analysis_fixtures import write_run
 from test_eval import write_task_data
-from test_evaltrust_weights import weights_of, write_eval
+from test_eval_weights import weights_of, write_eval
 
 ARMS, SEEDS = ("baseline", "sink-logit"), (0, 1)
 ASIDE = "seed0.old-20250101-000000-000000"
@@ -35,8 +35,10 @@ ASIDE = "seed0.old-20250101-000000-000000"
 
 def write_probes(folder, tier: str, arm: str, seed: int, mass: float) -> None:
     run, weights = {"tier": tier, "arm": arm, "seed": seed}, weights_of(arm, seed)  # of the run's final weights
-    atomic_write_json(folder / "probe.json", {"run": run, "weights_sha256": weights, "summary": {"first_key_mass": mass}})
-    atomic_write_json(folder / "inject.json", {"run": run, "arm": arm, "weights_sha256": weights, "by_cutoff": {"p25": {"rows": [
+    atomic_write_json(folder / "probe.json", {"run": run, "weights_sha256": weights,
+                                              "summary": {"first_key_mass": mass}})
+    atomic_write_json(folder / "inject.json", {"run": run, "arm": arm, "weights_sha256": weights,
+                                               "by_cutoff": {"p25": {"rows": [
         {"junk": "structural", "eps": 0.4, "increase": mass}]}}})
 
 

@@ -22,7 +22,8 @@ from test_eval_table import ACC, PPL, write_eval
 
 
 def plan_power(capsys, *args, json_out=True):
-    code = main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", *map(str, args), *(["--json"] if json_out else [])])
+    code = main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", *map(str, args),
+                 *(["--json"] if json_out else [])])
     captured = capsys.readouterr()
     return code, (json.loads(captured.out) if json_out and code == 0 else captured.out), captured.err
 
@@ -161,7 +162,8 @@ def test_eval_takes_an_experiment_folder_as_table_does(evaluated, tmp_path, monk
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"weights")
     args = argparse.Namespace(target=str(evaluated), tiers=None, arms=None, seeds=None, results=None)
-    assert [p.relative_to(evaluated).as_posix() for p in _targets(args)] == ["10M/baseline/seed0", "10M/sink-logit/seed0"]
+    assert [p.relative_to(evaluated).as_posix()
+            for p in _targets(args)] == ["10M/baseline/seed0", "10M/sink-logit/seed0"]
     args = argparse.Namespace(target=str(evaluated), tiers=None, arms=["sink-logit"], seeds=None, results=None)
     assert [p.relative_to(evaluated).as_posix() for p in _targets(args)] == ["10M/sink-logit/seed0"]
     monkeypatch.chdir(tmp_path)  # by name under --results, as `ablate table study --results .` reads it
@@ -176,13 +178,15 @@ def test_eval_takes_an_experiment_folder_as_table_does(evaluated, tmp_path, monk
 
 
 def test_a_report_without_combo_leaves_out_what_it_cannot_have_and_says_so_once(tmp_path, capsys):
-    losses = {k: v for k, v in reference_losses().items() if k[0] == "10M" and k[1] in ("baseline", "norm-gate", "off-by-one")}
+    losses = {k: v for k, v in reference_losses().items() if k[0] == "10M"
+              and k[1] in ("baseline", "norm-gate", "off-by-one")}
     folder = write_store(tmp_path / "results", "mine", losses, curve_points=3)
     assert main(["report", str(folder)]) == 0
     out = capsys.readouterr().out
     summary = (folder / "report" / "summary.md").read_text()
     assert "## Crossover" not in summary and "## Scale" not in summary and "skipped: it needs arms" not in summary
-    assert summary.count("Left out") == 1 and "increments (needs baseline and sink-logit" in summary and "crossover (needs" in summary
+    assert (summary.count("Left out") == 1 and "increments (needs baseline and sink-logit" in summary
+            and "crossover (needs" in summary)
     assert not (folder / "report" / "increments.md").exists() and not (folder / "report" / "overlap.md").exists()
     assert "the increments of one tier" not in summary and "the arms of one tier against the reference" in summary
     assert "summary.md" in out and "paired.md" in out and "increments.md" not in out and "downstream.md" not in out

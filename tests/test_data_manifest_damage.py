@@ -14,7 +14,7 @@ import pytest
 
 from ablate.data.layout import problem, read_manifest_file
 from ablate.errors import AblateError
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 MANIFEST_WAY_OUT = "prepare the data again (`ablate data prepare` into a new folder, or delete"
 PROGRESS_WAY_OUT = "the unfinished prepare cannot resume from it: delete"

@@ -14,7 +14,7 @@ from ablate.cli import build_parser, main
 from ablate.lock import FileLock
 from ablate.store import run_lock_path
 from ablate.tiers import get_tier
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 GATE_MODULE = textwrap.dedent("""
     import torch

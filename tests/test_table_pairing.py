@@ -1,11 +1,11 @@
-"""Issue 18, item 5: every run counted in one row of a table shares every setting but arm and seed."""
+"""Every run counted in one row of a table shares every setting but arm and seed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from analysis_fixtures import write_run
-from datafix import ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import ablate_cli
 
 from ablate.analysis.load import load_runs
 from ablate.analysis.build import build_table

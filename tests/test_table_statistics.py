@@ -1,4 +1,4 @@
-"""Issue 18, item 8: statistics that cannot fake an effect (rounding as spread, crossovers hidden or made)."""
+"""Statistics that cannot fake an effect (rounding as spread, crossovers hidden or made)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def test_a_crossover_after_a_positive_smallest_tier_is_found():
 
 def test_a_pipeline_check_tier_neither_erases_nor_makes_a_crossover():
     real = find_crossover(_increments({"smoke": 0.004, "10M": -0.002, "50M": 0.003}), "filtering_proj")
-    assert (real.below, real.above) == ("10M", "50M") and (real.crossings[0].below, real.crossings[0].above) == ("10M", "50M")
+    assert (real.below, real.above) == ("10M", "50M")
+    assert (real.crossings[0].below, real.crossings[0].above) == ("10M", "50M")
     assert "pipeline-check tier smoke left out" in real.message
     made = find_crossover(_increments({"smoke": -0.004, "10M": 0.002, "50M": 0.003}), "filtering_proj")
     assert made.params is None and not made.crossings and "already exceeds" in made.message

@@ -1,4 +1,4 @@
-"""Downstream results tied to their weights (issue 18, item 3): training keeps the final weights' hash,
+"""Downstream results tied to their weights: training keeps the final weights' hash,
 `ablate eval` holds the run's lock, and the table, the report and `ablate status` count an eval.json
 only when it scored the run's final weights (`ablate.evals.results.eval_problem`)."""
 
@@ -30,7 +30,7 @@ from ablate.lock import FileLock, LockHeld
 from ablate.status import status
 from ablate.store import atomic_write_json, file_sha256, final_weights_sha256, read_json, run_dir, run_lock_path
 from analysis_fixtures import write_run
-from datafix import REPO, sample_data  # noqa: F401  (fixture)
+from datafix import REPO
 from test_eval import write_task_data
 
 ACC = {("baseline", 0): 0.30, ("baseline", 1): 0.31, ("baseline", 2): 0.29,
@@ -80,7 +80,8 @@ def test_an_eval_json_copied_from_another_run_is_not_paired(store):
     row, _ = paired_row(store)
     assert row["n"] == 3
     # seed 1's sink-logit folder gets seed 0's evaluation (its own weights were never scored)
-    shutil.copy(store / "10M" / "sink-logit" / "seed0" / "eval.json", store / "10M" / "sink-logit" / "seed1" / "eval.json")
+    shutil.copy(store / "10M" / "sink-logit" / "seed0" / "eval.json",
+                store / "10M" / "sink-logit" / "seed1" / "eval.json")
     row, warnings = paired_row(store)
     assert row["n"] == 2
     assert any(w.startswith("excluded 10M/sink-logit/seed1:") and "scored other weights" in w for w in warnings)
@@ -103,7 +104,8 @@ def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     assert rows[("baseline", 2)]["eval"].startswith("stale, not counted: hellaswag: it scored other weights")
     assert rows[("baseline", 1)]["eval"] == "evaluated"
     row, warnings = paired_row(store)
-    assert row["n"] == 2 and any(w.startswith("excluded 10M/baseline/seed2:") and "other weights" in w for w in warnings)
+    assert row["n"] == 2 and any(w.startswith("excluded 10M/baseline/seed2:") and "other weights" in w
+                                 for w in warnings)
 
     # a ledger saying the evaluation was done does not make a stale eval.json count
     ledger = {"runs": {f"eval:{RunSpec('study', '10M', 'baseline', 2).key}": {

@@ -1,5 +1,5 @@
-"""Issue 27's round-three holes that need no training: probes tied to the weights (3), a results folder that
-is a dangling link (8), a full disk (9), names longer than the filesystem allows (10)."""
+"""The store against its filesystem, with no training: probes tied to the weights they read, a results folder
+that is a dangling link, a full disk, names longer than the filesystem allows."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from ablate.lock import FileLock, LockHeld
 from ablate.model import GPT
 from ablate.modelio import load_model, save_model
 from ablate.probes.diagnostics import PROBE_FILE, probe_run
-from ablate.probes.injection import INJECT_FILE, inject_run
+from ablate.probes.injection import INJECT_FILE, Sweep, inject_run
 from ablate.store import (NAME_ROOM, atomic_write_json, check_name, file_sha256, name_max, read_json, run_dir,
                           run_lock_path)
-from datafix import sample_data  # noqa: F401  (fixture)
 from test_probes_cli import make_run
 
 SMALL = {"n_batches": 1, "batch_size": 4}
@@ -45,9 +44,10 @@ def _replace_weights(folder: Path, seed: int) -> None:
 def test_probe_and_inject_record_the_weights_and_readers_leave_stale_files_out(tmp_path):
     folder = make_run(tmp_path, "sink-logit", 0)
     probe_run(folder, **SMALL)
-    inject_run(folder, eps=[0.4], junk=["gaussian"], **SMALL)
+    inject_run(folder, Sweep(eps=(0.4,), junk=("gaussian",)), **SMALL)
     weights = file_sha256(folder / "checkpoints" / "model.pt")
-    assert read_json(folder / PROBE_FILE)["weights_sha256"] == read_json(folder / INJECT_FILE)["weights_sha256"] == weights
+    assert (read_json(folder / PROBE_FILE)["weights_sha256"] == read_json(folder / INJECT_FILE)["weights_sha256"]
+            == weights)
     assert "| tiny | sink-logit | 1 |" in summarise_probes(tmp_path) and "Left out" not in summarise_probes(tmp_path)
     assert "gaussian" in summarise_injections(tmp_path)
     _replace_weights(folder, 7)  # the run replaced after its probe: the files describe weights that are gone
@@ -67,7 +67,7 @@ def test_probe_and_inject_hold_the_run_lock_while_they_work(tmp_path):
         with pytest.raises(LockHeld):
             probe_run(folder, **SMALL)
         with pytest.raises(LockHeld):
-            inject_run(folder, eps=[0.4], junk=["gaussian"], **SMALL)
+            inject_run(folder, Sweep(eps=(0.4,), junk=("gaussian",)), **SMALL)
     assert not (folder / PROBE_FILE).exists() and not (folder / INJECT_FILE).exists()
     seen = []
     import ablate.probes.diagnostics as diagnostics

@@ -17,7 +17,7 @@ from ablate.experiment import RunSpec
 from ablate.lock import TOKEN_ENV
 from ablate.store import read_json, run_dir, run_lock_path
 from ablate.train import run
-from datafix import REPO, ablate_cli, sample_data  # noqa: F401  (fixture)
+from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
 
@@ -71,7 +71,8 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
     lock = run_lock_path(folder)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from ablate.lock import FileLock\n"
-         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)", str(lock)],
+         "with FileLock(sys.argv[1], 'run', refresh_s=3600):\n    print('held', flush=True); time.sleep(120)",
+         str(lock)],
         cwd=REPO, env=_without_token(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -104,9 +105,10 @@ def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, t
     lock = run_lock_path(folder)
     lock.unlink(missing_ok=True)  # a dead holder's lock an earlier test may leave (its holder killed)
     before = _snapshot(folder)
-    command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli", *map(str, _args(results, sample_data, 1))]))
+    command = " ".join(map(shlex.quote, [sys.executable, "-m", "ablate.cli",
+                                         *map(str, _args(results, sample_data, 1))]))
     script = (f"{shlex.quote(sys.executable)} -c 'import json, sys; sys.path.insert(0, \"tests\"); "
-              f"from test_guards_runs import _forge_lock; from pathlib import Path; "
+              f"from test_run_overwrite import _forge_lock; from pathlib import Path; "
               f"_forge_lock(Path(sys.argv[1]), int(sys.argv[2]), \"chosen\")' {shlex.quote(str(lock))} $$; "
               f"LOCAL_RANK=1 {TOKEN_ENV}=chosen {command}; echo exit=$?")
     try:

@@ -1,4 +1,4 @@
-"""Issue 18, items 6 and 9 (tables): names from files are data, never markup; a damaged CSV cell is one line."""
+"""Tables: names from files are data, never markup; a damaged CSV cell is one line."""
 
 from __future__ import annotations
 
