@@ -12,7 +12,7 @@ removed
       `checkpoints/`;
     * `RESULTS/<experiment>/report/` (rebuilt by `ablate report`), only when the whole experiment is
       cleaned (no --tier/--arms/--seeds), since the report covers every run;
-    * folders kept aside by `ablate run --force` (`seed<k>.old-…`), only with `aside=True`: they hold
+    * folders kept aside by `ablate run --force` (`seed<k>.old-…`, and a sweep run's `lr<f>/seed<k>.old-…`), only with `aside=True`: they hold
       older results that nothing can rebuild.
 never removed
     summary.json, metrics.jsonl, config.json, run.log, eval.json, the final weights, TensorBoard and
@@ -228,11 +228,12 @@ class _Cleaner:
 
     def kept_aside(self, remove: bool) -> None:
         """The run folders `--force` kept aside: listed, or removed with `--aside`."""
-        for folder in sorted(p for p in self.root.glob("*/*/seed*.old-*") if p.is_dir()):
+        grid, at_lr = self.root.glob("*/*/seed*.old-*"), self.root.glob("*/*/lr*/seed*.old-*")
+        for folder in sorted(p for p in [*grid, *at_lr] if p.is_dir()):
             match = ASIDE_DIR.fullmatch(folder.name)
-            if (not match or folder.parent.name.startswith(".") or folder.parent.parent.name.startswith(".")
-                    or not _selected(folder.parent.parent.name, folder.parent.name, int(match.group(1)[4:]),
-                                     *self.selection)):
+            arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
+            if (not match or arm_dir.name.startswith(".") or arm_dir.parent.name.startswith(".")
+                    or not _selected(arm_dir.parent.name, arm_dir.name, int(match.group(1)[4:]), *self.selection)):
                 continue
             if self.behind_link(folder):
                 continue

@@ -350,3 +350,17 @@ def test_a_folder_swapped_for_a_link_after_judging_is_left_alone(store, tmp_path
     assert snapshot(target) == before
     assert (folder / "checkpoints", clean_module.link_reason(folder / "checkpoints")) in result.skipped
     assert not any(item.path.is_relative_to(folder / "checkpoints") for item in result.removed)
+
+
+def test_an_lr_sweep_run_kept_aside_is_listed_and_removed_with_aside(store):
+    """`--force` on a sweep run (<tier>/<arm>/lr<f>/seed<k>) keeps it aside beside its run: clean sees it too."""
+    _, _, root, _ = store
+    sweep_aside = root / "smoke" / "baseline" / "lr0.5" / "seed1000.old-20250101-000000-000000"
+    make_run(sweep_aside, {"status": "completed", "val_loss": 7.5})
+    listed = clean(root, dry_run=True)
+    assert sweep_aside in {item.path for item in listed.kept_aside}
+    assert sweep_aside.exists()
+    assert sweep_aside not in {item.path for item in clean(root, arms=["sink-logit"], aside=True).removed}
+    assert sweep_aside.exists()  # the arm filter reads the arm above the lr folder
+    removed = clean(root, aside=True)
+    assert sweep_aside in {item.path for item in removed.removed} and not sweep_aside.exists()
