@@ -12,8 +12,8 @@ removed
       `checkpoints/`;
     * `RESULTS/<experiment>/report/` (rebuilt by `ablate report`), only when the whole experiment is
       cleaned (no --tier/--arms/--seeds), since the report covers every run;
-    * folders kept aside by `ablate run --force` (`seed<k>.old-…`, and a sweep run's `lr<f>/seed<k>.old-…`), only with `aside=True`: they hold
-      older results that nothing can rebuild.
+    * folders kept aside by `ablate run --force` (`seed<k>.old-…`, a sweep run's `lr<f>/seed<k>.old-…`),
+      only with `aside=True`: they hold older results that nothing can rebuild.
 never removed
     summary.json, metrics.jsonl, config.json, run.log, eval.json, the final weights, TensorBoard and
     SLURM logs, the ledger: none of them can be rebuilt. The result lists the final weights it kept
