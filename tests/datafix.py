@@ -26,3 +26,13 @@ def ablate_cli(*args, cwd=None, env=None, check=True, timeout=600) -> subprocess
     if check and result.returncode != 0:
         raise AssertionError(f"ablate {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result
+
+
+def ablate_on_path(root: Path, **extra) -> dict:
+    """An environment whose PATH finds `ablate` (this checkout's, through root/bin/ablate), as a user's shell."""
+    shim = root / "bin" / "ablate"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
+    shim.chmod(0o755)
+    return {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1", **extra}

@@ -1,6 +1,5 @@
 """Every table is captioned by its quantity and its direction; a source's notes stand on their own lines."""
 
-import hashlib
 
 import pytest
 
@@ -9,19 +8,15 @@ from ablate.analysis.render import PADDED_VOCAB, REAL_VOCAB, VAL_LOSS_FOOTER, re
 from ablate.analysis.report import write_report
 from ablate.analysis.build import build_table
 from ablate.analysis.tables import losses_table
-from analysis_fixtures import write_csv, write_run, write_store
-from test_eval_table import ACC, PPL, write_eval
+from analysis_fixtures import write_csv, write_store
+from test_eval_table import write_evaluated_study
 
 LOSS_CAPTION = "Validation loss in nats"
 
 
 @pytest.fixture
 def evaluated(tmp_path):
-    for (arm, seed) in ACC:
-        folder = write_run(tmp_path, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2,
-                           weights_sha256=hashlib.sha256(f"{arm}/{seed}".encode()).hexdigest())
-        write_eval(folder, ACC[(arm, seed)], PPL[(arm, seed)])
-    return tmp_path / "study"
+    return write_evaluated_study(tmp_path)
 
 
 def caption_of(markdown: str) -> str:

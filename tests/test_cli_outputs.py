@@ -5,7 +5,6 @@ source `table` takes, a report that leaves out what its arms cannot give, and an
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -18,7 +17,7 @@ from ablate.analysis.render import render
 from ablate.cli import main
 from ablate.errors import AblateError
 from analysis_fixtures import reference_losses, write_run, write_store
-from test_eval_table import ACC, PPL, write_eval
+from test_eval_table import write_evaluated_study
 
 
 def plan_power(capsys, *args, json_out=True):
@@ -113,11 +112,7 @@ def test_an_arm_module_beside_the_experiments_is_not_an_experiment_and_is_not_ru
 
 @pytest.fixture
 def evaluated(tmp_path):
-    for (arm, seed) in ACC:
-        folder = write_run(tmp_path, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2,
-                           weights_sha256=hashlib.sha256(f"{arm}/{seed}".encode()).hexdigest())
-        write_eval(folder, ACC[(arm, seed)], PPL[(arm, seed)])
-    return tmp_path / "study"
+    return write_evaluated_study(tmp_path)
 
 
 def test_a_metric_table_states_one_sign_convention(evaluated):

@@ -31,13 +31,18 @@ def write_eval(folder, acc, ppl, settings=SETTINGS):
     (folder / "eval.json").write_text(json.dumps({"tasks": tasks}))
 
 
-@pytest.fixture
-def store(tmp_path):
+def write_evaluated_study(root):
+    """root/study: one 10M run per (arm, seed) of ACC, each with its eval.json (ACC, PPL)."""
     for (arm, seed), acc in ACC.items():
-        folder = write_run(tmp_path, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2,
+        folder = write_run(root, "study", "10M", arm, seed, 4.0 - 0.01 * seed, curve_points=2,
                            weights_sha256=hashlib.sha256(f"{arm}/{seed}".encode()).hexdigest())
         write_eval(folder, acc, PPL[(arm, seed)])
-    return tmp_path / "study"
+    return root / "study"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_evaluated_study(tmp_path)
 
 
 def test_a_metric_where_higher_is_better_is_paired_as_arm_minus_reference(store):

@@ -15,7 +15,7 @@ from ablate.errors import AblateError
 from ablate.experiment import Experiment, LRSweep, RunSpec
 from ablate.identity import config_differences, config_fingerprint
 from ablate.store import atomic_write_json, iter_run_dirs
-from datafix import REPO, ablate_cli
+from datafix import REPO, ablate_cli, ablate_on_path
 
 BASE_LR = 3e-3  # the smoke tier's
 
@@ -263,18 +263,12 @@ def test_the_readme_s_lr_costs_are_those_plan_computes():
 def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
     import re
     import subprocess
-    import sys
 
     block = re.search(r"<!-- example: lr-sweep .*?-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     lines = [line.split("  #", 1)[0].strip() for line in block.group(1).strip().splitlines()]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sample").symlink_to(sample_data)
-    shim = tmp_path / "bin" / "ablate"
-    shim.parent.mkdir()
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
-    shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "ABLATE_RESULTS": str(tmp_path / "results")}  # the checkout's results/ otherwise
+    env = ablate_on_path(tmp_path, ABLATE_RESULTS=str(tmp_path / "results"))  # the checkout's results/ otherwise
     out = []
     for line in lines:
         result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,

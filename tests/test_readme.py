@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from datafix import REPO
+from datafix import REPO, ablate_on_path
 
 
 def readme_example() -> str:
@@ -76,12 +76,7 @@ def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copie
     shutil.copy(REPO / "slurm" / "example.toml", tmp_path / "slurm")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sample").symlink_to(sample_data)
-    shim = tmp_path / "bin" / "ablate"
-    shim.parent.mkdir()
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ablate.cli "$@"\n')
-    shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": "1"}
+    env = ablate_on_path(tmp_path)
 
     def sh(line):
         return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
