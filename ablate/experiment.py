@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, run_dir, run_key
 from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
@@ -41,9 +42,6 @@ class RunSpec:
     def folder(self, results: str | os.PathLike) -> Path:
         """The run's folder in the store (`ablate.store.run_dir`)."""
         return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
-
-
-FAMILIES = ("tier", "experiment")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_decision
-from ablate.sequential import FAMILIES, recorded_design
+from ablate.power import FAMILIES
+from ablate.sequential import recorded_design
 from ablate.store import LEDGER
 
 DECLARED = "declared"
