@@ -157,8 +157,21 @@ class Experiment:
         return {tier: list(self.hypotheses) for tier in self.tiers}
 
     def family_size(self) -> int:
-        """m of the family each declared comparison is adjusted in (0 when none are declared)."""
+        """m of the family each declared comparison is planned in (0 when none are declared): the power plan and a
+        sequential design split α over it. The analysis's Holm counts only rows with a test (a one-seed tier has
+        none) and, with family="experiment" in a fixed design, also the scale slopes (`family_note`), so the m a
+        report states can differ from this one; it states the m Holm used."""
         return len(self.hypotheses) * (len(self.tiers) if self.family == "experiment" else 1)
+
+    def family_note(self) -> str | None:
+        """Why the analysis's m can differ from `family_size` (None with family="tier")."""
+        if self.family != "experiment" or not self.hypotheses:
+            return None
+        return (f"m = {self.family_size()} counts the declared comparisons at every tier; a fixed design's analysis "
+                "with family=\"experiment\" also adjusts over the scale slopes (each declared comparison's and each "
+                f"gap's, up to {len(self.hypotheses) + 2} more) and leaves out the rows without a test (a one-seed "
+                "tier), so the m its report states (the m Holm used) can differ; a sequential design leaves the slopes "
+                "exploratory")
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):
