@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -143,6 +144,10 @@ def test_the_study_wide_false_supported_rate_is_held_with_the_slopes_in_the_fami
         alone += held.min() < ALPHA or min(p_slopes[q][r] for q in members) < ALPHA
     assert len(slopes) == 5 and joint / NULL_STUDIES <= bound
     assert alone / NULL_STUDIES > bound  # the test can tell: the slopes outside the family exceed α
+    method = " ".join((Path(__file__).resolve().parents[1] / "docs" / "method.md").read_text().split())
+    assert (f"finds {joint / NULL_STUDIES:.4f} with the slopes in the family, {alone / NULL_STUDIES:.4f} with them "
+            "read from their unadjusted intervals") in method
+    assert "`family=\"experiment\"` has m = 9 rows + 5 slopes = 14" in method
 
 
 def test_the_tier_family_states_each_tiers_m_and_the_study_wide_error(runs):
