@@ -89,7 +89,8 @@ class Declared:
                     "slopes span the tiers, so they are in no family: exploratory")
         rows = sum(sizes[g] for g in evidence)
         if slopes is None:
-            why = "a sequential design spends α over the declared comparisons only" if self.design else "not asked"
+            why = ("a sequential design spends α over the declared comparisons only" if self.design
+                   else "none were given to this table")
             return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {rows}{left} "
                     f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}; the scale "
                     f"slopes are in no family ({why}): exploratory")

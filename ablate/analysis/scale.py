@@ -14,7 +14,9 @@ with df = Σ_t (n_t − 1), from the tiers with two or more seeds only; the resi
 used, because the tier means need not lie on a line, and their lack of fit is not seed noise. With this s²
 the interval for b is exact (Student t, df) under normal, equal-variance seed noise *whatever the shape of
 the true tier means*: b̂ is then unbiased for the n_t-weighted least-squares slope through them, which is
-the slope when the truth is a line. b is reported per decade of parameters.
+the slope when the truth is a line. b is reported per decade of parameters. Built here every slope is
+exploratory; `ablate.analysis.scale_family` puts the declared comparisons' and the gaps' slopes in the
+study-wide Holm family when the experiment declares `family="experiment"` (p_holm, decision, family).
 
 Crossing. Where the gap's fitted line a + b·x crosses 0: x0 = −a/b, with Fieller's interval, the set of x
 at which "the line is 0 at x" is not rejected at 5% — {x : (â + b̂x)² ≤ t²·var(â + b̂x)}. That set is a

@@ -109,7 +109,8 @@ def render_scale(table: ScaleTable, fmt: str) -> str:
                  r"\midrule"]
         for row in _text_rows(table):
             lines.append(" & ".join(latex_text(str(c)) for c in row) + r" \\")
-        lines += [r"\bottomrule", r"\end{tabular}", *[f"% {latex_text(w)}" for w in table.warnings]]
+        lines += [r"\bottomrule", r"\end{tabular}", f"% {latex_text(family_sentence(table))}",
+                  *[f"% {latex_text(w)}" for w in table.warnings]]
         return "\n".join(lines) + "\n"
     if fmt == "md":
         return _markdown(table)
