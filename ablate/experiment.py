@@ -170,8 +170,9 @@ class Experiment:
         return (f"m = {self.family_size()} counts the declared comparisons at every tier; a fixed design's analysis "
                 "with family=\"experiment\" also adjusts over the scale slopes (each declared comparison's and each "
                 f"gap's, up to {len(self.hypotheses) + 2} more) and leaves out the rows without a test (a one-seed "
-                "tier), so the m its report states (the m Holm used) can differ; a sequential design leaves the slopes "
-                "exploratory")
+                "tier), so the m its report states (the m Holm used) can differ, and a comparison planned at α/m then "
+                "has a little less power than planned when the slopes make Holm's m larger; a sequential design "
+                "leaves the slopes exploratory")
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):
