@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, run_dir, run_key
 from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
@@ -41,9 +42,6 @@ class RunSpec:
     def folder(self, results: str | os.PathLike) -> Path:
         """The run's folder in the store (`ablate.store.run_dir`)."""
         return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
-
-
-FAMILIES = ("tier", "experiment")
 
 
 @dataclass(frozen=True)
@@ -159,8 +157,22 @@ class Experiment:
         return {tier: list(self.hypotheses) for tier in self.tiers}
 
     def family_size(self) -> int:
-        """m of the family each declared comparison is adjusted in (0 when none are declared)."""
+        """m of the family each declared comparison is planned in (0 when none are declared): the power plan and a
+        sequential design split α over it. The analysis's Holm counts only rows with a test (a one-seed tier has
+        none) and, with family="experiment" in a fixed design, also the scale slopes (`family_note`), so the m a
+        report states can differ from this one; it states the m Holm used."""
         return len(self.hypotheses) * (len(self.tiers) if self.family == "experiment" else 1)
+
+    def family_note(self) -> str | None:
+        """Why the analysis's m can differ from `family_size` (None with family="tier")."""
+        if self.family != "experiment" or not self.hypotheses:
+            return None
+        return (f"m = {self.family_size()} counts the declared comparisons at every tier; a fixed design's analysis "
+                "with family=\"experiment\" also adjusts over the scale slopes (each declared comparison's and each "
+                f"gap's, up to {len(self.hypotheses) + 2} more) and leaves out the rows without a test (a one-seed "
+                "tier), so the m its report states (the m Holm used) can differ, and a comparison planned at α/m then "
+                "has a little less power than planned when the slopes make Holm's m larger; a sequential design "
+                "leaves the slopes exploratory")
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):

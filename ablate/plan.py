@@ -233,7 +233,8 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     used = [pilots[(r["tier"], r["comparison"])] for r in rows if r["sd_source"] == "pilot"]
     warnings = sorted({w for p in used if (w := pilot_warning(p.n0))})
     return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
-            "warnings": warnings, "notes": _unused_pilot_notes(rows, pilots)}
+            "warnings": warnings,
+            "notes": _unused_pilot_notes(rows, pilots) + [n for n in [experiment.family_note()] if n]}
 
 
 def _with_sd_source(row: dict, pilots: dict | None) -> dict:

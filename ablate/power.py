@@ -32,6 +32,9 @@ SMALL_PILOT = 3  # a pilot of this many seeds or fewer gets a warning
 # A spread of paired differences at or below this fraction of the losses' magnitude is float rounding, not
 # noise (3.9 − 3.8 and 4.3 − 4.2 differ in binary by ~1e-16): no spread, so no t. The tables' rule too.
 RESOLUTION = 1e-9
+# The families a declared comparison's p is adjusted in: each tier's own, or the whole experiment's (every tier's
+# declared comparisons and the scale slopes together). The experiment, its sequential design and the planner read it.
+FAMILIES = ("tier", "experiment")
 
 
 # ---------------------------------------------------------------- checks
@@ -198,8 +201,8 @@ class Pilot:
 
 def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str = "tier") -> dict[str, int]:
     """m per tier: its declared comparisons (`family="tier"`) or all of the experiment's ("experiment")."""
-    if family not in ("tier", "experiment"):
-        raise AblateError(f"unknown family {family!r}; valid families: tier, experiment")
+    if family not in FAMILIES:
+        raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
     total = sum(len(names) for names in comparisons.values())
     return {tier: (len(names) if family == "tier" else total) for tier, names in comparisons.items()}
 

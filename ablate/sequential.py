@@ -20,10 +20,10 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_design
+from ablate.power import FAMILIES
 from ablate.store import LEDGER, SUMMARY, finished, iter_run_dirs, read_json_file, read_ledger
 
 SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
-FAMILIES = ("tier", "experiment")  # ablate.experiment.FAMILIES (the analysis may not import experiments)
 FIELDS = ("design", "comparisons", "family", "looks", "max_seeds", "alpha")
 BOUNDARY_TOLERANCE = 1e-9  # relative: the same calibration on another platform may differ in the last digits
 

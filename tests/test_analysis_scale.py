@@ -122,8 +122,10 @@ def test_balanced_slope_is_the_ols_slope_of_the_tier_means(tmp_path, capsys):
     out = _scale_json(_losses_csv(tmp_path / "balanced.csv", gaps, zero), capsys)
     rows = {r["quantity"]: r for r in out["rows"]}
     assert set(out) >= {"rows", "crossings", "confounders"}
-    assert all(list(r) == ["quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p"]
-               for r in out["rows"])
+    assert all(list(r) == ["quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p",
+                           "p_holm", "decision", "family"] for r in out["rows"])
+    assert all(r["decision"] == "exploratory" and r["p_holm"] is None for r in out["rows"])  # a CSV declares nothing
+    assert "no declared comparisons" in out["family"]
     assert list(out["crossings"][0]) == ["quantity", "params", "ci_low", "ci_high", "identified"]
     from scipy import stats
 

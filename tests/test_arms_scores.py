@@ -14,7 +14,8 @@ from ablate.arms.examples import Alibi, QKNorm, Temperature, alibi_slopes
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.sizing import MATCH_TOLERANCE, _meta_counts, model_config
 from ablate.tiers import TIERS
-from test_arms import C, D, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
+from test_arms import (C, D, H, HKV, check_fused_equals_reference_through_the_whole_model, make_arm, qkvx,
+                       randomise_arm_parameters, small_model)
 
 EXAMPLES = ("qk-norm", "temperature", "alibi")
 
@@ -173,19 +174,7 @@ def test_query_key_slot_comes_before_rope():
 
 @pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))
 def test_fused_equals_reference_through_the_whole_model(name, composed_arms):
-    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
-    outs = []
-    for fused in (True, False):
-        model = small_model(name, fused=fused).double()
-        model.init_weights(seed=5)
-        randomise_arm_parameters(model)
-        out = model(idx[:, :-1], idx[:, 1:])
-        out.loss.backward()
-        outs.append((out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=0)
-    for n in outs[0][1]:
-        assert outs[0][1][n] is not None, n
-        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], rtol=1e-9, atol=1e-12, msg=n)
+    check_fused_equals_reference_through_the_whole_model(name)
 
 
 @pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))

@@ -3,6 +3,7 @@ at the grid's per-seed cost, a pilot's sd and its upper limit, the sequential de
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -80,6 +81,17 @@ def test_a_pilot_gives_each_comparison_its_own_sd_and_a_conservative_plan(tmp_pa
     assert main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", "--pilot", str(pilot), "--sd", "0.004"]) == 0
     out = capsys.readouterr().out
     assert "unreliable" in out and re.search(r"350M\s+zero_option\s+0\.00400", out)
+
+
+def test_the_experiment_family_plan_says_why_its_m_is_not_the_m_holm_uses(capsys):
+    """The planner's m is the declared comparisons at every tier; with family="experiment" the report's Holm also
+    counts the scale slopes and only the rows with a test, and `plan --power` says so."""
+    experiment = dataclasses.replace(load_experiment("sink_vs_filter"), family="experiment")
+    assert experiment.family_size() == 12 and load_experiment("sink_vs_filter").family_note() is None
+    plan = power_plan(experiment, 0.005, sd=0.004, tiers=["10M"])
+    assert plan["power"][0]["family_size"] == 12
+    assert any(n.startswith("m = 12 counts the declared comparisons at every tier") and "up to 5 more" in n
+               and "the m Holm used" in n for n in plan["notes"])
 
 
 def test_the_sequential_design_for_the_declared_family(capsys):

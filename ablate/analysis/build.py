@@ -4,11 +4,11 @@ from a source's runs, with p adjusted over the experiment's declared comparisons
 
 from __future__ import annotations
 
-from ablate.analysis.hypotheses import (adjust_over_family, count_diverged, declared_table,
-                                       exploratory_metric_table)
+from ablate.analysis.hypotheses import adjust_over_family, count_diverged, exploratory_metric_table
 from ablate.analysis.kinds import KINDS, get_kind
 from ablate.analysis.runs import Runs
-from ablate.analysis.scale import ScaleTable, scale_table
+from ablate.analysis.scale import ScaleTable
+from ablate.analysis.scale_family import study_family
 from ablate.analysis.tables import Table, increments_table, losses_table, overlap_table, paired_table
 from ablate.errors import AblateError
 
@@ -18,7 +18,9 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
 
     `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
     over that family only, every other row marked exploratory; kind "declared" is the family's own table;
-    kind "scale" is the scale model (`ablate.analysis.scale.ScaleTable`), with the declared comparisons as rows.
+    kind "scale" is the scale model (`ablate.analysis.scale.ScaleTable`), with the declared comparisons as rows;
+    with `family="experiment"` the slopes of the declared comparisons and the gaps are in the same Holm family
+    (`ablate.analysis.scale_family`).
     """
     spec = get_kind(kind)
     if reference is not None and not spec.takes_reference:
@@ -30,9 +32,7 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
 def _family(runs: Runs, declared):
     """The declared family's table, or None (no declared comparisons, or a downstream metric, whose family is
     on the loss: `exploratory_metric_table`)."""
-    if runs.metric is not None or declared is None or not declared.comparisons:
-        return None
-    return count_diverged(declared_table(runs, declared), runs)
+    return study_family(runs, declared)[0]
 
 
 def _adjusted(table: Table, runs: Runs, declared) -> Table:
@@ -68,7 +68,7 @@ def build_declared(runs: Runs, reference: str | None, declared) -> Table:
 
 
 def build_scale(runs: Runs, reference: str | None, declared) -> ScaleTable:
-    return scale_table(runs, declared)  # its own shape (rows and crossings): `ablate.analysis.scale`
+    return study_family(runs, declared)[1]  # its own shape (rows and crossings): `ablate.analysis.scale`
 
 
 def build_lr(runs: Runs, reference: str | None, declared):

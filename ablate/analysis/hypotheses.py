@@ -6,7 +6,8 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 
 * the `declared` table has one row per (tier, comparison) with the paired statistics and p_holm,
   Holm over the family only: a tier's declared comparisons (`family="tier"`) or all of the
-  experiment's (`"experiment"`, pipeline-check tiers kept apart);
+  experiment's together with the scale slopes of the declared comparisons and of the gaps
+  (`"experiment"`, pipeline-check tiers kept apart; `ablate.analysis.scale_family`);
 * every other table takes p_holm of a row from that family when the row is a declared comparison
   (same tier, same two arms) and marks every other row `exploratory`: unadjusted p, p_holm empty,
   never called supported;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from dataclasses import dataclass
+from typing import Mapping
 
 import polars as pl
 
@@ -30,7 +32,8 @@ from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_decision
-from ablate.sequential import FAMILIES, recorded_design
+from ablate.power import FAMILIES
+from ablate.sequential import recorded_design
 from ablate.store import LEDGER
 
 DECLARED = "declared"
@@ -63,9 +66,11 @@ class Declared:
         """(minuend, subtrahend) → the comparison's name."""
         return {(a, b): name for name, a, b in self.comparisons}
 
-    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA) -> str:
-        """The family, the m Holm used in each group (the rows with a p: `holm` counts no other), and the
-        study-wide chance of any false "supported" the design allows."""
+    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA,
+                 slopes: Mapping[str, float | None] | None = None) -> str:
+        """The family and its members, the m Holm used in each group (the rows and slopes with a p: `holm`
+        counts no other), and the study-wide chance of any false "supported" the design allows. `slopes`:
+        the scale slopes in the family (quantity → p), None when they are in none (`study_holm`)."""
         names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
         groups = family_groups(frame, self.family)
         sizes: dict[str, int] = {}
@@ -80,10 +85,22 @@ class Declared:
             study = (f"study-wide chance of any false supported: ≤ {min(1.0, k * alpha):.2f} ({k} tier families at "
                      f"{alpha:g} each; {1 - (1 - alpha) ** k:.2f} if they were independent); declare "
                      f'family="experiment" to hold it to {alpha:g}') if k > 1 else f"study-wide error ≤ {alpha:g}"
-            return f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}"
-        m = sum(sizes[g] for g in evidence)
-        return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {m}{left} "
-                f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
+            return (f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}; the scale "
+                    "slopes span the tiers, so they are in no family: exploratory")
+        rows = sum(sizes[g] for g in evidence)
+        if slopes is None:
+            why = ("a sequential design spends α over the declared comparisons only" if self.design
+                   else "none were given to this table")
+            return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {rows}{left} "
+                    f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}; the scale "
+                    f"slopes are in no family ({why}): exploratory")
+        tested = [q for q, p in slopes.items() if p is not None]
+        none = [q for q, p in slopes.items() if p is None]
+        no_slope = f"; slope(s) without a p, not counted: {', '.join(none)}" if none else ""
+        return (f"the experiment's declared comparisons at every tier and the scale slopes of the declared comparisons "
+                f"and the gaps together: {names}; Holm's m = {rows + len(tested)} ({rows} declared comparison row(s) "
+                f"and {len(tested)} scale slope(s): {', '.join(tested) or 'none'}){left}{no_slope} (pipeline-check "
+                f"tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -101,9 +118,9 @@ def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame
     return frame.cast(schema), notes
 
 
-def declared_table(runs: Runs, declared: Declared) -> Table:
-    """tier, comparison, minuend, subtrahend, STAT_COLUMNS, p_holm (over the family), the sequential
-    columns when a design is recorded, marks."""
+def declared_table(runs: Runs, declared: Declared, slopes: Mapping[str, float | None] | None = None) -> Table:
+    """tier, comparison, minuend, subtrahend, STAT_COLUMNS, p_holm (over the family: `study_holm`, with the
+    scale slopes `slopes` when given), the sequential columns when a design is recorded, marks."""
     diffs, notes = comparison_differences(runs, declared)
     order = [name for name, _, _ in declared.comparisons]
     frame = sort_runs(summarise(diffs, ["tier", "comparison"]), order, arm_column="comparison")
@@ -113,13 +130,13 @@ def declared_table(runs: Runs, declared: Declared) -> Table:
         subtrahend=pl.col("comparison").replace_strict({k: v[1] for k, v in arms_of.items()}, return_dtype=pl.String),
     )
     frame = frame.select("tier", "comparison", "minuend", "subtrahend", *STAT_COLUMNS)
-    frame = frame.with_columns(_family_holm(frame, declared.family))
+    frame = frame.with_columns(study_holm(frame, declared.family, slopes)[0])
     if declared.design is not None:
         frame = frame.with_columns(**_sequential_columns(frame, diffs, declared.design))
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
-    return dataclasses.replace(table, family=declared.describe(frame))
+    return dataclasses.replace(table, family=declared.describe(frame, slopes=slopes))
 
 
 PIPELINE_GROUP = "pipeline-check"
@@ -131,16 +148,23 @@ def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
             for t in frame["tier"].to_list()]
 
 
-def _family_holm(frame: pl.DataFrame, family: str) -> pl.Series:
-    """Holm of p within each family (`family_groups`)."""
+def study_holm(frame: pl.DataFrame, family: str, slopes: Mapping[str, float | None] | None = None
+               ) -> tuple[pl.Series, dict[str, float | None]]:
+    """Holm of p within each family (`family_groups`): p_holm of the frame's rows, and of the scale slopes
+    `slopes` (quantity → p), which join the study-wide group of `family="experiment"` and no other."""
     groups = family_groups(frame, family)
-    out: list[float | None] = [None] * frame.height
     p = frame["p"].to_list()
-    for group in dict.fromkeys(groups):
+    slopes = dict(slopes or {}) if family == "experiment" else {}
+    out: list[float | None] = [None] * frame.height
+    adjusted_slopes: dict[str, float | None] = {}
+    for group in dict.fromkeys([*groups, *(["all"] if slopes else [])]):
         rows = [i for i, g in enumerate(groups) if g == group]
-        for row, value in zip(rows, holm([p[i] for i in rows])):
+        extra = list(slopes) if group == "all" else []
+        values = holm([p[i] for i in rows] + [slopes[q] for q in extra])
+        for row, value in zip(rows, values):
             out[row] = value
-    return pl.Series("p_holm", out, dtype=pl.Float64)
+        adjusted_slopes.update(zip(extra, values[len(rows):]))
+    return pl.Series("p_holm", out, dtype=pl.Float64), adjusted_slopes
 
 
 def _sequential_columns(frame: pl.DataFrame, diffs: pl.DataFrame, design: dict) -> dict:

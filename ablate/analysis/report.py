@@ -25,8 +25,8 @@ import polars as pl
 
 from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, row_pair, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
-from ablate.analysis.scale import ScaleTable, confounder_sentence, scale_table
-from ablate.analysis.scale_text import crossing_sentence, render_scale, trend_sentence
+from ablate.analysis.scale import ScaleTable, confounder_sentence
+from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
 from ablate.analysis.lr_report import lr_section
@@ -153,10 +153,7 @@ def scale_section(ctx: ReportContext) -> str:
                 "known size.")
     ctx.write("scale.md", render_scale(table, "md"))
     ctx.write("scale.json", render_scale(table, "json"))
-    lines = ["## Scale", "", "From the scale model ([scale.md](scale.md), [json](scale.json)): per quantity, the slope "
-             "of its paired difference against log10 of the tier's nominal non-embedding parameters (per decade, "
-             "95% interval, seeds pooled within tiers); a trend is called shrinking or growing only when its "
-             "interval excludes 0.", ""]
+    lines = ["## Scale", "", scale_intro(table), ""]
     lines += [f"- {trend_sentence(row, table.unit)}" for row in table.rows.iter_rows(named=True)]
     lines += [f"- {crossing_sentence(table, c)}" for c in table.crossings.iter_rows(named=True)]
     lines += ["", f"{confounder_sentence(table)}."]
@@ -390,8 +387,8 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        scale=scale_table(runs, declared), allow_unverified=allow_unverified, declared=declared,
-                        left_out=cannot_have(runs.arm_order, declared is not None))
+                        scale=build_table(runs, "scale", declared=declared), allow_unverified=allow_unverified,
+                        declared=declared, left_out=cannot_have(runs.arm_order, declared is not None))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")

@@ -14,7 +14,9 @@ with df = Σ_t (n_t − 1), from the tiers with two or more seeds only; the resi
 used, because the tier means need not lie on a line, and their lack of fit is not seed noise. With this s²
 the interval for b is exact (Student t, df) under normal, equal-variance seed noise *whatever the shape of
 the true tier means*: b̂ is then unbiased for the n_t-weighted least-squares slope through them, which is
-the slope when the truth is a line. b is reported per decade of parameters.
+the slope when the truth is a line. b is reported per decade of parameters. Built here every slope is
+exploratory; `ablate.analysis.scale_family` puts the declared comparisons' and the gaps' slopes in the
+study-wide Holm family when the experiment declares `family="experiment"` (p_holm, decision, family).
 
 Crossing. Where the gap's fitted line a + b·x crosses 0: x0 = −a/b, with Fieller's interval, the set of x
 at which "the line is 0 at x" is not rejected at 5% — {x : (â + b̂x)² ≤ t²·var(â + b̂x)}. That set is a
@@ -48,7 +50,9 @@ CONFIDENCE = 0.95
 ZERO_OPTION = "zero_option"
 GAPS = {"gap_norm": "filtering_norm", "gap_proj": "filtering_proj"}  # gap name → its filtering increment
 GAP_DESCRIPTIONS = {gap: f"{gap} ({form} − {ZERO_OPTION})" for gap, form in GAPS.items()}
-ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p")
+ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p", "p_holm", "decision",
+               "family")
+EXPLORATORY = "exploratory"  # a row's decision when its slope is in no family (`ablate.analysis.scale_family`)
 CROSSING_COLUMNS = ("quantity", "params", "ci_low", "ci_high", "identified")
 
 
@@ -137,7 +141,9 @@ def identified_crossings(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray
 @dataclass(frozen=True)
 class ScaleTable:
     """The scale model of one source: `rows` (ROW_COLUMNS), `crossings` (CROSSING_COLUMNS), `confounders`
-    (per tier what else changes with scale) and `notes` (why a quantity or crossing has no interval)."""
+    (per tier what else changes with scale) and `notes` (why a quantity or crossing has no interval).
+    `family`: the family the slopes' p_holm adjusts over, or why every slope is exploratory
+    (`ablate.analysis.scale_family`; built here, every row is exploratory)."""
 
     name: str
     rows: pl.DataFrame
@@ -146,6 +152,7 @@ class ScaleTable:
     notes: tuple[str, ...] = ()
     kind: str = SCALE
     unit: str = "nats"  # of the differences: nats of val_loss, or the `ablate eval` metric's own units
+    family: str | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -284,7 +291,7 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
         if misfit is not None and misfit < 0.05:
             why.append(f"{quantity}: the tier means depart from a line (lack-of-fit F test p {_p(misfit)}): the "
                        "slope is the trend of the least-squares line through them, not a description of every tier")
-        rows.append({"quantity": quantity, **row})
+        rows.append({"quantity": quantity, **row, "p_holm": None, "decision": EXPLORATORY, "family": None})
         if row["p"] is None:
             why.append(f"{quantity}: no slope interval (" + ("fewer than two real tiers of known size; pipeline-check "
                                                              "tiers never enter" if fit is None else
@@ -296,7 +303,7 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                 why.append(f"{quantity} crossing not identified: {reason}")
     row_schema = {"quantity": pl.String, "tiers": pl.List(pl.String), "seeds": pl.List(pl.Int64),
                   "slope_per_decade": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "df": pl.Int64,
-                  "p": pl.Float64}
+                  "p": pl.Float64, "p_holm": pl.Float64, "decision": pl.String, "family": pl.String}
     crossing_schema = {"quantity": pl.String, "params": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64,
                        "identified": pl.Boolean}
     return ScaleTable(name, pl.DataFrame(rows, schema=row_schema), pl.DataFrame(crossings, schema=crossing_schema),
