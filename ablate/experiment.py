@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
+from ablate.increments import gaps_of, increments_of
 from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, run_dir, run_key
@@ -157,22 +158,19 @@ class Experiment:
         return {tier: list(self.hypotheses) for tier in self.tiers}
 
     def family_size(self) -> int:
-        """m of the family each declared comparison is planned in (0 when none are declared): the power plan and a
-        sequential design split α over it. The analysis's Holm counts only rows with a test (a one-seed tier has
-        none) and, with family="experiment" in a fixed design, also the scale slopes (`family_note`), so the m a
-        report states can differ from this one; it states the m Holm used."""
+        """m of the declared comparisons at every tier (0 when none are declared): what a sequential design splits
+        α over (it leaves the scale slopes exploratory)."""
         return len(self.hypotheses) * (len(self.tiers) if self.family == "experiment" else 1)
 
-    def family_note(self) -> str | None:
-        """Why the analysis's m can differ from `family_size` (None with family="tier")."""
+    def planned_family_size(self) -> int:
+        """m a fixed design's power plan splits α over: `family_size`, and with family="experiment" also the scale
+        slopes its analysis can adjust over (each declared comparison's and each gap's it can form), so a plan
+        never promises power that Holm's larger m takes away. The report states the m Holm used, which is
+        smaller where a tier has one seed (its rows have no test)."""
         if self.family != "experiment" or not self.hypotheses:
-            return None
-        return (f"m = {self.family_size()} counts the declared comparisons at every tier; a fixed design's analysis "
-                "with family=\"experiment\" also adjusts over the scale slopes (each declared comparison's and each "
-                f"gap's, up to {len(self.hypotheses) + 2} more) and leaves out the rows without a test (a one-seed "
-                "tier), so the m its report states (the m Holm used) can differ, and a comparison planned at α/m then "
-                "has a little less power than planned when the slopes make Holm's m larger; a sequential design "
-                "leaves the slopes exploratory")
+            return self.family_size()
+        quantities = {c.name for c in self.hypotheses} | set(increments_of(self.arm_names()))
+        return self.family_size() + len(self.hypotheses) + len(gaps_of(quantities))
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):

@@ -217,8 +217,9 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     grid = plan_grid(experiment, tiers=planned, seed_count=1, speed=speed)
     per_seed = {t["tier"]: t["total_gpu_hours"] for t in grid["tiers"]}
     names = {tier: [c.name for c in comparisons[tier]] for tier in planned}
+    family = experiment.planned_family_size() if experiment.family == "experiment" else "tier"
     rows = power_rows(names, effect, per_seed, sd=sd, pilots=pilots, alpha=alpha, target_power=target_power,
-                      family=experiment.family)
+                      family=family)
     rows = [_with_sd_source(r, pilots) for r in rows if r["tier"] in chosen]
     summary = []
     for tier in chosen:
@@ -234,7 +235,17 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     warnings = sorted({w for p in used if (w := pilot_warning(p.n0))})
     return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
             "warnings": warnings,
-            "notes": _unused_pilot_notes(rows, pilots) + [n for n in [experiment.family_note()] if n]}
+            "notes": _unused_pilot_notes(rows, pilots) + _family_note(experiment)}
+
+
+def _family_note(experiment) -> list[str]:
+    """With family="experiment": the m planned, what it counts, and why the report's may be smaller."""
+    if experiment.family != "experiment":
+        return []
+    m, rows = experiment.planned_family_size(), experiment.family_size()
+    return [f"m = {m}: the {rows} declared comparisons at every tier and the {m - rows} scale slopes the study-wide "
+            "family can adjust over; the report states the m Holm used, smaller where a tier has one seed (its rows "
+            "have no test)"]
 
 
 def _with_sd_source(row: dict, pilots: dict | None) -> dict:

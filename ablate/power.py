@@ -199,17 +199,22 @@ class Pilot:
         return cls(pilot_sd(values), len(values))
 
 
-def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str = "tier") -> dict[str, int]:
-    """m per tier: its declared comparisons (`family="tier"`) or all of the experiment's ("experiment")."""
+def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str | int = "tier") -> dict[str, int]:
+    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), or an m
+    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes)."""
+    total = sum(len(names) for names in comparisons.values())
+    if isinstance(family, int) and not isinstance(family, bool):
+        if family < total:
+            raise AblateError(f"a family of m = {family} cannot hold the {total} comparisons planned in it")
+        return {tier: family for tier in comparisons}
     if family not in FAMILIES:
         raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
-    total = sum(len(names) for names in comparisons.values())
     return {tier: (len(names) if family == "tier" else total) for tier, names in comparisons.items()}
 
 
 def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hours_per_seed: Mapping[str, float],
                sd: float | None = None, pilots: Mapping[tuple[str, str], Pilot] | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, family: str = "tier") -> list[dict]:
+               target_power: float = 0.8, family: str | int = "tier") -> list[dict]:
     """One `plan --power --json` row per (tier, declared comparison), in the order given.
 
     `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more

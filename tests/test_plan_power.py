@@ -83,15 +83,22 @@ def test_a_pilot_gives_each_comparison_its_own_sd_and_a_conservative_plan(tmp_pa
     assert "unreliable" in out and re.search(r"350M\s+zero_option\s+0\.00400", out)
 
 
-def test_the_experiment_family_plan_says_why_its_m_is_not_the_m_holm_uses(capsys):
-    """The planner's m is the declared comparisons at every tier; with family="experiment" the report's Holm also
-    counts the scale slopes and only the rows with a test, and `plan --power` says so."""
+def test_the_experiment_family_plan_counts_the_scale_slopes_holm_adjusts_over(capsys):
+    """With family="experiment" the report's Holm also adjusts over the declared comparisons' and the gaps' scale
+    slopes, so the plan splits α over them too: it never promises power that the larger m takes away."""
     experiment = dataclasses.replace(load_experiment("sink_vs_filter"), family="experiment")
-    assert experiment.family_size() == 12 and load_experiment("sink_vs_filter").family_note() is None
+    assert experiment.family_size() == 12  # what a sequential design splits α over (slopes exploratory there)
+    assert experiment.planned_family_size() == 12 + 3 + 2  # + each declared comparison's slope + gap_norm, gap_proj
     plan = power_plan(experiment, 0.005, sd=0.004, tiers=["10M"])
-    assert plan["power"][0]["family_size"] == 12
-    assert any(n.startswith("m = 12 counts the declared comparisons at every tier") and "up to 5 more" in n
-               and "the m Holm used" in n for n in plan["notes"])
+    assert {row["family_size"] for row in plan["power"]} == {17}
+    assert plan["power"][0]["seeds"] == smallest_n(0.005, 0.004, 0.05 / 17)
+    assert any(n.startswith("m = 17: the 12 declared comparisons at every tier and the 5 scale slopes") for n in
+               plan["notes"])
+    assert power_plan(load_experiment("sink_vs_filter"), 0.005, sd=0.004, tiers=["10M"])["notes"] == []
+    # the gaps need the zero option and a filtering form: without combo2 there is no gap_proj, nor its slope
+    fewer = dataclasses.replace(experiment, arms=("baseline", "sink-logit", "combo"),
+                                hypotheses=experiment.hypotheses[:2])
+    assert fewer.planned_family_size() == 2 * 4 + 2 + 1
 
 
 def test_the_sequential_design_for_the_declared_family(capsys):

@@ -7,8 +7,9 @@ Import-light (no polars): the CLI lists the kinds without loading the analysis, 
 its module and function (`TableKind.builder`) and imported when a table of that kind is built. A new kind
 is one `register_kind(TableKind(...))` here, beside a builder `(runs, reference, declared) -> table`.
 
-The study's increments and the 2×2 overlap's gates are declared here too (`INCREMENTS`, `OVERLAP_GATES`):
-the tables compute them and every caption, legend and description is written from them.
+The 2×2 overlap's gates are declared here too (`OVERLAP_GATES`), the study's increments in `ablate.increments`
+(the planner counts them as well): the tables compute them and every caption, legend and description is
+written from them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,8 @@ from dataclasses import dataclass
 from importlib import import_module
 
 from ablate.errors import choice_error
+from ablate.increments import INCREMENTS  # noqa: F401 (read here by the tables, captions and report)
 
-# quantity → (reference arm, arm): the increment is L_reference − L_arm.
-INCREMENTS = {
-    "zero_option": ("baseline", "sink-logit"),
-    "filtering_norm": ("sink-logit", "combo"),
-    "filtering_proj": ("sink-logit", "combo2"),
-}
 # gate → (the gate alone, the gate with sink-logit); gains are against baseline.
 OVERLAP_GATES = {"norm": ("norm-gate", "combo"), "proj": ("proj-gate", "combo2")}
 OVERLAP_BASE, OVERLAP_SINK = "baseline", "sink-logit"

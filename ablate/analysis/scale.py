@@ -41,14 +41,12 @@ from scipy.special import fdtrc, stdtr, stdtrit
 
 from ablate.analysis.hypotheses import comparison_differences
 from ablate.analysis.stats import RESOLUTION
-from ablate.analysis.kinds import INCREMENTS
 from ablate.analysis.tables import increments_table, is_pipeline_check
+from ablate.increments import GAPS, INCREMENTS, ZERO_OPTION
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"
 CONFIDENCE = 0.95
-ZERO_OPTION = "zero_option"
-GAPS = {"gap_norm": "filtering_norm", "gap_proj": "filtering_proj"}  # gap name → its filtering increment
 GAP_DESCRIPTIONS = {gap: f"{gap} ({form} − {ZERO_OPTION})" for gap, form in GAPS.items()}
 ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p", "p_holm", "decision",
                "family")
