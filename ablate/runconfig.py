@@ -11,7 +11,7 @@
   when unset (the key is absent from every config that never had it, so their fingerprints stay as they were);
 * implied: the value a config.json without the key ran with (left out of the fingerprints at that value).
 
-config.json holds `RunConfig.to_dict()`: the fields in their order, so a field's place is its place in the file.
+config.json holds `RunConfig.to_dict()`, so a config.json of a run has the same keys and values as before RunConfig.
 Torch-free: the fingerprints (`ablate.identity`) and the analysis read it.
 """
 

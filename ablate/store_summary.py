@@ -2,8 +2,8 @@
 
 A run writes its summary as it goes (running, then completed, diverged or failed), so every field may be
 absent: a summary written before a field existed reads with it None. Writing a field that is not declared
-here is refused, so a misspelt field never reaches a run folder where no reader would find it. A writer
-keeps its fields in the order it gives them (the file of a run is the same, key for key, as before the schema).
+here is refused, so a misspelt field never reaches a run folder where no reader would find it. The file
+holds what the writers give, as before the schema (`RunSummary` declares the fields; it is not what is written).
 """
 
 from __future__ import annotations
