@@ -3,7 +3,8 @@
 A paired difference L_reference − L_arm measures the arm only if everything else was the same. The
 init and data fingerprints cover the initial weights and the batches; the *config fingerprint* covers
 every other setting of the run (optimiser, schedule, budget, shape, tokenizer, evaluation sets), with
-the arm taken out, and the keys that change only how a run is executed or watched:
+the arm taken out, and the keys that change only how a run is executed or watched (each key's role is
+declared once, in `ablate.runconfig.RunConfig`):
 
 * watching: progress, logger, threads, val_interval, checkpoint_interval, log_interval, host_sync (when the
   host reads the device's losses back: the same numbers, read at other times);
@@ -30,14 +31,17 @@ from __future__ import annotations
 import hashlib
 import json
 
-IDENTITY_KEYS = ("experiment", "arm")
+from ablate.runconfig import implied_values, keys_with
+
+# Each key's role is its field's metadata in `RunConfig`.
+IDENTITY_KEYS = keys_with("name")  # which run it is: experiment, arm
 # May differ between two runs that are paired, and between the two halves of a resumed run (the next line may not).
-WATCH_KEYS = ("progress", "logger", "threads", "val_interval", "checkpoint_interval", "log_interval", "host_sync")
-EXECUTION_KEYS = ("devices", "micro_batch", "compile", "data_dir", "loss_chunk")
+WATCH_KEYS = keys_with("watch")
+EXECUTION_KEYS = keys_with("execution")
 ARM_DERIVED_MODEL_KEYS = ("arm",)
 MATCHED_MODEL_KEYS = ("mlp_hidden",)  # set per arm when match_params is on
-SEED_KEYS = ("seed", "data_seed")  # differ between the seeds of one row, and only there
-IMPLIED = {"precision": "32-true"}  # the value of a key absent from a config, left out of the fingerprints
+SEED_KEYS = keys_with("seed")  # differ between the seeds of one row, and only there
+IMPLIED = implied_values()  # the value of a key absent from a config, left out of the fingerprints
 
 
 def matching_config(config: dict) -> dict:

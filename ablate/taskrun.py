@@ -34,8 +34,8 @@ from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, pro
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
-from ablate.store import (CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, SUMMARY, atomic_write_json, file_sha256,
-                          run_key)
+from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, atomic_write_json, file_sha256, run_key
+from ablate.store_summary import write_summary
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
     }
     _write_signature_eval(folder, task, summary)
-    atomic_write_json(folder / SUMMARY, summary)
+    write_summary(folder, summary)
     log.info("%s: val_loss %.4f, accuracy %.3f (absent %.3f)", folder, val_loss, accuracy, absent_accuracy)
     return summary
 

@@ -44,6 +44,7 @@ from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_key, run_lock_path)
+from ablate.store_summary import update_summary
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -144,9 +145,7 @@ class Trainer:
     def write_summary(self, **fields):
         if self.fabric.global_rank != 0:
             return
-        summary = read_json(self.summary_path) if self.summary_path.exists() else {}
-        summary.update(fields)
-        atomic_write_json(self.summary_path, summary)
+        update_summary(self.folder, **fields)
 
     def fit(self) -> dict:
         """Launch Fabric (DDP over `devices`, the run's precision, the loggers) and train; a divergence or

@@ -1,0 +1,137 @@
+"""Every option of a run, once: `RunConfig`, one field per option, whose metadata says what the option is.
+
+* role: what the option is to the run's identity (`ablate.identity` reads its key tuples from here):
+  "name" (which run it is: left out of every fingerprint), "seed" (differs between the seeds of one row),
+  "identity" (what the run is: in every fingerprint), "execution" (how it is computed: the same mathematics),
+  "watch" (how it is watched: may differ even between the two halves of a resumed run);
+* positive: a positive integer when set; choices: the values it may take when set;
+* device: its default on a GPU and on a CPU, for an option left unset (None) until the run knows its device;
+* tier: its default is the tier's value of the same name; settable: an override or option may set it;
+* stored: written to config.json (`max_steps` is not: it shortens `steps`); optional: left out of config.json
+  when unset (the key is absent from every config that never had it, so their fingerprints stay as they were);
+* implied: the value a config.json without the key ran with (left out of the fingerprints at that value).
+
+config.json holds `RunConfig.to_dict()`, so a config.json of a run has the same keys and values as before RunConfig.
+Torch-free: the fingerprints (`ablate.identity`) and the analysis read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ablate.errors import AblateError
+
+ROLES = ("name", "seed", "identity", "execution", "watch")
+
+
+def option(default=None, *, role: str = "identity", positive: bool = False, choices: tuple = (),
+           device: dict | None = None, tier: bool = False, **flags):
+    """A RunConfig field with its metadata (flags: settable, stored, optional, implied; see the module)."""
+    assert role in ROLES, role
+    metadata = {"role": role, "positive": positive, "choices": tuple(choices), "device": device, "tier": tier,
+                "settable": flags.pop("settable", True), "stored": flags.pop("stored", True),
+                "optional": flags.pop("optional", False), "implied": flags.pop("implied", None)}
+    assert not flags, flags
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    experiment: str = option(role="name", settable=False)
+    tier: str = option(settable=False)
+    arm: str = option(role="name", settable=False)
+    seed: int = option(role="seed", settable=False)
+    data_seed: int = option(role="seed")
+    data_dir: str | None = option(role="execution")  # a path: the data's identity is the data fingerprint
+    model: dict = option()  # the GPTConfig fields (an override gives some of them)
+    steps: int = option(positive=True, tier=True)
+    global_batch: int = option(positive=True, tier=True)
+    seq_len: int = option(positive=True, tier=True)
+    micro_batch: int = option(role="execution", positive=True, tier=True)
+    lr: float = option(tier=True)
+    warmup_steps: int = option(positive=True, tier=True)
+    min_lr_ratio: float = option(tier=True)
+    weight_decay: float = option(tier=True)
+    betas: list = option(tier=True)
+    eps: float = option(1e-8)
+    grad_clip: float = option(tier=True)
+    val_interval: int = option(role="watch", positive=True, tier=True)
+    val_tokens: int = option(positive=True, tier=True)
+    final_val_tokens: int = option(positive=True, tier=True)
+    log_interval: int = option(role="watch", positive=True, tier=True)
+    checkpoint_interval: int = option(role="watch", positive=True, tier=True)
+    devices: int = option(1, role="execution", positive=True)
+    compile: bool = option(False, role="execution")
+    match_params: bool = option(False)
+    loss_chunk: int | None = option(role="execution")
+    # float32 or bf16 autocast: it changes the numbers, so a float32 run and a bf16 one never pair
+    precision: str | None = option(choices=("32-true", "bf16-mixed"), device={"cuda": "bf16-mixed", "cpu": "32-true"},
+                                   implied="32-true")
+    # when the host reads the device's losses back (every step, or every log_interval): the same numbers
+    host_sync: str | None = option(role="watch", choices=("step", "log"), device={"cuda": "log", "cpu": "step"})
+    progress: bool = option(True, role="watch")
+    logger: str = option("none", role="watch")
+    threads: int | None = option(role="watch")
+    max_steps: int | None = option(positive=True, stored=False)  # stop early: `steps` becomes the smaller
+    selection_tokens: int | None = option(positive=True, optional=True)  # an LR sweep's runs only
+    synthetic_task: dict | None = option(settable=False, optional=True)  # a task tier's runs: its task's fields
+
+    def to_dict(self) -> dict:
+        """config.json: the stored fields in order, without the optional ones left unset."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stored"]
+                and not (f.metadata["optional"] and getattr(self, f.name) is None)}
+
+    @classmethod
+    def from_dict(cls, config: dict) -> RunConfig:
+        """A config.json, also one written before an option existed (the option reads as unset: None, or
+        its default); a key that is no run option is refused."""
+        names = [f.name for f in dataclasses.fields(cls) if f.metadata["stored"]]
+        unknown = [key for key in config if key not in names]
+        if unknown:
+            raise AblateError(f"unknown run option {unknown[0]!r} in a run's config; valid keys: {', '.join(names)}")
+        return cls(**config)
+
+    def check(self, flags: tuple[str, ...] = ()) -> None:
+        """Refuse, in one line, a value out of its field's range (an option among `flags` was given as
+        `--name` on the command line, and is named so)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.metadata["positive"] and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                name = f"--{f.name.replace('_', '-')}" if f.name in flags else f"run option {f.name!r}"
+                raise AblateError(f"{name} must be a positive integer, not {value!r}")
+            valid = f.metadata["choices"]
+            if valid and value not in valid:
+                raise AblateError(f"run option {f.name!r} must be one of {', '.join(valid)}, not {value!r}")
+
+
+def option_fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(RunConfig)
+
+
+def keys_with(role: str) -> tuple[str, ...]:
+    """The config keys of one role, in field order."""
+    assert role in ROLES, role
+    return tuple(f.name for f in option_fields() if f.metadata["role"] == role)
+
+
+def settable_options() -> list[str]:
+    """Every key an override or option may set, sorted (`model` takes GPTConfig fields)."""
+    return sorted(f.name for f in option_fields() if f.metadata["settable"])
+
+
+def tier_options() -> tuple[str, ...]:
+    """The options whose default is the tier's value of the same name."""
+    return tuple(f.name for f in option_fields() if f.metadata["tier"])
+
+
+def implied_values() -> dict:
+    """The value a config without the key ran with, for each option that has one."""
+    return {f.name: f.metadata["implied"] for f in option_fields() if f.metadata["implied"] is not None}
+
+
+def device_defaults(cuda: bool) -> dict:
+    """bf16 autocast and a read-back every log_interval steps on a GPU; float32 and every step on a CPU."""
+    return {f.name: f.metadata["device"]["cuda" if cuda else "cpu"] for f in option_fields() if f.metadata["device"]}
