@@ -315,15 +315,12 @@ def experiment_file(spec: str | os.PathLike) -> Path:
     return path.resolve()
 
 
-def load_experiment(spec: str | os.PathLike) -> Experiment:
-    """`demo` or `experiments/demo.py` → the Experiment that file defines (arms it registers included).
-
-    The file's folder is on the import path while it loads, so it may import modules that lie beside it
-    (`from scalar_gate import ScalarGate` with `scalar_gate.py` in the same folder). Every command, the
-    SLURM task and the local worker load it through here. An import that fails is one line naming the file
-    and the missing module.
+def load_module(path: Path):
+    """Execute a Python file as a module (an experiment file, or a file that registers arms) and return it. The
+    file's folder is on the import path while it loads, so it may import modules that lie beside it
+    (`from scalar_gate import ScalarGate` with `scalar_gate.py` in the same folder). An import that fails is one
+    line naming the file and the missing module.
     """
-    path = experiment_file(spec)
     module_spec = importlib.util.spec_from_file_location(f"ablate_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     folder = str(path.parent)
@@ -340,7 +337,14 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
             sys.path.remove(folder)  # the first occurrence: the one put there above
         except ValueError:  # the file took it off itself
             pass
-    experiment = getattr(module, "EXPERIMENT", None)
+    return module
+
+
+def load_experiment(spec: str | os.PathLike) -> Experiment:
+    """`demo` or `experiments/demo.py` → the Experiment that file defines (arms it registers included), loaded by
+    `load_module`. Every command, the SLURM task and the local worker load it through here."""
+    path = experiment_file(spec)
+    experiment = getattr(load_module(path), "EXPERIMENT", None)
     if not isinstance(experiment, Experiment):
         raise AblateError(f"{path} defines no `EXPERIMENT = Experiment(...)`")
     return experiment
@@ -348,11 +352,12 @@ def load_experiment(spec: str | os.PathLike) -> Experiment:
 
 def start_task(experiment_file: str | None) -> None:
     """The start of every SLURM array task, a run's or an evaluation's: ablate's log lines go to the job's log,
-    and the experiment file is imported again, so the arms it registers exist before a model is built."""
+    and the experiment file (or the arm file `ablate testbed --arm-file` gave) is imported again, so the arms it
+    registers exist before a model is built."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if experiment_file:
-        load_experiment(experiment_file)
+        load_module(Path(experiment_file))
 
 
 def named_experiment(source: str | os.PathLike) -> Experiment | None:

@@ -8,8 +8,8 @@ validation loss at the fixed budget (positive: the subtrahend learns the task to
 the three. The mechanism's signature (phantom and first-key mass at absent against present keys, the retrieval
 head's output norm) is in each run's eval.json: `ablate table testbed --metric abstain/phantom_absent`.
 
-Your own arm: `ablate submit testbed --arms baseline my-arm --executor local` (a module that registers it
-beside this file, imported here, or `--arms` of an arm registered by an experiment file of your own).
+Your own arm: `ablate testbed --arm my-arm --arm-file my_arms.py` (the file that registers it, loaded as an
+experiment file is), or an experiment file of your own (README, "The mechanism testbed").
 """
 
 from ablate.experiment import Comparison, Experiment

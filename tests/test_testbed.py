@@ -120,3 +120,40 @@ def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
     capsys.readouterr()
     assert main(["table", *argv, "--metric", "abstain/first_key_absent"]) == 0
     assert "| synthetic | learned-alibi | 2 |" in capsys.readouterr().out
+
+
+ARM_FILE = '''from ablate.arms import register_arm
+from ablate.arms.builtin import SinkLogit
+
+
+@register_arm("my-sink")
+class MySink(SinkLogit):
+    """The sink-logit arm under a name of one's own, registered by a file outside experiments/."""
+'''
+
+
+def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsys):
+    """`ablate testbed --arm NAME --arm-file FILE.py`: the arm file is loaded like an experiment file, here and in
+    each worker process, so its arm trains beside the baseline; then the tables and the testbed's section."""
+    (tmp_path / "my_arms.py").write_text(ARM_FILE)
+    results = tmp_path / "results"
+    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--steps", "20", "--seeds",
+            "2", "--parallel", "1", "--results", str(results)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for seed in (0, 1):
+        summary = json.loads((results / "testbed_steps20" / "synthetic" / "my-sink" / f"seed{seed}"
+                              / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] == 20 and summary["arm"] == "my-sink"
+    assert "| synthetic | my-sink | 2 |" in out  # the paired table: baseline − my-sink over both seeds
+    assert re.search(r"\| my-sink \| [012]/2 \|", out)  # the testbed section: seeds learned
+    assert "abstain_sink_logit skipped" in out  # the testbed's declared comparisons, read as `ablate table` does
+
+
+def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("")
+    assert main(["testbed", "--arm", "x", "--arm-file", str(tmp_path / "notes.txt")]) == 2
+    assert "is not a Python file" in capsys.readouterr().err
+    assert main(["testbed", "--arm", "no-such-arm", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-arm" in err and "sink-logit" in err and len(err.strip().splitlines()) == 1

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "ablate.cli.analysis",
     "ablate.cli.probes",
     "ablate.cli.evals",
+    "ablate.cli.testbed",
 )
 
 

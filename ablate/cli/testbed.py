@@ -1,0 +1,89 @@
+"""`ablate testbed`: does my arm abstain? The testbed's grid for the baseline and one's own arm(s), here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ablate.paths import results_folder
+
+
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "testbed", help="run the mechanism testbed (experiments/testbed.py) for the baseline and your arm(s) here",
+        description="The testbed's default grid (its tier and seeds) for the baseline and each --arm, run on this "
+                    "machine as `ablate submit testbed --arms baseline ARM --executor local` runs it; then the "
+                    "declared table, the paired table and the testbed's seeds learned and signature per arm.")
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME",
+                        help="an arm to run beside the baseline (repeat for more); a built-in, or one --arm-file "
+                             "registers")
+    parser.add_argument("--arm-file", metavar="FILE.py",
+                        help="a Python file that registers your arm(s) (`@register_arm(\"my-arm\")`), loaded the "
+                             "way an experiment file is: its folder is on the import path while it loads")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="a smaller budget for a quick look (its runs go to testbed_stepsN, apart from the "
+                             "default budget's)")
+    parser.add_argument("--seeds", type=int, metavar="K", help="the first K seeds only (default: the testbed's)")
+    parser.add_argument("--parallel", type=int, help="runs at a time (default: CPU count)")
+    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    parser.set_defaults(func=testbed_command)
+
+
+def _arm_file(spec: str) -> Path:
+    """The arm file, loaded (its arms registered); a path that is no .py file is one clear line."""
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import load_module
+
+    path = Path(spec)
+    if path.suffix != ".py" or not path.is_file():
+        raise AblateError(f"--arm-file {spec!r} is not a Python file; give the path of a .py file that registers "
+                          "your arm (`@register_arm(\"my-arm\")`)")
+    load_module(path.resolve())
+    return path.resolve()
+
+
+def _experiment(args):
+    """(the testbed, the testbed with the baseline and the asked arms: a smaller budget or fewer seeds where
+    asked, and the declared comparisons whose arms both run)."""
+    import dataclasses  # the library loads in the handler: see ablate.cli
+
+    from ablate.errors import AblateError
+    from ablate.experiment import load_experiment
+
+    testbed = load_experiment("testbed")
+    arms = tuple(dict.fromkeys(("baseline", *args.arm)))
+    changes = {"arms": arms, "hypotheses": tuple(h for h in testbed.hypotheses  # those whose arms run
+                                                 if {h.minuend, h.subtrahend} <= set(arms))}
+    for name, value in (("--steps", args.steps), ("--seeds", args.seeds), ("--parallel", args.parallel)):
+        if value is not None and value < 1:
+            raise AblateError(f"{name} {value}: give a positive whole number")
+    if args.steps:
+        changes |= {"name": f"testbed_steps{args.steps}", "overrides": {**testbed.overrides, "steps": args.steps,
+                                                                        "val_interval": min(args.steps, 10)}}
+    if args.seeds:
+        changes["seeds"] = args.seeds
+    return testbed, dataclasses.replace(testbed, **changes)
+
+
+def testbed_command(args) -> int:
+    from ablate.analysis.build import build_table  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.hypotheses import Declared
+    from ablate.analysis.kinds import KINDS
+    from ablate.analysis.load import load_runs
+    from ablate.analysis.testbed import task_runs, testbed_markdown
+    from ablate.dispatch import Submission, submit
+    from ablate.experiment import experiment_file
+
+    file = _arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
+    testbed, experiment = _experiment(args)
+    results = results_folder(args.results)
+    report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel))
+    failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
+    runs = load_runs(results / experiment.name)
+    declared = Declared.of(testbed.hypotheses)  # all of the testbed's, as `ablate table testbed` reads them
+    for kind in ("declared", "paired"):
+        print(KINDS[kind].render(build_table(runs, kind, None, declared), "md"))
+    for tier, by_arm in task_runs(runs).items():
+        print(testbed_markdown(tier, by_arm) + "\n")
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0
