@@ -77,7 +77,7 @@ def decisions(folder: Path) -> dict[str, str]:
     return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True)}
 
 
-def testbed_decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
+def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
     """The demo's subset (baseline and sink-logit × 5 seeds) at the default budget under one kernel set (None:
     the machine's own): the kernel set every run recorded and the declared decisions."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
@@ -100,9 +100,9 @@ def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path)
     AVX2 (no AVX-512), under AVX2 and the scalar DEFAULT set, so two kernel sets are always compared. The kernel
     set is what each run recorded. (Whether every seed learned is reported by the report's testbed section, not
     asserted here; see docs/method.md.)"""
-    native, native_decisions = testbed_decisions_under(None, tmp_path / "native")
+    native, native_decisions = decisions_under(None, tmp_path / "native")
     other = "DEFAULT" if native == "AVX2" else "AVX2"
-    kernels, other_decisions = testbed_decisions_under(other, tmp_path / other)
+    kernels, other_decisions = decisions_under(other, tmp_path / other)
     assert kernels != native, f"both runs used the same kernel set: {native}"
     assert native_decisions == other_decisions and set(native_decisions) == {"abstain_sink_logit"}
 
