@@ -13,6 +13,8 @@ import torch
 from ablate.cli import main
 from ablate.data.filter import MARKS, FilterTask, filter_batch, task_batch, task_from_fields
 from ablate.data.synthetic import IGNORE
+from ablate.errors import AblateError
+from ablate.experiment import Comparison, Experiment, load_experiment
 from ablate.tiers import TASKS, TIERS
 
 FILTER_TIERS = ("filter-norm", "filter-direction")
@@ -99,3 +101,75 @@ def test_a_filter_run_records_its_signature(tmp_path, capsys):
     capsys.readouterr()
     assert main(["table", *argv, "--metric", "filter/junk_weight"]) == 0
     assert "| filter-norm | norm-gate | 1 |" in capsys.readouterr().out
+
+
+REPO = Path(__file__).resolve().parents[1]
+TESTBED = REPO / "experiments" / "testbed.py"
+
+
+def per_tier(**changes) -> Experiment:
+    fields = dict(name="pt", tiers=("synthetic", "filter-norm"), seeds=2,
+                  arms={"synthetic": ("baseline", "sink-logit"), "filter-norm": ("baseline", "norm-gate")},
+                  hypotheses=(Comparison("sink", "baseline", "sink-logit", tiers=("synthetic",)),
+                              Comparison("gate", "baseline", "norm-gate", tiers=("filter-norm",))))
+    return Experiment(**{**fields, **changes})
+
+
+def test_per_tier_arms_enumerate_each_tier_s_own_runs():
+    experiment = per_tier()
+    keys = {(s.tier, s.arm) for s in experiment.runs()}
+    assert keys == {("synthetic", "baseline"), ("synthetic", "sink-logit"), ("filter-norm", "baseline"),
+                    ("filter-norm", "norm-gate")} and len(experiment.runs()) == 8
+    assert {(s.tier, s.arm) for s in experiment.runs(arms=["norm-gate"])} == {("filter-norm", "norm-gate")}
+    assert experiment.arm_names() == ["baseline", "sink-logit", "norm-gate"]
+    assert experiment.arm_names("filter-norm") == ["baseline", "norm-gate"]
+    with pytest.raises(AblateError, match="arm 'proj-gate' is not in experiment 'pt'"):
+        experiment.runs(arms=["proj-gate"])
+
+
+def test_a_comparison_restricted_to_tiers_is_declared_there_only():
+    experiment = per_tier()
+    assert {tier: [c.name for c in cs] for tier, cs in experiment.comparisons().items()} == {
+        "synthetic": ["sink"], "filter-norm": ["gate"]}
+    assert experiment.family_size() == 1 and replace(experiment, family="experiment").family_size() == 2
+    with pytest.raises(AblateError, match="names arm 'norm-gate', which the experiment does not run at tier "
+                                          "'synthetic'"):
+        per_tier(hypotheses=(Comparison("gate", "baseline", "norm-gate"),))
+    with pytest.raises(AblateError, match="names tier 'smoke', which the experiment does not run"):
+        per_tier(hypotheses=(Comparison("gate", "baseline", "norm-gate", tiers=("smoke",)),))
+    with pytest.raises(AblateError, match="names tier 'smoke'; it must name each of its tiers once"):
+        per_tier(arms={"synthetic": ("baseline",), "filter-norm": ("baseline",), "smoke": ("baseline",)})
+    with pytest.raises(AblateError, match="names tier 'filter-norm'; it must name each"):
+        per_tier(arms={"synthetic": ("baseline", "sink-logit", "norm-gate")}, hypotheses=())
+
+
+def test_the_testbed_runs_each_task_s_arms():
+    experiment = load_experiment(TESTBED)
+    runs = experiment.runs()
+    arms = {tier: {s.arm for s in runs if s.tier == tier} for tier in experiment.tiers}
+    assert arms == {"synthetic": {"baseline", "sink-logit", "off-by-one", "renorm"},
+                    "filter-norm": {"baseline", "norm-gate", "proj-gate"},
+                    "filter-direction": {"baseline", "norm-gate", "proj-gate"}} and len(runs) == 50
+    declared = {tier: {c.name for c in cs} for tier, cs in experiment.comparisons().items()}
+    assert declared["filter-norm"] == {"filter_norm_norm_gate", "filter_norm_norm_over_proj"}
+    assert "abstain_sink_logit" in declared["synthetic"] and not declared["synthetic"] & declared["filter-norm"]
+
+
+def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
+    text = TESTBED.read_text().replace('name="testbed"', 'name="tb_filter"').replace(
+        "seeds=5,", 'seeds=2, overrides={"steps": 15, "val_interval": 5},')
+    (tmp_path / "tb_filter.py").write_text(text)
+    argv = [str(tmp_path / "tb_filter.py"), "--results", str(tmp_path / "r")]
+    assert main(["submit", *argv, "--tier", "filter-norm", "--executor", "local", "--parallel", "1"]) == 0
+    summaries = sorted((tmp_path / "r" / "tb_filter").glob("*/*/seed*/summary.json"))
+    assert [p.relative_to(tmp_path / "r" / "tb_filter").parts[:2] for p in summaries[::2]] == [
+        ("filter-norm", arm) for arm in ("baseline", "norm-gate", "proj-gate")] and len(summaries) == 6
+    capsys.readouterr()
+    assert main(["table", *argv, "--kind", "declared"]) == 0
+    declared = capsys.readouterr().out
+    assert "| filter-norm | filter_norm_norm_gate (baseline − norm-gate) | 2 |" in declared
+    assert "| filter-norm | abstain_sink_logit" not in declared  # declared at the Abstain tier only
+    assert main(["report", *argv]) == 0
+    text = (tmp_path / "r" / "tb_filter" / "report" / "summary.md").read_text().split("## Mechanism testbed")[1]
+    assert "Task filter-norm" in text and "| proj-gate | " in text and "gate_junk" in text
+    assert (tmp_path / "r" / "tb_filter" / "report" / "testbed_filter-norm.png").stat().st_size > 10_000
