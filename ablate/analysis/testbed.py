@@ -63,7 +63,8 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
     """Per arm: seeds learned, loss at the budget, area under the curve, and the signature (mean ± sd)."""
     panels, _ = _panels(tier)
     keys = [key for _, per_case in panels for key in per_case if key is not None]
-    names = [key if panels is FILTER_PANELS else " ".join(key.rsplit("_", 1)) for key in keys]  # Filter: as eval.json names them
+    # Filter's as eval.json names them; Abstain's as "first_key absent"
+    names = [key if panels is FILTER_PANELS else " ".join(key.rsplit("_", 1)) for key in keys]
     head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + names
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, summaries in by_arm.items():
