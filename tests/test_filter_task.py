@@ -173,3 +173,14 @@ def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
     text = (tmp_path / "r" / "tb_filter" / "report" / "summary.md").read_text().split("## Mechanism testbed")[1]
     assert "Task filter-norm" in text and "| proj-gate | " in text and "gate_junk" in text
     assert (tmp_path / "r" / "tb_filter" / "report" / "testbed_filter-norm.png").stat().st_size > 10_000
+
+
+def test_the_probes_validation_batches_of_a_filter_run_are_the_task_s():
+    from ablate.data.filter import filter_validation
+    from ablate.modelio import validation_batches_for_run
+    from ablate.tiers import TASK_CONFIG_KEY
+
+    batches = validation_batches_for_run({TASK_CONFIG_KEY: TASKS["filter-direction"]}, 2, 4)
+    expected = filter_validation(FilterTask(**TASKS["filter-direction"]), 4, 2)
+    assert len(batches) == 2 and all(torch.equal(a, b) for got, want in zip(batches, expected)
+                                     for a, b in zip(got, want))
