@@ -122,7 +122,8 @@ def filter_batch(task: FilterTask, batch_size: int, seed: int) -> tuple[torch.Te
     item_values = torch.cat([values, decoys], 1).gather(1, order)
     junk = (order >= n)
     pairs = task.first_pair + keys * task.n_values + item_values
-    noise = task.first_noise + torch.randint(task.n_noise, pairs.shape, generator=gen)  # drawn last: all else is the same for both marks
+    # Drawn last, so that all else is the same for both marks.
+    noise = task.first_noise + torch.randint(task.n_noise, pairs.shape, generator=gen)
     junk_marker = noise if task.mark == "norm" else torch.full_like(pairs, task.MARK)
     slots = torch.stack([junk_marker, pairs], 2).flatten(1)  # (marker, pair) per item; a clean item has no marker
     kept = torch.stack([junk, torch.ones_like(junk)], 2).flatten(1)
