@@ -170,7 +170,7 @@ class Experiment:
         for c, tier, arm in [(c, t, a) for c in self.hypotheses for t in self.tiers if c.at(t)
                              for a in (c.minuend, c.subtrahend) if a not in self.arm_names(t)]:
             raise AblateError(f"experiment {self.name!r}: comparison {c.name!r} names arm {arm!r}, which the "
-                              f"experiment does not run at tier {tier!r}; its arms there: "
+                              f"experiment does not run at tier {tier!r}; its arms: "
                               f"{', '.join(self.arm_names(tier))}")
 
     def comparisons(self) -> dict[str, list[Comparison]]:
