@@ -168,7 +168,9 @@ def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
     assert main(["table", *argv, "--kind", "declared"]) == 0
     declared = capsys.readouterr().out
     assert "| filter-norm | filter_norm_norm_gate (baseline − norm-gate) | 2 |" in declared
-    assert "| filter-norm | abstain_sink_logit" not in declared  # declared at the Abstain tier only
+    assert "| filter-norm | abstain_sink_logit" not in declared  # sink-logit does not run at filter-norm
+    assert main(["table", *argv, "--metric", "filter/gate_junk", "--reference", "norm-gate"]) == 0
+    assert "| filter-norm | proj-gate | 2 |" in capsys.readouterr().out  # the gates pair with each other
     assert main(["report", *argv]) == 0
     text = (tmp_path / "r" / "tb_filter" / "report" / "summary.md").read_text().split("## Mechanism testbed")[1]
     assert "Task filter-norm" in text and "| proj-gate | " in text and "gate_junk" in text
