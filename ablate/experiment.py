@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ablate.comparison import Comparison  # declared in experiment files: `from ablate.experiment import Comparison`
 from ablate.errors import AblateError
 from ablate.increments import gaps_of, increments_of
 from ablate.power import FAMILIES
@@ -46,34 +47,11 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """A declared comparison: Δ = L_minuend − L_subtrahend per seed at every tier (positive: the
-    subtrahend, the arm, lowers the loss), as the paired tables define Δ against a reference."""
-
-    name: str
-    minuend: str
-    subtrahend: str
-
-    def __post_init__(self):
-        check_name("comparison", self.name)
-        for role in ("minuend", "subtrahend"):
-            if not isinstance(getattr(self, role), str) or not getattr(self, role):
-                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not "
-                                  f"{getattr(self, role)!r}")
-        if self.minuend == self.subtrahend:
-            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two "
-                              "different arms")
-
-    @property
-    def description(self) -> str:
-        return f"{self.minuend} − {self.subtrahend}"
-
-
-@dataclass(frozen=True)
 class Experiment:
     """`arms="all"` means every registered arm at the time the grid is expanded, but the registered examples
     outside the study (`Arm.example`: qk-norm, temperature, alibi; `ablate.arms.study_arms`).
 
+    arms: a list for every tier, or a {tier: arms} mapping (each tier its own arms).
     seeds: one count for every tier, or a {tier: count} mapping; seeds are 0..count-1.
     overrides: run-config overrides for every run, or {tier: {...}} when keyed by tier names.
     hypotheses: the comparisons the experiment exists for (`Comparison`s, declared at every tier); the
@@ -84,7 +62,7 @@ class Experiment:
 
     name: str
     tiers: Sequence[str]
-    arms: Sequence[str] | str
+    arms: Sequence[str] | str | Mapping[str, Sequence[str]]
     seeds: int | Mapping[str, int]
     overrides: Mapping = field(default_factory=dict)
     description: str = ""
@@ -98,6 +76,8 @@ class Experiment:
         check_name("experiment", self.name)
         if isinstance(self.tiers, str) or (isinstance(self.arms, str) and self.arms != "all"):
             raise AblateError(f"experiment {self.name!r}: tiers and arms are lists of names (arms may be 'all')")
+        if isinstance(self.arms, Mapping):
+            self._check_tier_arms()
         counts = self.seeds.values() if isinstance(self.seeds, Mapping) else [self.seeds]
         for count in counts:
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
@@ -122,45 +102,56 @@ class Experiment:
                                   f"the grid's seeds at tier {tier!r} (0..{self.seed_count(tier) - 1}); the sweep's "
                                   "seeds must be others, so that the confirmatory runs use seeds the sweep did not")
 
+    def _check_tier_arms(self) -> None:
+        """A {tier: arms} mapping gives each of the experiment's tiers, and no other, a list of arms."""
+        for tier in set(self.arms) ^ set(self.tiers):
+            raise AblateError(f"experiment {self.name!r}: arms per tier names tier {tier!r}; it must name each "
+                              f"of its tiers once: {', '.join(self.tiers)}")
+        for tier, arms in self.arms.items():
+            if isinstance(arms, str) or not arms or not all(isinstance(a, str) for a in arms):
+                raise AblateError(f"experiment {self.name!r}: tier {tier!r}'s arms are a list of names, not {arms!r}")
+
     def _check_hypotheses(self) -> None:
         """Comparisons of two of the experiment's arms, each name once; the family a known one."""
         if self.family not in FAMILIES:
             raise AblateError(f"experiment {self.name!r}: unknown family {self.family!r}; valid families: "
                               f"{', '.join(FAMILIES)}")
-        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison)
-                                                                     for c in self.hypotheses):
-            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, "
-                              "minuend, subtrahend), "
-                              f"not {self.hypotheses!r}")
+        if isinstance(self.hypotheses, (str, Comparison)) or not all(isinstance(c, Comparison) for c in
+                                                                     self.hypotheses):
+            raise AblateError(f"experiment {self.name!r}: hypotheses is a list of Comparison(name, minuend, "
+                              f"subtrahend), not {self.hypotheses!r}")
         object.__setattr__(self, "hypotheses", tuple(self.hypotheses))
         names = [c.name for c in self.hypotheses]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise AblateError(f"experiment {self.name!r} declares comparison {twice[0]!r} twice; give each "
                               "a distinct name")
+        for comparison, tier in [(c, t) for c in self.hypotheses for t in c.tiers if t not in self.tiers]:
+            raise AblateError(f"experiment {self.name!r}: comparison {comparison.name!r} names tier {tier!r}, "
+                              f"which the experiment does not run; its tiers: {', '.join(self.tiers)}")
         if self.arms == "all":  # the registry loads torch; `comparisons()` checks these arms once it is asked
             return
-        self._check_arms(list(dict.fromkeys(self.arms)))
+        self._check_arms()
 
-    def _check_arms(self, arms: list[str]) -> None:
-        for comparison in self.hypotheses:
-            for arm in (comparison.minuend, comparison.subtrahend):
-                if arm not in arms:
-                    raise AblateError(f"experiment {self.name!r}: comparison {comparison.name!r} names arm {arm!r}, "
-                                      f"which the experiment does not run; its arms: {', '.join(arms)}")
+    def _check_arms(self) -> None:
+        for c, tier, arm in [(c, t, a) for c in self.hypotheses for t in self.tiers if c.at(t)
+                             for a in (c.minuend, c.subtrahend) if a not in self.arm_names(t)]:
+            raise AblateError(f"experiment {self.name!r}: comparison {c.name!r} names arm {arm!r}, which the "
+                              f"experiment does not run at tier {tier!r}; its arms: "
+                              f"{', '.join(self.arm_names(tier))}")
 
     def comparisons(self) -> dict[str, list[Comparison]]:
         """The declared comparisons of every tier ({} when none are declared)."""
         if not self.hypotheses:
             return {}
         if self.arms == "all":
-            self._check_arms(self.arm_names())
-        return {tier: list(self.hypotheses) for tier in self.tiers}
+            self._check_arms()
+        return {tier: [c for c in self.hypotheses if c.at(tier)] for tier in self.tiers}
 
     def family_size(self) -> int:
-        """m of the declared comparisons at every tier (0 when none are declared): what a sequential design splits
-        α over (it leaves the scale slopes exploratory)."""
-        return len(self.hypotheses) * (len(self.tiers) if self.family == "experiment" else 1)
+        """m of each declared comparison's family (0: none): the most a tier declares, or all tiers' together."""
+        counts = [sum(c.at(tier) for c in self.hypotheses) for tier in self.tiers]
+        return sum(counts) if self.family == "experiment" else max(counts, default=0)
 
     def planned_family_size(self) -> int:
         """m a fixed design's power plan splits α over: `family_size`, and with family="experiment" also the scale
@@ -179,8 +170,11 @@ class Experiment:
             raise AblateError(f"experiment {self.name!r} gives no seed count for tier {tier!r}")
         return int(self.seeds[tier])
 
-    def arm_names(self) -> list[str]:
-        """The experiment's arms, each once (a name listed twice is one arm: one run, not two)."""
+    def arm_names(self, tier: str | None = None) -> list[str]:
+        """The experiment's arms (at `tier`; None: at any tier), each once (a name listed twice is one arm)."""
+        if isinstance(self.arms, Mapping):
+            lists = [self.arms[tier]] if tier is not None else list(self.arms.values())
+            return list(dict.fromkeys(arm for arms in lists for arm in arms))
         from ablate.arms import study_arms  # the arm registry loads torch; status and tables do without it
 
         return study_arms() if self.arms == "all" else list(dict.fromkeys(self.arms))
@@ -206,27 +200,20 @@ class Experiment:
         for arm in all_arms:
             get_arm(arm)  # an experiment naming an unregistered arm fails before anything runs
         for tier in self.tiers:
-            get_tier(tier)
+            get_tier(tier)  # an unknown tier fails before anything runs
         chosen_tiers = list(dict.fromkeys(tiers or self.tiers))  # a name given twice is one tier
-        for tier in chosen_tiers:
-            if tier not in self.tiers:
-                raise AblateError(
-                    f"tier {tier!r} is not in experiment {self.name!r}; its tiers: {', '.join(self.tiers)}"
-                )
+        for tier in [t for t in chosen_tiers if t not in self.tiers]:
+            raise AblateError(f"tier {tier!r} is not in experiment {self.name!r}; its tiers: {', '.join(self.tiers)}")
         chosen_arms = list(dict.fromkeys(arms)) if arms else all_arms
-        for arm in chosen_arms:
-            if arm not in all_arms:
-                raise AblateError(
-                    f"arm {arm!r} is not in experiment {self.name!r}; its arms: {', '.join(all_arms)}"
-                )
+        for arm in [a for a in chosen_arms if a not in all_arms]:
+            raise AblateError(f"arm {arm!r} is not in experiment {self.name!r}; its arms: {', '.join(all_arms)}")
         specs = []
         for tier in chosen_tiers:
             valid_seeds = list(range(self.seed_count(tier)))
-            for seed in seeds if seeds is not None else valid_seeds:
-                if isinstance(seed, bool) or not isinstance(seed, int) or seed not in valid_seeds:
-                    raise AblateError(f"seed {seed} is not in tier {tier!r} of {self.name!r}; seeds: {valid_seeds}")
+            for seed in [s for s in seeds or [] if type(s) is not int or s not in valid_seeds]:  # bool: no seed
+                raise AblateError(f"seed {seed} is not in tier {tier!r} of {self.name!r}; seeds: {valid_seeds}")
             tier_seeds = [s for s in valid_seeds if seeds is None or s in seeds]
-            for arm in chosen_arms:
+            for arm in [a for a in chosen_arms if a in self.arm_names(tier)]:
                 for seed in tier_seeds:
                     specs.append(RunSpec(self.name, tier, arm, seed, self.tier_overrides(tier)))
         return specs
@@ -307,11 +294,8 @@ def experiment_file(spec: str | os.PathLike) -> Path:
     named = path is not None and not text.endswith(".py")
     if path is None or (named and not defines_experiment(path)):
         why = f" ({path} defines no `EXPERIMENT = Experiment(...)`)" if path is not None else ""
-        raise AblateError(
-            f"unknown experiment {text!r}{why}; valid experiments: "
-            f"{', '.join(available_experiments()) or '(none found)'}"
-            " (or a path to an experiments/*.py file)"
-        )
+        raise AblateError(f"unknown experiment {text!r}{why}; valid experiments: "
+                          f"{', '.join(available_experiments()) or '(none found)'} (or an experiments/*.py file)")
     return path.resolve()
 
 
@@ -393,8 +377,6 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
     folder = results_dir / name
     if not folder.is_dir():
         with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
-        raise AblateError(
-            f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
-            f"experiments with results there: {', '.join(with_runs) or '(none)'}"
-        )
+        raise AblateError(f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
+                          f"experiments with results there: {', '.join(with_runs) or '(none)'}")
     return folder

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from ablate.data import validation_batches
-from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask, synthetic_validation
+from ablate.data.filter import task_from_fields, task_validation
+from ablate.data.synthetic import SYNTHETIC_KEY
 from ablate.errors import AblateError
 from ablate.lock import FileLock
 from ablate.model import GPT, GPTConfig
@@ -104,7 +105,7 @@ def validation_batches_for_run(config: dict, n_batches: int, batch_size: int) ->
     if n_batches < 1 or batch_size < 1:
         raise AblateError(f"--batches and --batch-size must be ≥ 1, got {n_batches} and {batch_size}")
     if SYNTHETIC_KEY in config:
-        return synthetic_validation(SyntheticTask(**config[SYNTHETIC_KEY]), batch_size, n_batches)
+        return task_validation(task_from_fields(config[SYNTHETIC_KEY]), batch_size, n_batches)
     missing = [key for key in ("data_dir", "seq_len") if key not in config]
     if missing:
         raise AblateError(f"config.json of the run lacks {', '.join(missing)}: cannot find its validation tokens")

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from ablate.config import lr_at
-from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask, synthetic_batch, synthetic_validation
+from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
+from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
 from ablate.identity import config_fingerprint
 from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
@@ -46,7 +47,7 @@ SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is me
 def train_task_run(folder: Path, config: dict) -> dict:
     """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
     started, clock = now(), time.time()
-    task = SyntheticTask(**config[SYNTHETIC_KEY])
+    task = task_from_fields(config[SYNTHETIC_KEY])
     threads = torch.get_num_threads()
     torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
     try:
@@ -56,11 +57,11 @@ def train_task_run(folder: Path, config: dict) -> dict:
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         metrics = MetricsLog(folder / METRICS)
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
-        validation = synthetic_validation(task, VAL_BATCH, VAL_BATCHES)
+        validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
         curve, data_fingerprint = _train(model, task, config, validation, metrics)
         model.eval()
         val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
-        signature = answer_signature(model, task, validation)
+        signature = (filter_signature if isinstance(task, FilterTask) else answer_signature)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
         torch.set_num_threads(threads)
@@ -85,7 +86,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
     }
     _write_signature_eval(folder, task, summary)
     write_summary(folder, summary)
-    log.info("%s: val_loss %.4f, accuracy %.3f (absent %.3f)", folder, val_loss, accuracy, absent_accuracy)
+    log.info("%s: val_loss %.4f, accuracy %.3f (absent %s)", folder, val_loss, accuracy, absent_accuracy)
     return summary
 
 
@@ -102,7 +103,7 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
     metrics.write({"step": 0, "tokens": 0, "val_loss": curve[0][1]})
     model.train()
     for k in range(config["steps"]):
-        inputs, targets = synthetic_batch(task, config["global_batch"], training_seed(config["seed"], k))
+        inputs, targets = task_batch(task, config["global_batch"], training_seed(config["seed"], k))
         data_fingerprint = chain_fingerprint(data_fingerprint, torch.stack([inputs, targets], 1))
         loss, grad_norm = step(k + 1, lr_at(k, config), [(inputs, targets)])
         row = {"step": k + 1, "tokens": (k + 1) * config["global_batch"] * config["seq_len"], "lr": lr_at(k, config),
@@ -158,10 +159,10 @@ def _evaluate(model, task: SyntheticTask, validation) -> tuple[float, float, flo
         scored = targets != IGNORE
         loss = torch.nn.functional.cross_entropy(logits[scored], targets[scored], reduction="sum")
         correct = (logits.argmax(-1) == targets) & scored
-        absent = scored & (targets == task.NONE)
+        absent = scored & (targets == task.NONE) if hasattr(task, "NONE") else torch.zeros_like(scored)
         totals += torch.stack([loss.double(), *(m.sum().double() for m in (scored, correct, absent, correct & absent))])
     loss, answers, correct, absent, correct_absent = totals.tolist()
-    return loss / answers, correct / answers, correct_absent / max(1.0, absent)
+    return loss / answers, correct / answers, (correct_absent / max(1.0, absent) if hasattr(task, "NONE") else None)
 
 
 @torch.no_grad()
@@ -195,6 +196,7 @@ def _write_signature_eval(folder: Path, task: SyntheticTask, summary: dict) -> N
     them by nature: each is stated higher_is_better=True, so a table's positive Δ means the arm has more)."""
     quantities = {**summary["signature"],
                   "val_accuracy": summary["val_accuracy"], "absent_accuracy": summary["absent_accuracy"]}
+    quantities = {name: value for name, value in quantities.items() if value is not None}  # an arm without a gate
     entry = {"settings": {"task_version": SIGNATURE_VERSION, "lm_eval_version": None, "limit": None,
                           "num_fewshot": 0, "data": "synthetic:" + task_fingerprint(task)},
              "metrics": {name: {"value": value, "stderr": None, "higher_is_better": True}
@@ -203,5 +205,41 @@ def _write_signature_eval(folder: Path, task: SyntheticTask, summary: dict) -> N
     atomic_write_json(folder / EVAL_FILE, {"tasks": {task_name(task): entry}})
 
 
-def task_name(task: SyntheticTask) -> str:
-    return "abstain"
+def task_name(task) -> str:
+    return "filter" if isinstance(task, FilterTask) else "abstain"
+
+
+@torch.no_grad()
+def filter_signature(model, task: FilterTask, batches) -> dict:
+    """The last (retrieval) layer of a Filter run, mean over heads: at answer positions, the attention mass on
+    junk and on clean reads (`junk_mass`, `clean_mass`), the junk's weight in the read after any value gate
+    (`junk_weight`: Σ over junk reads of p_ij·g_j, g = 1 without a gate) and the read's norm (`output_norm`,
+    ‖Σ_j p_ij g_j v_j‖); over the reads themselves, the value gate on junk and on clean reads (`gate_junk`,
+    `gate_clean`; None for an arm without a value gate)."""
+    sums = dict.fromkeys(("junk_mass", "clean_mass", "junk_weight", "output_norm", "gate_junk", "gate_clean"), 0.0)
+    answers = junk_reads = clean_reads = 0
+    gated = False
+    for inputs, targets in batches:
+        record = model(inputs, record=True).records[-1]
+        weights = record.weights.double()  # (B, H, T, T)
+        groups = weights.shape[1] // record.values.shape[1]
+        values = record.values.double().repeat_interleave(groups, dim=1)  # (B, H, T, d)
+        gate = (torch.ones_like(weights[..., 0, :]) if record.value_gate is None
+                else record.value_gate.double()[..., 0].repeat_interleave(groups, dim=1))  # (B, H, T)
+        junk, clean, scored = task.junk_reads(inputs), task.clean_reads(inputs), targets != IGNORE
+        per_answer = {"junk_mass": (weights * junk[:, None, None]).sum(-1),
+                      "clean_mass": (weights * clean[:, None, None]).sum(-1),
+                      "junk_weight": (weights * (gate * junk[:, None])[:, :, None]).sum(-1),
+                      "output_norm": (weights @ values).norm(dim=-1)}  # each (B, H, T)
+        for name, value in per_answer.items():
+            sums[name] += float(value.mean(1)[scored].sum())
+        answers += int(scored.sum())
+        junk_reads, clean_reads = junk_reads + int(junk.sum()), clean_reads + int(clean.sum())
+        if record.value_gate is not None:
+            gated = True
+            sums["gate_junk"] += float(gate.mean(1)[junk].sum())
+            sums["gate_clean"] += float(gate.mean(1)[clean].sum())
+    out = {name: sums[name] / max(1, answers) for name in ("junk_mass", "clean_mass", "junk_weight", "output_norm")}
+    out["gate_junk"] = sums["gate_junk"] / max(1, junk_reads) if gated else None
+    out["gate_clean"] = sums["gate_clean"] / max(1, clean_reads) if gated else None
+    return out

@@ -123,6 +123,31 @@ TIERS["synthetic"] = Tier(
     val_interval=25, val_tokens=1, final_val_tokens=1, checkpoint_interval=10**9, micro_batch=64, data_dir="",
     tokenizer="synthetic", vocab_size=task_vocab_size(TASKS["abstain"]), log_interval=1, task="abstain",
     min_lr_ratio=1.0)
+# Filter, the testbed's second task (`ablate.data.filter.FilterTask` fields): junk reads marked by their own token
+# block (filter-norm) or by a MARK token in front of an ordinary pair (filter-direction). Sizes, budget and learning
+# rate chosen on the baseline alone (docs/method.md, "The mechanism testbed").
+FILTER_SIZES = {"n_keys": 8, "n_values": 4, "n_pairs": 3, "n_junk": 1, "n_queries": 3, "n_noise": 16}
+TASKS["filter-norm"] = {**FILTER_SIZES, "mark": "norm"}
+TASKS["filter-direction"] = {**FILTER_SIZES, "mark": "direction"}
+
+
+def filter_vocab_size(fields: dict) -> int:
+    """BOS, CLEAN, MARK, noise, values, query keys, pairs (as `FilterTask.vocab_size`; a test holds them equal)."""
+    return 3 + fields["n_noise"] + fields["n_values"] + fields["n_keys"] * (1 + fields["n_values"])
+
+
+def filter_seq_len(fields: dict) -> int:
+    return 1 + fields["n_pairs"] + 2 * fields["n_junk"] + fields["n_queries"]
+
+
+FILTER_STEPS = 1500
+for _name in ("filter-norm", "filter-direction"):
+    TIERS[_name] = replace(
+        TIERS["smoke"], name=_name, nominal_params=0.1e6, seq_len=filter_seq_len(TASKS[_name]), global_batch=128,
+        tokens=FILTER_STEPS * 128 * filter_seq_len(TASKS[_name]), lr=5e-3, warmup_steps=50, seeds=5, val_interval=50,
+        val_tokens=1, final_val_tokens=1, checkpoint_interval=10**9, micro_batch=128, data_dir="",
+        tokenizer="synthetic", vocab_size=filter_vocab_size(TASKS[_name]), log_interval=1, task=_name,
+        min_lr_ratio=1.0)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)

@@ -137,3 +137,20 @@ def test_the_table_command_takes_the_family_from_the_experiment_file(tmp_path, c
     out = capsys.readouterr().out
     assert "zero_option (baseline − sink-logit)" in out and "declared family only" in out
     assert np.isfinite([r["p"] for r in rows if r["p"] is not None]).all()
+
+
+def test_a_comparison_declared_at_some_tiers_is_tested_and_adjusted_there_only(runs):
+    """`Comparison(..., tiers=)`: its pairs at other tiers are no rows of the declared table and no members of
+    those tiers' Holm families."""
+    everywhere = Declared.of([Comparison(*STUDY[0]), Comparison(*STUDY[1])])
+    restricted = Declared.of([Comparison(*STUDY[0]), Comparison(*STUDY[1], tiers=("50M",))])
+    full = build_table(runs, "declared", declared=everywhere).frame
+    some = build_table(runs, "declared", declared=restricted).frame
+    assert set(some.filter(comparison="filtering_norm")["tier"]) == {"50M"}
+    assert set(full.filter(comparison="filtering_norm")["tier"]) > {"50M"}
+    assert set(some.filter(comparison="zero_option")["tier"]) == set(full.filter(comparison="zero_option")["tier"])
+    # at 10M the family is the zero option alone: its p_holm is its p; at 50M both are in it, as before
+    ten = some.filter(tier="10M", comparison="zero_option").row(0, named=True)
+    assert ten["p_holm"] == pytest.approx(ten["p"])
+    fifty = some.filter(tier="50M")
+    assert fifty.select("p_holm").equals(full.filter(tier="50M").select("p_holm"))

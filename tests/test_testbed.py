@@ -83,8 +83,8 @@ def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[st
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability.lower()
-    subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--arms", "baseline", "sink-logit",
-                    "--executor", "local", "--parallel", "2", "--results", str(results)],
+    subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--tier", "synthetic", "--arms",
+                    "baseline", "sink-logit", "--executor", "local", "--parallel", "2", "--results", str(results)],
                    env=env, check=True, capture_output=True)
     folder = results / "testbed"
     summaries = [json.loads(p.read_text()) for p in folder.glob("synthetic/*/seed*/summary.json")]

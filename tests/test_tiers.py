@@ -71,7 +71,8 @@ def test_gpt2_tiers_have_gpt2_shapes_and_the_same_budgets():
         assert all(getattr(tier, f) == getattr(ref, f) for f in same)
         assert abs(non_embedding(name, "baseline", False) / non_emb - 1) < 0.01
         assert abs(tier.nominal_params / non_emb - 1) < 0.01
-    assert TIER_ORDER == ("smoke", "synthetic", "10M", "50M", "124M-gpt2", "124M", "350M-gpt2", "350M")
+    assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "10M", "50M", "124M-gpt2", "124M",
+                          "350M-gpt2", "350M")
 
 
 def test_docstring_names_the_learning_rates_the_tiers_use():

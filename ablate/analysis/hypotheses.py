@@ -51,15 +51,17 @@ class Declared:
     comparisons: tuple[tuple[str, str, str], ...]
     family: str = "tier"
     design: dict | None = None
+    tiers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name, tiers) of a comparison declared at those only
 
     @classmethod
     def of(cls, comparisons, family: str = "tier", design: dict | None = None) -> Declared:
-        """From `Comparison`s (anything with name, minuend, subtrahend) or triples."""
+        """From `Comparison`s (anything with name, minuend, subtrahend, and maybe tiers) or triples."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
         if family not in FAMILIES:
             raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
-        return cls(triples, family, design)
+        where = tuple((c.name, tuple(c.tiers)) for c in comparisons if getattr(c, "tiers", ()))
+        return cls(triples, family, design, where)
 
     @property
     def pairs(self) -> dict[tuple[str, str], str]:
@@ -112,6 +114,8 @@ def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame
             notes.append(_skip_note(f"declared comparison {name}", (minuend, subtrahend), absent))
             continue
         diffs = paired_differences(runs.completed, [subtrahend], minuend)
+        if name in dict(declared.tiers):  # declared at some tiers only: its other tiers' pairs are not tested
+            diffs = diffs.filter(pl.col("tier").is_in(list(dict(declared.tiers)[name])))
         parts.append(diffs.select("tier", pl.lit(name).alias("comparison"), "seed", "diff", "scale"))
     schema = {"tier": pl.String, "comparison": pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64}
     frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)

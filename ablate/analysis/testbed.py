@@ -1,7 +1,8 @@
 """The mechanism testbed's section: each task tier's signature per arm with its seeds (a table and a figure).
 
 Read from the counted runs' summaries (`signature`, `val_accuracy`, `val_loss_auc`, written by
-`ablate.taskrun`); the paired tests of these quantities are the metric tables (`--metric abstain/NAME`), and
+`ablate.taskrun`); the paired tests of these quantities are the metric tables (`--metric abstain/NAME`,
+`--metric filter/NAME`), and
 the declared predictions are decided on the loss in the declared table. Why a figure of dots and not of bars:
 with five seeds, each seed is worth seeing, and a mechanism that only some seeds build shows as a split.
 """
@@ -16,12 +17,26 @@ import polars as pl
 
 from ablate.analysis.plots import _save, arm_colours, figure
 from ablate.store import SUMMARY, read_json
-from ablate.tiers import TIERS
+from ablate.tiers import TASKS, TIERS
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
 SIGNATURE = (("first_key", "mass on the first key (BOS)"), ("phantom", "mass on the phantom key"),
              ("output_norm", "norm of the head's read"))
 CASES = ("absent", "present")
+# Filter's signature: per panel its title and, per case (junk read, clean read), the summary key (None: no such case)
+FILTER_PANELS = (("attention mass at answers", ("junk_mass", "clean_mass")),
+                 ("value gate on the read", ("gate_junk", "gate_clean")),
+                 ("junk's weight after the gate", ("junk_weight", None)),
+                 ("norm of the head's read", ("output_norm", None)))
+FILTER_CASES = ("junk reads", "clean reads")
+
+
+def _panels(tier: str) -> tuple[tuple, tuple[str, ...]]:
+    """The tier's task's signature as ((title, (key per case, …)), …) and its case labels."""
+    if "mark" in TASKS.get(TIERS[tier].task, {}):
+        return FILTER_PANELS, FILTER_CASES
+    return tuple((title, tuple(f"{key}_{case}" for case in CASES)) for key, title in SIGNATURE), (
+        "key absent", "key present")
 
 
 def task_runs(runs) -> dict[str, dict[str, list[dict]]]:
@@ -36,7 +51,8 @@ def task_runs(runs) -> dict[str, dict[str, list[dict]]]:
     return {tier: {arm: by_arm[arm] for arm in runs.arm_order if arm in by_arm} for tier, by_arm in out.items()}
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float | None]) -> str:
+    values = [v for v in values if v is not None]  # None: a quantity the arm has not (no value gate)
     if not values:
         return "–"
     sd = statistics.stdev(values) if len(values) > 1 else math.nan
@@ -45,38 +61,44 @@ def _mean_sd(values: list[float]) -> str:
 
 def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
     """Per arm: seeds learned, loss at the budget, area under the curve, and the signature (mean ± sd)."""
-    head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + [f"{key} {case}" for key, _ in SIGNATURE
-                                                                   for case in CASES]
+    panels, _ = _panels(tier)
+    keys = [key for _, per_case in panels for key in per_case if key is not None]
+    # Filter's as eval.json names them; Abstain's as "first_key absent"
+    names = [key if panels is FILTER_PANELS else " ".join(key.rsplit("_", 1)) for key in keys]
+    head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + names
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, summaries in by_arm.items():
         learned = sum(s["val_accuracy"] >= LEARNED_ACCURACY for s in summaries)
         cells = [arm, f"{learned}/{len(summaries)}", _mean_sd([s["val_loss"] for s in summaries]),
                  _mean_sd([s["val_loss_auc"] for s in summaries])]
-        cells += [_mean_sd([s["signature"][f"{key}_{case}"] for s in summaries]) for key, _ in SIGNATURE
-                  for case in CASES]
+        cells += [_mean_sd([s["signature"].get(key) for s in summaries]) for key in keys]
         lines.append("| " + " | ".join(cells) + " |")
+    where = ("junk: reads of a queried key that carry a decoy value; the gate is measured on the reads themselves, "
+             "the rest at answer positions; – for an arm without a value gate" if panels is FILTER_PANELS
+             else "absent: queries whose key was never stored")
     return (f"Task {TIERS[tier].task} (tier {tier}): a run learned the task when its answer accuracy on the fixed "
-            f"validation set is at least {LEARNED_ACCURACY}. The signature is measured at answer positions of the last "
-            "layer, mean over heads; absent: queries whose key was never stored. Mean ± sd over seeds.\n\n"
-            + "\n".join(lines))
+            f"validation set is at least {LEARNED_ACCURACY}. The signature is measured in the last layer, mean over "
+            f"heads; {where}. Mean ± sd over seeds.\n\n" + "\n".join(lines))
 
 
 def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
     """One panel per signature quantity; per arm its seeds as dots at absent and present keys."""
     colours = arm_colours(list(by_arm))
-    fig = figure(figsize=(12, 4))
-    axes = fig.subplots(1, len(SIGNATURE))
+    panels, labels = _panels(tier)
+    fig = figure(figsize=(4 * len(panels), 4))
+    axes = fig.subplots(1, len(panels))
     width = 0.8 / max(len(by_arm), 1)
-    for ax, (key, title) in zip(axes, SIGNATURE):
+    for ax, (title, per_case) in zip(axes, panels):
         for k, (arm, summaries) in enumerate(by_arm.items()):
-            for i, case in enumerate(CASES):
+            for i, key in enumerate(per_case):
                 x = i + (k - (len(by_arm) - 1) / 2) * width
-                values = [s["signature"][f"{key}_{case}"] for s in summaries]
+                values = [v for v in (s["signature"].get(key) for s in summaries) if key and v is not None]
                 ax.scatter([x] * len(values), values, s=14, color=colours[arm], label=arm if i == 0 else None)
-        ax.set_xticks(range(len(CASES)), labels=["key absent", "key present"])
+        shown = [label for label, key in zip(labels, per_case) if key is not None]
+        ax.set_xticks(range(len(shown)), labels=shown)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[-1].legend(fontsize=8)
-    fig.suptitle(f"Mechanism testbed, task {TIERS[tier].task}: the last layer at answer positions, one dot per seed",
+    fig.suptitle(f"Mechanism testbed, task {TIERS[tier].task}: the last layer, one dot per seed",
                  fontsize=10)
     _save(fig, path)
