@@ -57,6 +57,10 @@ def train_task_run(folder: Path, config: dict) -> dict:
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         metrics = MetricsLog(folder / METRICS)
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
+        write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
+            "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
+            "status": "running", "val_loss": None, "steps": 0, "total_steps": config["steps"],
+            "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
         curve, data_fingerprint = _train(model, task, config, validation, metrics)
         model.eval()

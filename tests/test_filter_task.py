@@ -186,3 +186,26 @@ def test_the_probes_validation_batches_of_a_filter_run_are_the_task_s():
     expected = filter_validation(FilterTask(**TASKS["filter-direction"]), 4, 2)
     assert len(batches) == 2 and all(torch.equal(a, b) for got, want in zip(batches, expected)
                                      for a, b in zip(got, want))
+
+
+def test_a_task_run_that_is_training_is_running_in_status_never_damaged(tmp_path, monkeypatch):
+    """A task run writes its summary.json as "running" before its first step, as a corpus run does, so
+    `ablate status` of a run still training says running (metrics without a summary would read as damaged)."""
+    import ablate.taskrun as taskrun
+    from ablate.experiment import Experiment
+    from ablate.status import SlurmView, run_status
+    from ablate.train import run
+
+    experiment = Experiment(name="busy", tiers=("filter-norm",), arms=("baseline",), seeds=1,
+                            overrides={"steps": 3, "val_interval": 1})
+    spec = experiment.runs()[0]
+    seen, real = [], taskrun._evaluate  # after the last step: metrics.jsonl holds every step's row
+
+    def watching(*args, **kwargs):
+        seen.append(run_status(tmp_path, spec, {"runs": {}}, SlurmView())["state"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(taskrun, "_evaluate", watching)
+    run(spec, results=tmp_path, progress=False)
+    assert seen and set(seen) == {"running"}  # at every evaluation, the last after the last step
+    assert run_status(tmp_path, spec, {"runs": {}}, SlurmView())["state"] == "completed"
