@@ -137,7 +137,7 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     each worker process, so its arm trains beside the baseline; then the tables and the testbed's section."""
     (tmp_path / "my_arms.py").write_text(ARM_FILE)
     results = tmp_path / "results"
-    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--steps", "20", "--seeds",
+    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--steps", "20", "--seed-count",
             "2", "--parallel", "1", "--results", str(results)]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -22,7 +22,7 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--steps", type=int, metavar="N",
                         help="a smaller budget for a quick look (its runs go to testbed_stepsN, apart from the "
                              "default budget's)")
-    parser.add_argument("--seeds", type=int, metavar="K", help="the first K seeds only (default: the testbed's)")
+    parser.add_argument("--seed-count", type=int, metavar="K", help="the first K seeds only (default: the testbed's)")
     parser.add_argument("--parallel", type=int, help="runs at a time (default: CPU count)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.set_defaults(func=testbed_command)
@@ -53,14 +53,14 @@ def _experiment(args):
     arms = tuple(dict.fromkeys(("baseline", *args.arm)))
     changes = {"arms": arms, "hypotheses": tuple(h for h in testbed.hypotheses  # those whose arms run
                                                  if {h.minuend, h.subtrahend} <= set(arms))}
-    for name, value in (("--steps", args.steps), ("--seeds", args.seeds), ("--parallel", args.parallel)):
+    for name, value in (("--steps", args.steps), ("--seed-count", args.seed_count), ("--parallel", args.parallel)):
         if value is not None and value < 1:
             raise AblateError(f"{name} {value}: give a positive whole number")
     if args.steps:
         changes |= {"name": f"testbed_steps{args.steps}", "overrides": {**testbed.overrides, "steps": args.steps,
                                                                         "val_interval": min(args.steps, 10)}}
-    if args.seeds:
-        changes["seeds"] = args.seeds
+    if args.seed_count:
+        changes["seeds"] = args.seed_count
     return testbed, dataclasses.replace(testbed, **changes)
 
 
