@@ -115,14 +115,15 @@ def task_seq_len(fields: dict) -> int:
     return 1 + fields["n_pairs"] + fields["n_queries"]
 
 
-# synthetic: the mechanism testbed's tier (experiments/testbed.py). Sizes, budget and learning rate were chosen
-# on the baseline alone so that every seed learns the task (docs/method.md, "The mechanism testbed").
+# synthetic: the mechanism testbed's tier (experiments/testbed.py). Sizes, budget, learning rate, warm-up and decay
+# were chosen on the baseline alone (benchmarks/testbed_design.py), so that its seeds 0..15 all reach the
+# learned criterion under AVX2 and AVX-512 kernels, by step 150 of 500 (docs/method.md, "The mechanism testbed").
 TIERS["synthetic"] = Tier(
     "synthetic", 0.1e6, n_layer=2, d_model=64, n_head=2, n_kv_head=2, seq_len=task_seq_len(TASKS["abstain"]),
-    global_batch=64, tokens=500 * 64 * task_seq_len(TASKS["abstain"]), lr=5e-3, warmup_steps=50, seeds=5,
+    global_batch=64, tokens=500 * 64 * task_seq_len(TASKS["abstain"]), lr=2e-3, warmup_steps=100, seeds=5,
     val_interval=25, val_tokens=1, final_val_tokens=1, checkpoint_interval=10**9, micro_batch=64, data_dir="",
     tokenizer="synthetic", vocab_size=task_vocab_size(TASKS["abstain"]), log_interval=1, task="abstain",
-    min_lr_ratio=1.0)
+    min_lr_ratio=0.1)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)
