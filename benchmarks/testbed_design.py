@@ -1,0 +1,123 @@
+"""Does the testbed's baseline learn the Abstain task in every seed, under each CPU kernel set?
+
+    python benchmarks/testbed_design.py --seeds 16 --kernels avx2 native [--set global_batch=256 ...]
+
+Trains the baseline of tier `synthetic` (its config as `ablate submit` resolves it, with `--set` tier fields
+replaced: the design being tried) for each seed, one subprocess per kernel set (`ATEN_CPU_CAPABILITY`; native:
+unset, the machine's own), and prints per seed the first checked step at which its answer accuracy on the fixed
+validation set reached `LEARNED_ACCURACY`, its accuracy at the budget, and the CPU time. A run learned when its
+accuracy at the budget is at least `LEARNED_ACCURACY` (docs/method.md, "The mechanism testbed"). The baseline
+only: the design is chosen before, and without, any other arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _train_seed(config: dict, check: int) -> dict:
+    import torch
+
+    from ablate.config import lr_at
+    from ablate.data.synthetic import SyntheticTask, synthetic_batch, synthetic_validation
+    from ablate.loop import Step, make_optimizer
+    from ablate.model import GPT, GPTConfig
+    from ablate.taskrun import VAL_BATCH, VAL_BATCHES, _evaluate, training_seed
+
+    from ablate.analysis.testbed import LEARNED_ACCURACY
+
+    task = SyntheticTask(**config["synthetic_task"])
+    torch.manual_seed(config["seed"])
+    model = GPT(GPTConfig(**config["model"]))
+    model.init_weights(config["seed"])
+    validation = synthetic_validation(task, VAL_BATCH, VAL_BATCHES)
+    optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
+    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
+    clock, learned_at, accuracy = time.process_time(), None, 0.0
+    model.train()
+    for k in range(config["steps"]):
+        batch = synthetic_batch(task, config["global_batch"], training_seed(config["seed"], k))
+        step(k + 1, lr_at(k, config), [batch])
+        if (k + 1) % check == 0 or k + 1 == config["steps"]:
+            accuracy = _evaluate(model, task, validation)[1]
+            model.train()
+            if learned_at is None and accuracy >= LEARNED_ACCURACY:
+                learned_at = k + 1
+    return {"seed": config["seed"], "learned_at": learned_at, "accuracy": accuracy,
+            "learned": accuracy >= LEARNED_ACCURACY, "cpu_s": time.process_time() - clock}
+
+
+def _configs(seeds: int, first: int, design: dict) -> list[dict]:
+    from ablate import tiers
+    from ablate.config import resolve_config
+    from ablate.experiment import RunSpec
+
+    task_fields = {k: v for k, v in design.items() if k in tiers.TASKS["abstain"]}
+    tier_fields = {k: v for k, v in design.items() if k not in task_fields and k != "steps"}
+    fields = tiers.TASKS["abstain"] = {**tiers.TASKS["abstain"], **task_fields}
+    tier = dataclasses.replace(tiers.TIERS["synthetic"], seq_len=tiers.task_seq_len(fields),
+                               vocab_size=tiers.task_vocab_size(fields), **tier_fields)
+    steps = design.get("steps", tier.steps)  # steps given: the budget in tokens follows
+    tiers.TIERS["synthetic"] = dataclasses.replace(tier, tokens=int(steps) * tier.global_batch * tier.seq_len)
+    return [resolve_config(RunSpec("bench", "synthetic", "baseline", seed)) for seed in range(first, first + seeds)]
+
+
+def _child(args) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    for config in _configs(args.seeds, args.first_seed, dict(args.design)):
+        print(json.dumps(_train_seed(config, args.check)), flush=True)
+
+
+def _parse_set(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected FIELD=PYTHON_LITERAL") from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--kernels", nargs="+", default=["avx2", "native"], help="ATEN_CPU_CAPABILITY values")
+    parser.add_argument("--check", type=int, default=25, help="steps between accuracy checks")
+    parser.add_argument("--set", dest="design", type=_parse_set, action="append", default=[],
+                        help="a tier or task field of the design tried, e.g. lr=3e-3 or steps=400")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args)
+    children = {}
+    for kernels in args.kernels:
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if kernels != "native":
+            env["ATEN_CPU_CAPABILITY"] = kernels
+        command = [sys.executable, __file__, "--child", "--seeds", str(args.seeds), "--first-seed",
+                   str(args.first_seed), "--check", str(args.check)]
+        command += [arg for key, value in args.design for arg in ("--set", f"{key}={value!r}")]
+        children[kernels] = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    print(f"design: {dict(args.design) or 'the tier as it is'}")
+    for kernels, child in children.items():
+        rows = [json.loads(line) for line in child.stdout]
+        if child.wait() != 0:
+            raise SystemExit(f"the {kernels} run failed")
+        learned = [r for r in rows if r["learned"]]
+        print(f"{kernels}: {len(learned)}/{len(rows)} seeds learned; CPU {sum(r['cpu_s'] for r in rows):.0f} s")
+        for r in rows:
+            print(f"  seed {r['seed']:2d}: accuracy {r['accuracy']:.3f} at the budget, first >= criterion at step "
+                  f"{r['learned_at']}, CPU {r['cpu_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
