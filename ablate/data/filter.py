@@ -39,13 +39,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ablate.data.synthetic import IGNORE, VALIDATION_SEED_OFFSET, SyntheticTask, synthetic_batch, synthetic_validation
+from ablate.data.synthetic import (IGNORE, VALIDATION_SEED_OFFSET, PairTokens, SyntheticTask, synthetic_batch,
+                                   synthetic_validation)
 
 MARKS = ("norm", "direction")
 
 
 @dataclass(frozen=True)
-class FilterTask:
+class FilterTask(PairTokens):
     """Sizes of the Filter task. Token ids: BOS, (1, unused), MARK, noise tokens, values, query keys, pairs."""
 
     n_keys: int = 8  # distinct keys
@@ -76,18 +77,6 @@ class FilterTask:
     @property
     def first_value(self) -> int:
         return self.first_noise + self.n_noise
-
-    @property
-    def first_query(self) -> int:
-        return self.first_value + self.n_values
-
-    @property
-    def first_pair(self) -> int:
-        return self.first_query + self.n_keys
-
-    @property
-    def vocab_size(self) -> int:
-        return self.first_pair + self.n_keys * self.n_values
 
     @property
     def seq_len(self) -> int:
@@ -121,7 +110,7 @@ def filter_batch(task: FilterTask, batch_size: int, seed: int) -> tuple[torch.Te
     keys = torch.cat([stored, stored.gather(1, spoiled)], 1).gather(1, order)
     item_values = torch.cat([values, decoys], 1).gather(1, order)
     junk = (order >= n)
-    pairs = task.first_pair + keys * task.n_values + item_values
+    pairs = task.pair_token(keys, item_values)
     # Drawn last, so that all else is the same for both marks.
     noise = task.first_noise + torch.randint(task.n_noise, pairs.shape, generator=gen)
     junk_marker = noise if task.mark == "norm" else torch.full_like(pairs, task.MARK)

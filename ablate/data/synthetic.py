@@ -37,8 +37,28 @@ SYNTHETIC_KEY = TASK_CONFIG_KEY  # config.json key of a run trained on the synth
 VALIDATION_SEED_OFFSET = 2**62  # validation batches never coincide with training batches
 
 
+class PairTokens:
+    """The token ids both recall tasks share after their own first ones (`first_value`): the values, the query
+    keys q(k), and the pair tokens p(k, v), key × value (a task has n_keys and n_values)."""
+
+    @property
+    def first_query(self) -> int:
+        return self.first_value + self.n_values
+
+    @property
+    def first_pair(self) -> int:
+        return self.first_query + self.n_keys
+
+    @property
+    def vocab_size(self) -> int:
+        return self.first_pair + self.n_keys * self.n_values
+
+    def pair_token(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return self.first_pair + key * self.n_values + value
+
+
 @dataclass(frozen=True)
-class SyntheticTask:
+class SyntheticTask(PairTokens):
     """Sizes of the recall task. Token ids: NONE, BOS, values, query keys, pair tokens (key × value)."""
 
     n_keys: int = 8  # distinct keys
@@ -77,23 +97,9 @@ class SyntheticTask:
         return 2
 
     @property
-    def first_query(self) -> int:
-        return self.first_value + self.n_values
-
-    @property
-    def first_pair(self) -> int:
-        return self.first_query + self.n_keys
-
-    @property
-    def vocab_size(self) -> int:
-        return self.first_pair + self.n_keys * self.n_values
-
-    @property
     def seq_len(self) -> int:
         return 1 + self.n_pairs + self.n_queries
 
-    def pair_token(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return self.first_pair + key * self.n_values + value
 
 
 def synthetic_batch(task: SyntheticTask, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
