@@ -1,9 +1,11 @@
-"""Does the testbed's baseline learn the Abstain task in every seed, under each CPU kernel set?
+"""Does the testbed's baseline learn its task in every seed, under each CPU kernel set?
 
-    python benchmarks/testbed_design.py --seeds 16 --kernels avx2 native [--set global_batch=256 ...]
+    python benchmarks/testbed_design.py --seeds 16 --kernels avx2 native [--tier filter-direction]
+                                        [--set global_batch=256 ...]
 
-Trains the baseline of tier `synthetic` (its config as `ablate submit` resolves it, with `--set` tier fields
-replaced: the design being tried) for each seed, one subprocess per kernel set (`ATEN_CPU_CAPABILITY`; native:
+Trains the baseline of a task tier (`synthetic`, Abstain, by default; `filter-norm`, `filter-direction`: Filter;
+its config as `ablate submit` resolves it, with `--set` tier or task fields replaced: the design being tried)
+for each seed, one subprocess per kernel set (`ATEN_CPU_CAPABILITY`; native:
 unset, the machine's own), and prints per seed the first checked step at which its answer accuracy on the fixed
 validation set reached `LEARNED_ACCURACY`, its accuracy at the budget, and the CPU time. A run learned when its
 accuracy at the budget is at least `LEARNED_ACCURACY` (docs/method.md, "The mechanism testbed"). The baseline
@@ -26,25 +28,25 @@ def _train_seed(config: dict, check: int) -> dict:
     import torch
 
     from ablate.config import lr_at
-    from ablate.data.synthetic import SyntheticTask, synthetic_batch, synthetic_validation
+    from ablate.data.filter import task_batch, task_from_fields, task_validation
     from ablate.loop import Step, make_optimizer
     from ablate.model import GPT, GPTConfig
     from ablate.taskrun import VAL_BATCH, VAL_BATCHES, _evaluate, training_seed
 
     from ablate.analysis.testbed import LEARNED_ACCURACY
 
-    task = SyntheticTask(**config["synthetic_task"])
+    task = task_from_fields(config["synthetic_task"])
     torch.manual_seed(config["seed"])
     model = GPT(GPTConfig(**config["model"]))
     model.init_weights(config["seed"])
-    validation = synthetic_validation(task, VAL_BATCH, VAL_BATCHES)
+    validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
     optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
                 clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
     clock, learned_at, accuracy = time.process_time(), None, 0.0
     model.train()
     for k in range(config["steps"]):
-        batch = synthetic_batch(task, config["global_batch"], training_seed(config["seed"], k))
+        batch = task_batch(task, config["global_batch"], training_seed(config["seed"], k))
         step(k + 1, lr_at(k, config), [batch])
         if (k + 1) % check == 0 or k + 1 == config["steps"]:
             accuracy = _evaluate(model, task, validation)[1]
@@ -55,26 +57,28 @@ def _train_seed(config: dict, check: int) -> dict:
             "learned": accuracy >= LEARNED_ACCURACY, "cpu_s": time.process_time() - clock}
 
 
-def _configs(seeds: int, first: int, design: dict) -> list[dict]:
+def _configs(tier_name: str, seeds: int, first: int, design: dict) -> list[dict]:
     from ablate import tiers
     from ablate.config import resolve_config
     from ablate.experiment import RunSpec
 
-    task_fields = {k: v for k, v in design.items() if k in tiers.TASKS["abstain"]}
+    tier = tiers.get_tier(tier_name)
+    task_fields = {k: v for k, v in design.items() if k in tiers.TASKS[tier.task]}
     tier_fields = {k: v for k, v in design.items() if k not in task_fields and k != "steps"}
-    fields = tiers.TASKS["abstain"] = {**tiers.TASKS["abstain"], **task_fields}
-    tier = dataclasses.replace(tiers.TIERS["synthetic"], seq_len=tiers.task_seq_len(fields),
-                               vocab_size=tiers.task_vocab_size(fields), **tier_fields)
+    fields = tiers.TASKS[tier.task] = {**tiers.TASKS[tier.task], **task_fields}
+    sizes = (tiers.filter_seq_len, tiers.filter_vocab_size) if "mark" in fields else (
+        tiers.task_seq_len, tiers.task_vocab_size)
+    tier = dataclasses.replace(tier, seq_len=sizes[0](fields), vocab_size=sizes[1](fields), **tier_fields)
     steps = design.get("steps", tier.steps)  # steps given: the budget in tokens follows
-    tiers.TIERS["synthetic"] = dataclasses.replace(tier, tokens=int(steps) * tier.global_batch * tier.seq_len)
-    return [resolve_config(RunSpec("bench", "synthetic", "baseline", seed)) for seed in range(first, first + seeds)]
+    tiers.TIERS[tier_name] = dataclasses.replace(tier, tokens=int(steps) * tier.global_batch * tier.seq_len)
+    return [resolve_config(RunSpec("bench", tier_name, "baseline", seed)) for seed in range(first, first + seeds)]
 
 
 def _child(args) -> None:
     import torch
 
     torch.set_num_threads(1)
-    for config in _configs(args.seeds, args.first_seed, dict(args.design)):
+    for config in _configs(args.tier, args.seeds, args.first_seed, dict(args.design)):
         print(json.dumps(_train_seed(config, args.check)), flush=True)
 
 
@@ -88,6 +92,7 @@ def _parse_set(text: str) -> tuple[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tier", default="synthetic", help="a task tier: synthetic, filter-norm, filter-direction")
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--kernels", nargs="+", default=["avx2", "native"], help="ATEN_CPU_CAPABILITY values")
@@ -103,11 +108,11 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
         if kernels != "native":
             env["ATEN_CPU_CAPABILITY"] = kernels
-        command = [sys.executable, __file__, "--child", "--seeds", str(args.seeds), "--first-seed",
+        command = [sys.executable, __file__, "--child", "--tier", args.tier, "--seeds", str(args.seeds), "--first-seed",
                    str(args.first_seed), "--check", str(args.check)]
         command += [arg for key, value in args.design for arg in ("--set", f"{key}={value!r}")]
         children[kernels] = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
-    print(f"design: {dict(args.design) or 'the tier as it is'}")
+    print(f"{args.tier} design: {dict(args.design) or 'the tier as it is'}")
     for kernels, child in children.items():
         rows = [json.loads(line) for line in child.stdout]
         if child.wait() != 0:

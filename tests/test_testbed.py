@@ -77,18 +77,23 @@ def decisions(folder: Path) -> dict[str, str]:
     return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True)}
 
 
+SUBSET = {"synthetic": ("baseline", "sink-logit"), "filter-direction": ("baseline", "proj-gate")}
+
+
 def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
-    """The demo's subset (baseline and sink-logit × 5 seeds) at the default budget under one kernel set (None:
-    the machine's own): the kernel set every run recorded and the declared decisions."""
+    """A subset of the testbed at the default budget under one kernel set (None: the machine's own), one declared
+    prediction of each task: the demo's Abstain pair and the Filter pair baseline and proj-gate at
+    filter-direction, 5 seeds each. Returns the kernel set every run recorded and the declared decisions."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability.lower()
-    subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--tier", "synthetic", "--arms",
-                    "baseline", "sink-logit", "--executor", "local", "--parallel", "2", "--results", str(results)],
-                   env=env, check=True, capture_output=True)
+    for tier, arms in SUBSET.items():
+        subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--tier", tier, "--arms", *arms,
+                        "--executor", "local", "--parallel", "2", "--results", str(results)],
+                       env=env, check=True, capture_output=True)
     folder = results / "testbed"
-    summaries = [json.loads(p.read_text()) for p in folder.glob("synthetic/*/seed*/summary.json")]
-    assert len(summaries) == 10 and all(s["status"] == "completed" for s in summaries)
+    summaries = [json.loads(p.read_text()) for p in folder.glob("*/*/seed*/summary.json")]
+    assert len(summaries) == 20 and all(s["status"] == "completed" for s in summaries)
     kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
     assert len(kernels) == 1 and (capability is None or kernels == {capability})
     return kernels.pop(), decisions(folder)
@@ -96,15 +101,17 @@ def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[st
 
 @pytest.mark.slow
 def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path):
-    """The declared decision is the same under the machine's own kernels and AVX2; where the machine's own are
+    """The declared decisions are the same under the machine's own kernels and AVX2; where the machine's own are
     AVX2 (no AVX-512), under AVX2 and the scalar DEFAULT set, so two kernel sets are always compared. The kernel
-    set is what each run recorded. (Whether every seed learned is reported by the report's testbed section, not
-    asserted here; see docs/method.md.)"""
+    set is what each run recorded. A subset, one prediction of each task; `benchmarks/testbed_kernels.py`
+    compares every prediction over the whole grid. (Whether every seed learned is reported by the report's
+    testbed section, not asserted here; see docs/method.md.)"""
     native, native_decisions = decisions_under(None, tmp_path / "native")
     other = "DEFAULT" if native == "AVX2" else "AVX2"
     kernels, other_decisions = decisions_under(other, tmp_path / other)
     assert kernels != native, f"both runs used the same kernel set: {native}"
-    assert native_decisions == other_decisions and set(native_decisions) == {"abstain_sink_logit"}
+    assert native_decisions == other_decisions
+    assert set(native_decisions) == {"abstain_sink_logit", "filter_direction_proj_gate"}
 
 
 def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
@@ -157,3 +164,25 @@ def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     assert main(["testbed", "--arm", "no-such-arm", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "no-such-arm" in err and "sink-logit" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(monkeypatch):
+    """benchmarks/testbed_design.py builds each task tier's baseline configs with the design's fields replaced
+    (a task field changes the vocabulary, steps the budget), so a design tried on Filter is Filter's."""
+    import importlib.util
+
+    from ablate import tiers
+
+    spec = importlib.util.spec_from_file_location("testbed_design", REPO / "benchmarks" / "testbed_design.py")
+    design = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(design)
+    for name in ("filter-norm", "synthetic"):
+        monkeypatch.setitem(tiers.TIERS, name, tiers.TIERS[name])  # put back after the test
+        monkeypatch.setitem(tiers.TASKS, tiers.TIERS[name].task, tiers.TASKS[tiers.TIERS[name].task])
+    vocab = TIERS["filter-norm"].vocab_size
+    configs = design._configs("filter-norm", 2, 3, {"steps": 40, "n_noise": 8, "lr": 1e-3})
+    fields = {**TASKS["filter-norm"], "n_noise": 8}
+    assert [c["seed"] for c in configs] == [3, 4] and all(c["arm"] == "baseline" for c in configs)
+    assert configs[0]["synthetic_task"] == fields and configs[0]["steps"] == 40 and configs[0]["lr"] == 1e-3
+    assert configs[0]["model"]["vocab_size"] == tiers.filter_vocab_size(fields) == vocab - 8
+    assert design._configs("synthetic", 1, 0, {})[0]["synthetic_task"] == TASKS["abstain"]
