@@ -60,15 +60,15 @@ def _train_seed(config: dict, check: int) -> dict:
 def _configs(tier_name: str, seeds: int, first: int, design: dict) -> list[dict]:
     from ablate import tiers
     from ablate.config import resolve_config
+    from ablate.data.filter import task_from_fields
     from ablate.experiment import RunSpec
 
     tier = tiers.get_tier(tier_name)
     task_fields = {k: v for k, v in design.items() if k in tiers.TASKS[tier.task]}
     tier_fields = {k: v for k, v in design.items() if k not in task_fields and k != "steps"}
-    fields = tiers.TASKS[tier.task] = {**tiers.TASKS[tier.task], **task_fields}
-    sizes = (tiers.filter_seq_len, tiers.filter_vocab_size) if "mark" in fields else (
-        tiers.task_seq_len, tiers.task_vocab_size)
-    tier = dataclasses.replace(tier, seq_len=sizes[0](fields), vocab_size=sizes[1](fields), **tier_fields)
+    task = task_from_fields(tiers.TASKS[tier.task] | task_fields)
+    tiers.TASKS[tier.task] = dataclasses.asdict(task)
+    tier = dataclasses.replace(tier, seq_len=task.seq_len, vocab_size=task.vocab_size, **tier_fields)
     steps = design.get("steps", tier.steps)  # steps given: the budget in tokens follows
     tiers.TIERS[tier_name] = dataclasses.replace(tier, tokens=int(steps) * tier.global_batch * tier.seq_len)
     return [resolve_config(RunSpec("bench", tier_name, "baseline", seed)) for seed in range(first, first + seeds)]

@@ -14,7 +14,6 @@ Exit status 1 when the decisions differ.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -34,19 +33,20 @@ def _grid(kernels: str, results: Path, parallel: int, tiers: list[str]) -> float
 
 
 def _read(folder: Path) -> tuple[set[str], dict[tuple[str, str], str], list[dict]]:
-    """(the kernel sets the runs recorded, seeds learned per (tier, arm), the declared table's rows)."""
+    """(the kernel sets the runs recorded, seeds learned per (tier, arm), the declared table's rows), of the runs
+    the tables count."""
     from ablate.analysis.hypotheses import Declared, declared_table, fixed_decision
     from ablate.analysis.load import load_runs
-    from ablate.analysis.testbed import LEARNED_ACCURACY
+    from ablate.analysis.testbed import LEARNED_ACCURACY, task_runs
     from ablate.experiment import load_experiment
 
-    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/seed*/summary.json"))]
+    runs = load_runs(folder)
+    by_tier = task_runs(runs)
+    summaries = [s for by_arm in by_tier.values() for arm_runs in by_arm.values() for s in arm_runs]
     kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
-    learned: dict[tuple[str, str], list[bool]] = {}
-    for s in summaries:
-        learned.setdefault((s["tier"], s["arm"]), []).append((s.get("val_accuracy") or 0) >= LEARNED_ACCURACY)
-    counts = {key: f"{sum(flags)}/{len(flags)}" for key, flags in learned.items()}
-    table = declared_table(load_runs(folder), Declared.of(load_experiment("testbed").hypotheses))
+    counts = {(tier, arm): f"{sum(s['val_accuracy'] >= LEARNED_ACCURACY for s in arm_runs)}/{len(arm_runs)}"
+              for tier, by_arm in by_tier.items() for arm, arm_runs in by_arm.items()}
+    table = declared_table(runs, Declared.of(load_experiment("testbed").hypotheses))
     rows = [{**row, "decision": fixed_decision(row)} for row in table.frame.iter_rows(named=True)]
     return kernels, counts, rows
 
