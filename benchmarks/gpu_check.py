@@ -4,11 +4,13 @@ kernels, score-modifier arms through flex_attention, the 124M tier at its config
     python benchmarks/gpu_check.py                      # on a GPU: writes gpu_check.json, prints a summary
     python benchmarks/gpu_check.py --device cpu --tiny  # the same code at the smoke shape on CPU (tests)
 
-On the lent H200 (one command; torch 2.11, lm-eval absent: scoring falls back to `phase_memory.score_windows`):
+On a lent machine (the device tool's `run`, timeout_s 500, from the repository root; its python3 has torch
+2.11 and no lm-eval, so scoring falls back to `phase_memory.score_windows`; nothing else is needed):
 
-    export PYTHONPATH=. PYTHONUNBUFFERED=1; set -o pipefail; nvidia-smi --query-gpu=name,memory.total,\
-driver_version --format=csv; python3 benchmarks/gpu_check.py --budget-s 330 --out $OUT/gpu_check.json 2>&1 \
-| tee $OUT/gpu_check.log            (run's timeout_s 480; then `python benchmarks/gpu_apply.py FILE` here)
+    export PYTHONPATH=. PYTHONUNBUFFERED=1; set -o pipefail; nvidia-smi; python3 benchmarks/gpu_check.py
+    --budget-s 360 --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log          (one line)
+
+then, here: `python benchmarks/gpu_apply.py <files_at>/gpu_check.json` (BENCHMARKS.md and plan's gpu_check.json).
 
 Sections, in this order, each under its own try (an error is recorded in the JSON, the next section runs), the
 JSON rewritten after each, so a run cut short still leaves everything measured so far:
@@ -118,7 +120,8 @@ def phases_section(device, memory_gb, deadline: float) -> dict:
     return {"tiers": tiers, "all_fit": phase_memory.judge(tiers, memory_gb), "gpu_memory_gb": memory_gb}
 
 
-def arms_section(arms, shp, data, device, args, peak, deadline: float) -> dict:
+def arms_section(arms, shp, data, device, args, peak, deadline: float, on_arm) -> dict:
+    """Every arm's row (`gpu_arms.arm_row`) until `deadline`; `on_arm(rows so far)` after each."""
     rows = {}
     for arm in arms:
         if time.perf_counter() > deadline:
@@ -132,6 +135,7 @@ def arms_section(arms, shp, data, device, args, peak, deadline: float) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        on_arm(rows)
     base = rows.get("baseline", {}).get("speed", {})
     for row in rows.values():
         speed = row.get("speed", {})
@@ -155,8 +159,22 @@ def run_section(report: dict, name: str, fn, out: Path) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    save(report, out)
+
+
+def save(report: dict, out: Path) -> None:
+    """Judge and write the report as it stands (after each section, and within the long ones after each part,
+    so that a run stopped by its timeout still brings back what it measured)."""
     gpu_report.finish(report)
     out.write_text(json.dumps(report, indent=1, default=str))
+
+
+def saver(report: dict, name: str, out: Path, wrap=lambda partial: partial):
+    """A callback that saves a section's partial result, marked as such, under `name`."""
+    def save_partial(partial) -> None:
+        report[name] = {**wrap(partial), "partial": True}
+        save(report, out)
+    return save_partial
 
 
 def parse(argv):
@@ -169,9 +187,9 @@ def parse(argv):
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS, help="sections to run")
     parser.add_argument("--timed", type=int, default=10, help="timed steps per arm (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm before timing (default 3)")
-    parser.add_argument("--budget-s", type=float, default=330.0,
+    parser.add_argument("--budget-s", type=float, default=360.0,
                         help="seconds for the whole script, imports included; sections shrink or skip to end "
-                             "within it, plus a step or two in flight (default 330)")
+                             "within it, plus a step or two in flight (default 360)")
     parser.add_argument("--long-s", type=float, default=40.0, help="the long section's timed seconds per arm and "
                                                                    "mode, shortened to fit the budget (default 40)")
     parser.add_argument("--flex-s", type=float, default=90.0, help="the flex section's seconds at most (default 90)")
@@ -208,9 +226,10 @@ def main(argv=None) -> int:
     arms_need = ARMS_S if "arms" in args.sections else 0
     steps = [("phases", lambda: phases_section(device, memory, deadline - long_need - arms_need)),
              ("arms", lambda: {"arms": arms_section(args.arms or study_arms(), shp, data, device, args, peak,
-                                                    deadline - long_need)}),
+                                                    deadline - long_need,
+                                                    saver(report, "arms", out, lambda rows: {"arms": rows}))}),
              ("flex", lambda: flex(shp, data, device, args, peak, report, deadline - long_need)),
-             ("long", lambda: long(shp, device, memory, peak, args, deadline)),
+             ("long", lambda: long(shp, device, memory, peak, args, deadline, saver(report, "long", out))),
              ("ddp", lambda: gpu_arms.ddp_check(shp, device, args.ddp))]
     for name, fn in steps:
         if name in args.sections:
@@ -223,19 +242,23 @@ def main(argv=None) -> int:
 def flex(shp, data, device, args, peak, report, deadline):
     import gpu_flex  # noqa: E402  (benchmarks/gpu_flex.py)
 
-    base = report.get("arms", {}).get("arms", {}).get("baseline", {}).get("speed", {}).get("step_s")
-    if base is None:  # the arms section did not time the baseline: time it here, at the same shape
-        base = gpu_arms.speed(gpu_arms.build("baseline", shp, device), data, device, args.warmup, args.timed,
+    def baseline_step_s() -> float:
+        timed = report.get("arms", {}).get("arms", {}).get("baseline", {}).get("speed", {}).get("step_s")
+        if timed is not None:
+            return timed
+        # the arms section did not time the baseline: time it here, at the same shape
+        return gpu_arms.speed(gpu_arms.build("baseline", shp, device), data, device, args.warmup, args.timed,
                               peak)["step_s"]
-    return gpu_flex.flex_section(shp, data, device, args, peak, base,
+
+    return gpu_flex.flex_section(shp, data, device, args, peak, baseline_step_s,
                                  min(deadline, time.perf_counter() + args.flex_s))
 
 
-def long(shp, device, memory, peak, args, deadline):
+def long(shp, device, memory, peak, args, deadline, on_run):
     import gpu_long  # noqa: E402  (benchmarks/gpu_long.py)
 
     return gpu_long.long_section(shp, device, memory, peak, list(LONG_ARMS), args.long_modes, args.long_s,
-                                 deadline, args.compile_backend, args.tiny, args.compile_s)
+                                 deadline, args.compile_backend, args.tiny, args.compile_s, on_run)
 
 
 if __name__ == "__main__":

@@ -108,14 +108,15 @@ def flex_row(arm: str, why: str, shp: dict, data: torch.Tensor, device, args, pe
     return row
 
 
-def flex_section(shp: dict, data: torch.Tensor, device, args, peak, baseline_step_s, deadline: float) -> dict:
-    """Every candidate arm (`flex_candidates`) until `deadline` (time.perf_counter()); with none, the reason."""
+def flex_section(shp: dict, data: torch.Tensor, device, args, peak, baseline_step, deadline: float) -> dict:
+    """Every candidate arm (`flex_candidates`) until `deadline` (time.perf_counter()); with none, the reason.
+    `baseline_step()` gives the baseline's step time at this shape (called only when there are candidates)."""
     candidates = flex_candidates({name: get_arm(name) for name in list_arms()}, args.flex_arms)
     if not candidates:
         return {"skipped": "no registered arm defines a score-modifier or normaliser hook or declares a flex path "
                            f"(looked for methods {', '.join(FLEX_HOOKS)}; slots {', '.join(HOOK_SLOTS)}; path "
                            f"attributes {', '.join(PATH_ATTRIBUTES)})", "registered": list_arms()}
-    rows = {}
+    rows, baseline_step_s = {}, baseline_step()
     for arm, why in candidates.items():
         if time.perf_counter() > deadline:
             rows[arm] = {"why": why, "skipped": "the flex section's time (--flex-s) or the budget ran out"}

@@ -29,6 +29,7 @@ from gpu_arms import autocast, build, flops_per_token, sync
 
 WARMUP = {"eager": 1, "compiled": 2}  # steps left out of the median (compilation, allocator growth)
 MIN_STEPS = 3  # timed steps a mode needs to be reported
+MIN_WINDOW = 5.0  # timed seconds below which a run is not worth its start (unless --long-s asks for less)
 BATCHES = 4  # distinct random global batches, cycled
 TINY_CHUNK = 64  # tokens per loss chunk at the smoke shape (`--tiny`)
 SAME_LOSS = 0.02  # eager against compiled: the largest loss difference over the loss, bf16 rounding
@@ -99,39 +100,53 @@ def _figures(model, mode: str, conf: dict, device, times: list[float], losses: l
 
 
 def long_section(shp: dict, device, gpu_gb, peak_tflops, arms: list[str], modes: list[str], seconds: float,
-                 deadline: float, compile_backend: str, tiny: bool, compile_s: float) -> dict:
+                 deadline: float, compile_backend: str, tiny: bool, compile_s: float, on_run=None) -> dict:
     """Every (arm, mode), eager ones first, each for `seconds` of timed steps, shortened so that the rest fit
     before `deadline` (a compiled mode reserves `compile_s` for its compilation); a mode that cannot get
-    `MIN_STEPS` is skipped with the reason."""
+    `MIN_STEPS` is skipped with the reason. `on_run(report so far)` after each run (the caller saves it)."""
     conf = configuration(shp, device, gpu_gb, tiny)
     tier = conf["tier"]
+    runs: dict = {arm: {} for arm in arms}
+    report = {"tier": tier.name, "global_batch": tier.global_batch, "seq_len": tier.seq_len,
+              "micro_batch": conf["micro_batch"], "loss_chunk": conf["loss_chunk"],
+              "tokens_per_step": tier.global_batch * tier.seq_len, "peak_bf16_tflops": peak_tflops, "runs": runs}
     vocab = shp.get("vocab_size", tier.vocab_size)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, vocab, (tier.global_batch, tier.seq_len + 1), generator=g).to(device)
                for _ in range(BATCHES)]
     order = [(arm, mode) for mode in modes for arm in arms]
-    runs: dict = {arm: {} for arm in arms}
     for index, (arm, mode) in enumerate(order):
-        left = deadline - time.perf_counter()
-        overhead = sum(compile_s if m == "compiled" else 0 for _, m in order[index:])
-        window = min(seconds, (left - overhead) / (len(order) - index))
-        if window <= 0:
+        window, left = run_window(order[index:], deadline - time.perf_counter(), seconds, compile_s)
+        if window is None:
             runs[arm][mode] = {"skipped": f"{left:.0f} s left for {len(order) - index} runs "
-                                          f"({overhead:.0f} s of them compiling)"}
-            continue
-        print(f"  long: {arm} {mode}, about {max(window, 0):.0f} s of timed steps", flush=True)
-        try:
-            runs[arm][mode] = timed_run(arm, mode, conf, shp, device, batches, deadline, max(window, 0),
-                                        compile_backend)
-        except Exception as err:  # recorded; the other runs go on
-            runs[arm][mode] = {"error": f"{type(err).__name__}: {str(err)[:800]}"}
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    report = {"tier": tier.name, "global_batch": tier.global_batch, "seq_len": tier.seq_len,
-              "micro_batch": conf["micro_batch"], "loss_chunk": conf["loss_chunk"],
-              "tokens_per_step": tier.global_batch * tier.seq_len, "peak_bf16_tflops": peak_tflops, "runs": runs}
-    add_judgements(report, arms, modes, peak_tflops)
+                                          f"({compile_s:.0f} s for each compilation)"}
+        else:
+            print(f"  long: {arm} {mode}, about {window:.0f} s of timed steps", flush=True)
+            try:
+                runs[arm][mode] = timed_run(arm, mode, conf, shp, device, batches, deadline, window, compile_backend)
+            except Exception as err:  # recorded; the other runs go on
+                runs[arm][mode] = {"error": f"{type(err).__name__}: {str(err)[:800]}"}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        add_judgements(report, arms, modes, peak_tflops)
+        if on_run is not None:
+            on_run(report)
     return report
+
+
+def run_window(rest: list[tuple[str, str]], left: float, seconds: float, compile_s: float):
+    """(timed seconds for the first of the `rest` runs, or None to skip it; `left`): an equal share of what is
+    left after the compilations still to come; when the compilations do not fit, the eager runs share all of it
+    (a compiled run is then skipped: it cannot compile in time)."""
+    least = min(MIN_WINDOW, seconds)
+    compiles = sum(mode == "compiled" for _, mode in rest)
+    window = min(seconds, (left - compile_s * compiles) / len(rest))
+    if window >= least:
+        return window, left
+    if rest[0][1] == "compiled":
+        return None, left
+    window = min(seconds, left / sum(mode != "compiled" for _, mode in rest))
+    return (window, left) if window > 0 else (None, left)
 
 
 def add_judgements(report: dict, arms: list[str], modes: list[str], peak_tflops) -> None:

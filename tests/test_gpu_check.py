@@ -153,6 +153,15 @@ def test_the_long_section_sizes_the_124M_run_as_plan_and_submit_do():
     assert conf["estimate_gb"] <= USABLE_FRACTION * 141.0
 
 
+def test_the_long_runs_share_the_time_left_and_drop_compilations_that_cannot_fit():
+    order = [("baseline", "eager"), ("sink-logit", "eager"), ("baseline", "compiled"), ("sink-logit", "compiled")]
+    assert gpu_long.run_window(order, 600.0, 40.0, 75.0) == (40.0, 600.0)  # time enough: the full window each
+    assert gpu_long.run_window(order, 200.0, 40.0, 75.0) == ((200.0 - 150.0) / 4, 200.0)  # shortened alike
+    assert gpu_long.run_window(order, 100.0, 40.0, 75.0) == (40.0, 100.0)  # no compilation fits: eager ones only
+    assert gpu_long.run_window(order[2:], 60.0, 40.0, 75.0) == (None, 60.0)  # a compilation that cannot finish
+    assert gpu_long.run_window(order, -1.0, 40.0, 75.0) == (None, -1.0)
+
+
 def test_scoring_without_lm_eval_is_ablate_lm_scoring(monkeypatch):
     """The GPU machine lacks lm-eval: the phases section then scores with `score_windows`, which gives the
     scores `AblateLM` gives for the same requests."""
@@ -192,6 +201,20 @@ def test_the_budget_shortens_or_skips_sections_and_says_so(tmp_path):
     assert len(report["skipped"]) == len(study_arms()) + 4 + 2 and "phases" not in report
     assert report["plan_mfu"] is None and "skipped long.runs.baseline.eager" in result.stdout
     assert time.perf_counter() - t0 < 120
+
+
+def test_a_section_s_parts_are_saved_as_they_come(tmp_path):
+    """Within the long sections the report is written after each part, marked partial, so that a run stopped by
+    its timeout still brings back what it measured; the section's end replaces it whole."""
+    import gpu_check
+
+    out, report = tmp_path / "gpu_check.json", {"gpu_key": None}
+    save_partial = gpu_check.saver(report, "long", out)
+    save_partial({"runs": {"baseline": {"eager": {"step_s": 1.0}}}})
+    written = json.loads(out.read_text())
+    assert written["long"]["partial"] is True and written["long"]["runs"]["baseline"]["eager"]["step_s"] == 1.0
+    gpu_check.run_section(report, "long", lambda: {"runs": {}}, out)
+    assert "partial" not in json.loads(out.read_text())["long"]
 
 
 def gpu_like(report: dict, peak_scale: float = 1.0) -> dict:
