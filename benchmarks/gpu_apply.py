@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,17 +41,26 @@ def _f(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _cell(text) -> str:
+    """A table cell: one line, its pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _para(text: str) -> list[str]:
+    return textwrap.wrap(text, 110, break_on_hyphens=False) + [""]
+
+
 def long_table(long: dict) -> list[str]:
     ratios = long.get("step_ratio_to_baseline", {})
-    lines = [f"{long['tier']} at its run configuration on this GPU: global batch {long['global_batch']} × "
-             f"{long['seq_len']}, micro-batch {long['micro_batch']}, loss chunk {long['loss_chunk']}, bf16, fused "
-             "AdamW, random tokens (`gpu_long.py`):", "",
+    lines = _para(f"{long['tier']} at its run configuration on this GPU: global batch {long['global_batch']} × "
+                  f"{long['seq_len']}, micro-batch {long['micro_batch']}, loss chunk {long['loss_chunk']}, bf16, "
+                  "fused AdamW, random tokens (`gpu_long.py`):") + [
              "| arm | mode | timed steps | s/step | tokens/s | MFU | × baseline | first step s | peak reserved / "
              "planned GB |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for arm, modes in long["runs"].items():
         for mode, r in modes.items():
             if "step_s" not in r:
-                lines.append(f"| {arm} | {mode} | {r.get('error') or r.get('skipped')} ||||||||")
+                lines.append(f"| {arm} | {mode} | {_cell(r.get('error') or r.get('skipped'))} ||||||||")
                 continue
             ratio = 1.0 if arm == "baseline" else ratios.get(arm, {}).get(mode)
             memory = (f"{r['peak_reserved_gb']:.1f} / {r['estimate_gb']:.1f}" if "peak_reserved_gb" in r else "–")
@@ -58,26 +68,28 @@ def long_table(long: dict) -> list[str]:
                          f"{_pct(r.get('mfu'))} | {_f(ratio, '.3f')} | {r['first_step_s']:.1f} | {memory} |")
     for arm, c in long.get("compile", {}).items():
         if "speedup" in c:
-            lines += ["", f"Compiled against eager, {arm}: largest loss difference {c['max_loss_difference']:.3g} over "
-                          f"{c['steps_compared']} steps (same loss to bf16: {c['same_loss_to_bf16']}), speed-up "
-                          f"×{c['speedup']:.2f}, first compiled step {c['first_compiled_step_s']:.1f} s."]
+            lines += [""] + _para(f"Compiled against eager, {arm}: largest loss difference "
+                                  f"{c['max_loss_difference']:.3g} over {c['steps_compared']} steps (same loss to "
+                                  f"bf16: {c['same_loss_to_bf16']}), speed-up ×{c['speedup']:.2f}, first compiled "
+                                  f"step {c['first_compiled_step_s']:.1f} s.")[:-1]
     return lines
 
 
-def arms_table(arms: dict) -> list[str]:
-    lines = ["Per arm at the 124M shape, micro-batch 8 × 1024 (`gpu_arms.py`): the fused path against the float32 "
-             "reference (largest |Δlogit|, bf16 and float32 without TF32), the SDPA kernels with math forbidden, "
-             "steps:", "",
-             "| arm | |Δlogit| bf16 | |Δlogit| fp32 | flash | mem-efficient | ms/step bf16 | × baseline | MFU | "
+def arms_table(arms: dict, report: dict) -> list[str]:
+    lines = _para(f"Per arm at the {report.get('tier')} shape, micro-batch {report.get('micro_batch')} × "
+                  f"{report.get('seq_len')} (`gpu_arms.py`): the fused path against the float32 reference path "
+                  "(largest absolute logit error, the fused path in bf16 and in float32 without TF32), the SDPA "
+                  "kernels with the math kernel forbidden, and training steps:") + [
+             "| arm | max abs Δlogit bf16 | fp32 | flash | mem-efficient | ms/step bf16 | × baseline | MFU | "
              "peak GB | ms/step fp32 |", "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for arm, r in arms.items():
         if "accuracy" not in r:
-            lines.append(f"| {arm} | {r.get('error') or r.get('skipped')} |||||||||")
+            lines.append(f"| {arm} | {_cell(r.get('error') or r.get('skipped'))} |||||||||")
             continue
         a, b, s, f = r["accuracy"], r["backend"], r["speed"], r.get("speed_fp32", {})
         lines.append(f"| {arm} | {_f(a.get('max_abs_logit_error'), '.3g')} | "
-                     f"{_f(a.get('max_abs_logit_error_fp32_fused'), '.2g')} | {b.get('flash', '–')[:60]} | "
-                     f"{b.get('efficient', '–')[:60]} | {_f(s.get('step_s') and s['step_s'] * 1e3, '.1f')} | "
+                     f"{_f(a.get('max_abs_logit_error_fp32_fused'), '.2g')} | {_cell(b.get('flash', '–'))[:70]} | "
+                     f"{_cell(b.get('efficient', '–'))[:70]} | {_f(s.get('step_s') and s['step_s'] * 1e3, '.1f')} | "
                      f"{_f(s.get('step_ratio_to_baseline'), '.3f')} | {_pct(s.get('mfu'))} | "
                      f"{_f(s.get('peak_memory_gb'), '.1f')} | {_f(f.get('step_s') and f['step_s'] * 1e3, '.1f')} |")
     return lines
@@ -85,37 +97,55 @@ def arms_table(arms: dict) -> list[str]:
 
 def flex_lines(flex: dict) -> list[str]:
     if "arms" not in flex:
-        return [f"Score-modifier and normaliser arms through flex_attention (`gpu_flex.py`): "
-                f"{flex.get('skipped') or flex.get('error')}."]
-    lines = ["Score-modifier and normaliser arms, their own path against the reference (float32, no TF32; "
-             "largest relative error) and step time (`gpu_flex.py`):", "",
+        return _para(f"Score-modifier and normaliser arms through flex_attention (`gpu_flex.py`): "
+                     f"{flex.get('skipped') or flex.get('error') or 'not run'}.")[:-1]
+    lines = _para("Score-modifier and normaliser arms, their own path against the reference (float32, no TF32; "
+                  "largest relative error) and step time (`gpu_flex.py`):") + [
              "| arm | why | values | gradients | agree | ms/step bf16 | × baseline |",
              "|---|---|---:|---:|---|---:|---:|"]
     for arm, r in flex["arms"].items():
         p, s = r.get("paths", {}), r.get("speed", {})
-        lines.append(f"| {arm} | {r.get('why')} | {_f(p.get('max_relative_logit_error'), '.2g')} | "
-                     f"{_f(p.get('max_relative_gradient_error'), '.2g')} | {p.get('agree', p.get('error'))} | "
+        lines.append(f"| {arm} | {_cell(r.get('why'))} | {_f(p.get('max_relative_logit_error'), '.2g')} | "
+                     f"{_f(p.get('max_relative_gradient_error'), '.2g')} | "
+                     f"{_cell(p.get('agree', p.get('error') or r.get('error') or r.get('skipped')))} | "
                      f"{_f(s.get('step_s') and s['step_s'] * 1e3, '.1f')} | "
                      f"{_f(s.get('step_ratio_to_baseline'), '.3f')} |")
     return lines
 
 
 def figures_block(report: dict) -> str:
-    d, goals = report.get("device", {}), report.get("goals", {})
-    lines = [f"**Measured on {report['device_name']}** (`{report['gpu_key']}`), torch {d.get('torch')}, CUDA "
-             f"{d.get('cuda')}: a bf16 8192³ matmul ran at {_f(d.get('measured_matmul_tflops'), '.0f')} TFLOP/s "
-             f"against the table's {report['peak_bf16_tflops']:g} (MFU below is over the table's figure). "
-             f"Command: `python benchmarks/gpu_check.py {' '.join(report.get('argv', []))}`.", ""]
-    for name, render in (("long", long_table), ("arms", lambda a: arms_table(a["arms"])), ("flex", flex_lines)):
+    d = report.get("device", {})
+    lines = _para(f"**Measured on {report['device_name']}** (`{report['gpu_key']}`), torch {d.get('torch')}, CUDA "
+                  f"{d.get('cuda')}: a bf16 8192³ matmul ran at {_f(d.get('measured_matmul_tflops'), '.0f')} "
+                  f"TFLOP/s against the table's {report['peak_bf16_tflops']:g} (every MFU here is over the table's "
+                  f"figure). Command: `python benchmarks/gpu_check.py {' '.join(report.get('argv', []))}`.")
+    renders = (("long", long_table), ("arms", lambda a: arms_table(a["arms"], report)), ("flex", flex_lines))
+    for name, render in renders:
         section = report.get(name, {})
-        lines += (render(section) if "error" not in section and section else
-                  [f"{name}: {section.get('error', 'not run')}"]) + [""]
-    lines.append(f"`plan_mfu` = {_pct(report.get('plan_mfu'))} (the eager baseline at the run configuration; "
-                 f"compiled {_pct(report.get('plan_mfu_compiled'))}): gpu_check.json at the repository root, which "
-                 f"`ablate plan --gpu {report['gpu_key']}` reads. Goals: {json.dumps(goals)}.")
+        lines += (render(section) if section and "error" not in section else
+                  [f"{name}: {_cell(section.get('error', 'not run'))}"]) + [""]
+    lines += _para(f"`plan_mfu` = {_pct(report.get('plan_mfu'))} (the eager baseline at the run configuration; "
+                   f"compiled {_pct(report.get('plan_mfu_compiled'))}): gpu_check.json at the repository root, "
+                   f"which `ablate plan --gpu {report['gpu_key']}` reads.") + goal_lines(report.get("goals", {}))
     if report.get("errors"):
-        lines += ["", "Errors recorded: " + "; ".join(report["errors"])]
-    return "\n".join(lines)
+        lines += [""] + _para("Errors recorded: " + "; ".join(report["errors"]))[:-1]
+    return "\n".join(lines).rstrip("\n")
+
+
+def _verdict(value) -> str:
+    return {True: "met", False: "NOT met", None: "not judged"}[value]
+
+
+def goal_lines(goals: dict) -> list[str]:
+    """The goals, one bullet each: met, not met, or not judged (not measured on a table GPU)."""
+    lines = ["Goals:"]
+    for name, value in goals.items():
+        if isinstance(value, dict):
+            text = ", ".join(f"{key} {_verdict(v)}" for key, v in value.items()) or "nothing measured"
+        else:
+            text = _verdict(value)
+        lines.append(f"- {name.replace('_', ' ')}: {text}")
+    return lines
 
 
 def phases_block(report: dict) -> str:
@@ -123,13 +153,13 @@ def phases_block(report: dict) -> str:
     if "tiers" not in phases:
         why = phases.get("error", "the section did not run")
         return f"**On a GPU ({report['device_name']}):** not measured: {why}."
-    lines = [f"**On a GPU ({report['device_name']}, {phases.get('gpu_memory_gb', 0):.0f} GB as `ablate.tiers.GPUS` "
-             "says):** per tier, the micro-batch `micro_batch_for` picks, each phase's peak reserved memory "
-             "(bf16) against its estimate (`benchmarks/gpu_check.py`, phases section).", "",
+    lines = _para(f"**On a GPU ({report['device_name']}, {phases.get('gpu_memory_gb') or 0:.0f} GB as "
+                  "`ablate.tiers.GPUS` says):** per tier, the micro-batch `micro_batch_for` picks, each phase's "
+                  "peak reserved memory (bf16) against its estimate (`benchmarks/gpu_check.py`, phases section).") + [
              "| tier | micro-batch | phase | measured GB | estimate GB | fits |", "|---|---:|---|---:|---:|---|"]
     for tier, row in phases["tiers"].items():
         if "error" in row:
-            lines.append(f"| {tier} | – | {row['error']} ||||")
+            lines.append(f"| {tier} | – | {_cell(row['error'])} ||||")
         for name, p in row.get("phases", {}).items():
             measured = "OOM" if p["measured_gb"] is None else f"{p['measured_gb']:.2f}"
             lines.append(f"| {tier} | {row.get('micro_batch', '–')} | {name} | {measured} | {p['estimate_gb']:.2f} | "

@@ -16,6 +16,7 @@ from `ablate.tiers.GPUS`), and the peak reserved memory against `memory_phases_g
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import replace
@@ -122,16 +123,42 @@ def long_section(shp: dict, device, gpu_gb, peak_tflops, arms: list[str], modes:
                                           f"({compile_s:.0f} s for each compilation)"}
         else:
             print(f"  long: {arm} {mode}, about {window:.0f} s of timed steps", flush=True)
-            try:
-                runs[arm][mode] = timed_run(arm, mode, conf, shp, device, batches, deadline, window, compile_backend)
-            except Exception as err:  # recorded; the other runs go on
-                runs[arm][mode] = {"error": f"{type(err).__name__}: {str(err)[:800]}"}
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            runs[arm][mode] = run_or_halve(arm, mode, conf, shp, device, batches, deadline, window, compile_backend)
+            report["micro_batch"] = conf["micro_batch"]
         add_judgements(report, arms, modes, peak_tflops)
         if on_run is not None:
             on_run(report)
     return report
+
+
+def run_or_halve(arm: str, mode: str, conf: dict, shp: dict, device, *args) -> dict:
+    """`timed_run`, and after an out-of-memory once more at half the micro-batch (`conf` keeps the smaller one
+    for the later runs, and the row says where memory ran out); any other error is recorded as the row."""
+    row, oom = attempt(arm, mode, conf, shp, device, *args)
+    if oom and conf["micro_batch"] > 1:
+        conf["out_of_memory_at_micro_batch"] = conf["micro_batch"]
+        conf["micro_batch"] //= 2
+        conf["estimate_gb"] = memory_phases_gb(conf["tier"], conf["micro_batch"],
+                                               loss_chunk=conf["loss_chunk"])["train_step"]
+        print(f"  long: out of memory; again at micro-batch {conf['micro_batch']}", flush=True)
+        row, _ = attempt(arm, mode, conf, shp, device, *args)
+    if "out_of_memory_at_micro_batch" in conf:
+        row["out_of_memory_at_micro_batch"] = conf["out_of_memory_at_micro_batch"]
+    return row
+
+
+def attempt(arm: str, mode: str, conf: dict, shp: dict, device, *args) -> tuple[dict, bool]:
+    """(`timed_run`'s row or the error's, whether it ran out of memory), the memory freed either way."""
+    try:
+        row, oom = timed_run(arm, mode, conf, shp, device, *args), False
+    except torch.cuda.OutOfMemoryError as err:
+        row, oom = {"error": f"OutOfMemoryError at micro-batch {conf['micro_batch']}: {str(err)[:300]}"}, True
+    except Exception as err:  # recorded; the other runs go on
+        row, oom = {"error": f"{type(err).__name__}: {str(err)[:800]}"}, False
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row, oom
 
 
 def run_window(rest: list[tuple[str, str]], left: float, seconds: float, compile_s: float):

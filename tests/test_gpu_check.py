@@ -162,6 +162,22 @@ def test_the_long_runs_share_the_time_left_and_drop_compilations_that_cannot_fit
     assert gpu_long.run_window(order, -1.0, 40.0, 75.0) == (None, -1.0)
 
 
+def test_a_long_run_out_of_memory_runs_again_at_half_the_micro_batch(monkeypatch):
+    def fake_run(arm, mode, conf, shp, device, *args):
+        if conf["micro_batch"] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"step_s": 1.0}
+
+    monkeypatch.setattr(gpu_long, "timed_run", fake_run)
+    conf = gpu_long.configuration(gpu_arms.shape(False), torch.device("cuda"), 141.0, tiny=False)
+    conf["micro_batch"] = 4
+    row = gpu_long.run_or_halve("baseline", "eager", conf, {}, torch.device("cpu"))
+    assert row == {"step_s": 1.0, "out_of_memory_at_micro_batch": 4} and conf["micro_batch"] == 2
+    assert conf["estimate_gb"] == memory_phases_gb("124M", 2, loss_chunk=LOSS_CHUNK)["train_step"]
+    row = gpu_long.run_or_halve("baseline", "eager", {**conf, "micro_batch": 8}, {}, torch.device("cpu"))
+    assert row["error"].startswith("OutOfMemoryError at micro-batch 4") and row["out_of_memory_at_micro_batch"] == 8
+
+
 def test_scoring_without_lm_eval_is_ablate_lm_scoring(monkeypatch):
     """The GPU machine lacks lm-eval: the phases section then scores with `score_windows`, which gives the
     scores `AblateLM` gives for the same requests."""
