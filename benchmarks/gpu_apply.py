@@ -114,8 +114,8 @@ def flex_lines(flex: dict) -> list[str]:
 
 
 def figures_block(report: dict) -> str:
-    d = report.get("device", {})
-    lines = _para(f"**Measured on {report['device_name']}** (`{report['gpu_key']}`), torch {d.get('torch')}, CUDA "
+    d = report.get("hardware", {})
+    lines = _para(f"**Measured on {report['device']}** (`{report['gpu_key']}`), torch {d.get('torch')}, CUDA "
                   f"{d.get('cuda')}: a bf16 8192³ matmul ran at {_f(d.get('measured_matmul_tflops'), '.0f')} "
                   f"TFLOP/s against the table's {report['peak_bf16_tflops']:g} (every MFU here is over the table's "
                   f"figure). Command: `python benchmarks/gpu_check.py {' '.join(report.get('argv', []))}`.")
@@ -152,8 +152,8 @@ def phases_block(report: dict) -> str:
     phases = report.get("phases", {})
     if "tiers" not in phases:
         why = phases.get("error", "the section did not run")
-        return f"**On a GPU ({report['device_name']}):** not measured: {why}."
-    lines = _para(f"**On a GPU ({report['device_name']}, {phases.get('gpu_memory_gb') or 0:.0f} GB as "
+        return f"**On a GPU ({report['device']}):** not measured: {why}."
+    lines = _para(f"**On a GPU ({report['device']}, {phases.get('gpu_memory_gb') or 0:.0f} GB as "
                   "`ablate.tiers.GPUS` says):** per tier, the micro-batch `micro_batch_for` picks, each phase's "
                   "peak reserved memory (bf16) against its estimate (`benchmarks/gpu_check.py`, phases section).") + [
              "| tier | micro-batch | phase | measured GB | estimate GB | fits |", "|---|---:|---|---:|---:|---|"]
@@ -181,7 +181,7 @@ def put_block(text: str, marks: tuple[str, str], block: str, anchor: str, anchor
 
 def apply(report: dict, benchmarks: Path, plan_file: Path, force: bool = False) -> None:
     if not report.get("gpu_key"):
-        raise ApplyError(f"{report.get('device_name') or report.get('device')!s} is not a GPU of ablate.tiers.GPUS "
+        raise ApplyError(f"{report.get('device')!s} is not a GPU of ablate.tiers.GPUS "
                          "(gpu_key is null): nothing to apply")
     mfu = report.get("plan_mfu")
     if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
@@ -195,7 +195,7 @@ def apply(report: dict, benchmarks: Path, plan_file: Path, force: bool = False) 
     index = next((i for i, line in enumerate(lines) if line.startswith(HEADING)), None)
     if index is None:
         raise ApplyError(f"{benchmarks} has no heading {HEADING!r}")
-    lines[index] = f"{HEADING} — measured on {report['device_name']}"
+    lines[index] = f"{HEADING} — measured on {report['device']}"
     text = "\n".join(lines)
     text = put_block(text, MARKS["figures"], figures_block(report), FIRST_SENTENCE, "Goal figures:")
     text = put_block(text, MARKS["phases"], phases_block(report), PENDING)

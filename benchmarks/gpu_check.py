@@ -13,8 +13,10 @@ On a lent machine (the device tool's `run`, timeout_s 500, from the repository r
 then, here: `python benchmarks/gpu_apply.py <files_at>/gpu_check.json` (BENCHMARKS.md and plan's gpu_check.json).
 
 Sections, in this order, each under its own try (an error is recorded in the JSON, the next section runs), the
-JSON rewritten after each, so a run cut short still leaves everything measured so far:
-* device: name, `ablate.tiers.GPUS` key and peak bf16 TFLOP/s, torch and CUDA versions, a measured bf16 matmul;
+JSON rewritten after each (and within arms and long after each part, marked partial), so a run cut short still
+leaves everything measured so far; each section ends by the deadline (`--budget-s` from the start) less what the
+later ones need at least, skipping what it cannot finish, with the reason:
+* hardware: name, `ablate.tiers.GPUS` key and peak bf16 TFLOP/s, torch and CUDA versions, a measured bf16 matmul;
 * phases (`benchmarks/phase_memory.py`): per tier (10M, 50M, 124M, 350M) the micro-batch `micro_batch_for`
   picks for the GPU's table memory (what `ablate plan` and `submit` pick) and the measured peak of a training
   step, an evaluation, the final evaluation and `ablate eval` scoring against `memory_phases_gb`; on CPU the
@@ -65,7 +67,7 @@ from ablate.sizing import EVAL_BATCH  # noqa: E402
 from ablate.tiers import GPUS, get_tier, gpu_key_for  # noqa: E402
 
 PHASE_TIERS = ("10M", "50M", "124M", "350M")
-SECTIONS = ("device", "phases", "arms", "flex", "long", "ddp")
+SECTIONS = ("hardware", "phases", "arms", "flex", "long", "ddp")
 LONG_ARMS = ("baseline", "sink-logit")
 ARMS_S = 60  # seconds the arms section needs at least on a GPU (12 arms, about 4 s each)
 
@@ -78,12 +80,12 @@ def device_section(device) -> dict:
     """What the device is, and the bf16 throughput a large matmul reaches on it (the MFU's reality check)."""
     row = {"torch": torch.__version__, "python": platform.python_version()}
     if device.type != "cuda":
-        return {**row, "device": platform.processor() or "cpu", "gpu_key": None, "peak_bf16_tflops": None,
+        return {**row, "name": platform.processor() or "cpu", "gpu_key": None, "peak_bf16_tflops": None,
                 "memory_gb": None, "table_memory_gb": None}
     name = torch.cuda.get_device_name(device)
     memory = torch.cuda.get_device_properties(device).total_memory / 1e9
     key = gpu_key_for(name, memory)
-    row.update(device=name, gpu_key=key, memory_gb=memory, cuda=torch.version.cuda,
+    row.update(name=name, gpu_key=key, memory_gb=memory, cuda=torch.version.cuda,
                peak_bf16_tflops=GPUS[key].peak_bf16_tflops if key else None,
                table_memory_gb=GPUS[key].memory_gb if key else None)
     n = 8192
@@ -214,10 +216,10 @@ def main(argv=None) -> int:
     report = {"tier": shp["tier"], "micro_batch": shp["batch"], "seq_len": get_tier(shp["tier"]).seq_len,
               "vocab_size": shp.get("vocab_size", get_tier(shp["tier"]).vocab_size), "budget_s": args.budget_s,
               "argv": sys.argv[1:] if argv is None else list(argv)}
-    run_section(report, "device", lambda: device_section(device), out)
-    info = report["device"]
+    run_section(report, "hardware", lambda: device_section(device), out)
+    info = report["hardware"]
     peak, key = info.get("peak_bf16_tflops"), info.get("gpu_key")
-    report.update(device_name=info.get("device"), gpu_key=key, peak_bf16_tflops=peak)
+    report.update(device=info.get("name"), gpu_key=key, peak_bf16_tflops=peak)  # `ablate plan` names "device"
     memory = info.get("table_memory_gb") or info.get("memory_gb")  # the table's: what plan and submit size for
     # Each section ends by the deadline less what the later ones need at least (the long one: 15 s of steps per
     # run and its compilations; the arms: ARMS_S), so that a slow section shortens itself, not the long runs.

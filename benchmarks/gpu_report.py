@@ -57,7 +57,7 @@ def finish(report: dict) -> None:
     on_gpu = report.get("gpu_key") is not None
     report["plan_mfu"] = eager.get("mfu") if on_gpu else None
     report["plan_mfu_compiled"] = compiled.get("mfu") if on_gpu else None
-    matmul = report.get("device", {}).get("measured_matmul_tflops")
+    matmul = report.get("hardware", {}).get("measured_matmul_tflops")
     peak = report.get("peak_bf16_tflops")
     if matmul and peak and report["plan_mfu"]:
         report["mfu_of_measured_matmul"] = report["plan_mfu"] * peak / matmul
@@ -140,8 +140,8 @@ def flex_lines(flex: dict) -> list[str]:
 
 def print_summary(report: dict) -> None:
     """One line or table per section; a section that failed prints its error (never raises)."""
-    d = report.get("device", {})
-    print(f"{d.get('device')} ({report.get('gpu_key') or 'not a table GPU'}), torch {d.get('torch')}, "
+    d = report.get("hardware", {})
+    print(f"{report.get('device')} ({report.get('gpu_key') or 'not a table GPU'}), torch {d.get('torch')}, "
           f"matmul {_num(d.get('measured_matmul_tflops'), '.0f')} TFLOP/s bf16 measured, "
           f"{_num(report.get('peak_bf16_tflops'), 'g')} table peak")
     parts = [("phases", lambda p: [f"memory {tier}: " + (row["error"] if "error" in row else

@@ -76,7 +76,7 @@ def test_gpu_check_runs_on_cpu_and_writes_its_report(cpu_run):
 
 
 def gpu_check_sections():
-    return ("device", "phases", "arms", "flex", "long", "ddp")
+    return ("hardware", "phases", "arms", "flex", "long", "ddp")
 
 
 def test_the_long_section_trains_both_arms_eager_and_compiled_to_the_same_loss(cpu_run):
@@ -206,7 +206,7 @@ def gpu_close(a, b) -> bool:
 def test_the_budget_shortens_or_skips_sections_and_says_so(tmp_path):
     out = tmp_path / "gpu_check.json"
     t0 = time.perf_counter()
-    cmd = [SCRIPT, "--device", "cpu", "--tiny", "--budget-s", "1", "--sections", "device", "arms", "long",
+    cmd = [SCRIPT, "--device", "cpu", "--tiny", "--budget-s", "1", "--sections", "hardware", "arms", "long",
            "--out", str(out)]
     result = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -237,7 +237,7 @@ def gpu_like(report: dict, peak_scale: float = 1.0) -> dict:
     """The CPU run's report as a GPU run of the table would write it (the figures are the CPU's, MFU over the
     H200's peak times `peak_scale`): what gpu_apply reads."""
     report = json.loads(json.dumps(report))
-    report.update(gpu_key="h200", device_name="NVIDIA H200", peak_bf16_tflops=989.0 * peak_scale)
+    report.update(gpu_key="h200", device="NVIDIA H200", peak_bf16_tflops=989.0 * peak_scale)
     gpu_long.add_judgements(report["long"], ["baseline", "sink-logit"], ["eager", "compiled"], 989.0 * peak_scale)
     gpu_report.finish(report)
     return report
@@ -249,7 +249,9 @@ def test_gpu_apply_puts_the_figures_where_plan_and_the_docs_read_them(cpu_run, t
     original = (REPO / "BENCHMARKS.md").read_text()
     benchmarks.write_text(original)
     gpu_apply.apply(report, benchmarks, plan_file)
-    assert throughput("h200", plan_file).mfu == report["plan_mfu"] and 0 < report["plan_mfu"] <= 1
+    measured = throughput("h200", plan_file)
+    assert measured.mfu == report["plan_mfu"] and 0 < report["plan_mfu"] <= 1
+    assert measured.mfu_source == f"measured by gpu_check on NVIDIA H200, {plan_file}"
     assert throughput("h100", plan_file).mfu != report["plan_mfu"]  # measured on another GPU: not used there
     text = benchmarks.read_text()
     assert "not run on a GPU yet" not in text and "**On a GPU: pending.**" not in text
