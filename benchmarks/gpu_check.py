@@ -88,19 +88,26 @@ def device_section(device) -> dict:
     row.update(name=name, gpu_key=key, memory_gb=memory, cuda=torch.version.cuda,
                peak_bf16_tflops=GPUS[key].peak_bf16_tflops if key else None,
                table_memory_gb=GPUS[key].memory_gb if key else None)
-    n = 8192
+    try:
+        row["measured_matmul_tflops"] = matmul_tflops(device)
+    except Exception as err:  # recorded; the name and peak above are what the other sections need
+        row["matmul"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    if key is None:
+        row["note"] = f"{name} is not in ablate.tiers.GPUS: no peak, so no MFU"
+    return row
+
+
+def matmul_tflops(device, n: int = 8192, reps: int = 10) -> float:
+    """bf16 TFLOP/s of an n×n×n matmul, the mean of `reps` after three warm-ups."""
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
         a @ b
     gpu_arms.sync(device)
-    t0, reps = time.perf_counter(), 10
+    t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
     gpu_arms.sync(device)
-    row["measured_matmul_tflops"] = 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
-    if key is None:
-        row["note"] = f"{name} is not in ablate.tiers.GPUS: no peak, so no MFU"
-    return row
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
 
 
 def phases_section(device, memory_gb, deadline: float) -> dict:
@@ -117,6 +124,8 @@ def phases_section(device, memory_gb, deadline: float) -> dict:
             tiers[tier] = phase_memory.cuda_phases(tier, memory_gb, device, EVAL_BATCH)
         except AblateError as err:  # micro_batch_for: not even micro-batch 1 fits
             tiers[tier] = {"error": str(err), "phases": {}}
+        except Exception as err:  # recorded; the other tiers go on
+            tiers[tier] = {"error": f"{type(err).__name__}: {str(err)[:500]}", "phases": {}}
         gc.collect()
         torch.cuda.empty_cache()
     return {"tiers": tiers, "all_fit": phase_memory.judge(tiers, memory_gb), "gpu_memory_gb": memory_gb}
