@@ -53,6 +53,11 @@ def timed_run(arm: str, mode: str, conf: dict, shp: dict, device, batches, stop_
     """Steps of one (arm, mode) until `seconds` after the warm-up or `stop_at` (perf_counter), whichever first."""
     tier, micro, chunk = conf["tier"], conf["micro_batch"], conf["loss_chunk"]
     model = build(arm, shp, device)
+    graphs = compiled_graphs()
+    if mode == "compiled":
+        # GPT.rope casts its tables on first use inside the forward: dynamo would compile a second graph at step 2
+        # (a run with `compile: true` pays that); filled here, so the long run pays one compilation.
+        model.rope(0, 1, torch.bfloat16)
     forward = torch.compile(model, backend=compile_backend) if mode == "compiled" else model
     optimizer = make_optimizer(model, 0.1, tier.lr, (0.9, 0.95), 1e-8, device.type == "cuda")
     step = Step(optimizer, loss_of=lambda i, t: _bf16_loss(forward, i, t, chunk, device),
@@ -77,7 +82,20 @@ def timed_run(arm: str, mode: str, conf: dict, shp: dict, device, batches, stop_
             break
         if now >= stop_at + 60:  # far past the budget (a step slower than planned): report what there is
             break
-    return _figures(model, mode, conf, device, times, losses)
+    row = _figures(model, mode, conf, device, times, losses)
+    if mode == "compiled" and graphs is not None:
+        row["graphs_compiled"] = compiled_graphs() - graphs
+    return row
+
+
+def compiled_graphs() -> int | None:
+    """Graphs dynamo has compiled in this process (its internal counter; None where it has no such counter)."""
+    try:
+        from torch._dynamo.utils import counters  # reason: internal, may move between releases
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return None
 
 
 def _bf16_loss(forward, inputs, targets, chunk: int, device):

@@ -88,6 +88,7 @@ def test_the_long_section_trains_both_arms_eager_and_compiled_to_the_same_loss(c
             run = long["runs"][arm][mode]
             assert run["timed_steps"] >= gpu_long.MIN_STEPS and run["steps"] == len(run["losses"]), (arm, mode)
             assert run["tokens_per_s"] > 0 and run["mfu"] is None
+        assert long["runs"][arm]["compiled"]["graphs_compiled"] == 1  # one compilation, no recompile at step 2
         # same weights, same batches: the compiled (chunked, checkpointed) loss curve is the eager one
         compiled = long["compile"][arm]
         assert compiled["same_loss_to_bf16"] and compiled["steps_compared"] >= gpu_long.MIN_STEPS, compiled
