@@ -19,9 +19,9 @@ import torch
 from ablate.arms import Arm, get_arm, list_arms
 from gpu_arms import accuracy, build, no_tf32, speed, twin
 
-FLEX_HOOKS = ("score_modifier", "score_mod", "normaliser", "normalizer")
-HOOK_SLOTS = ("score-modifier", "score modifier", "normaliser", "normalizer")
-PATH_ATTRIBUTES = ("path", "attention_path", "kernel_path", "paths")
+FLEX_HOOKS = ("score_modifier", "score_mod", "modify_score", "normaliser", "normalizer", "normalise", "normalize")
+HOOK_SLOTS = ("score-modifier", "score modifier", "score_modifier", "normaliser", "normalizer")
+PATH_ATTRIBUTES = ("path", "attention_path", "kernel_path", "paths", "kernel")
 VALUE_TOLERANCE = 1e-3  # largest |Δ| over the largest |reference|: float32 against float32, summation order only
 GRADIENT_TOLERANCE = 1e-2  # the same per parameter's gradient, after 18 layers of backward
 
