@@ -112,7 +112,6 @@ def cuda_phases(tier_name: str, gpu_gb: float, device, eval_batch: int) -> dict:
     not in it) against its estimate; a phase that runs out of memory is measured as None."""
     import torch  # reason: the parent process only launches children
 
-    from ablate.evals.lm import AblateLM  # reason: as above (and lm-eval is the `eval` extra)
     from ablate.loop import Step, make_optimizer, mean_token_loss  # reason: as above
     from ablate.model import GPT  # reason: as above
     from ablate.sizing import LOSS_CHUNK, memory_phases_gb, micro_batch_for, model_config  # reason: as above
@@ -149,11 +148,41 @@ def cuda_phases(tier_name: str, gpu_gb: float, device, eval_batch: int) -> dict:
     measured["evaluation"] = peak(lambda: evaluate(windows[:micro]))
     measured["final_evaluation"] = peak(lambda: evaluate(torch.cat([windows[:micro]] * 2)))
     optimizer.state.clear()  # `ablate eval` is another process: the weights only
-    lm = AblateLM(model, batch_size=eval_batch, device=str(device), loss_chunk=chunk)
-    requests = [(None, w[:1].tolist(), w[1:].tolist()) for w in windows[:eval_batch].cpu()]
-    measured["eval_scoring"] = peak(lambda: lm._loglikelihood_tokens(requests, disable_tqdm=True))
-    return {"micro_batch": micro, "loss_chunk": chunk, "eval_batch": eval_batch,
+    scoring, scored_by = eval_scoring(model, windows[:eval_batch], eval_batch, device, chunk)
+    measured["eval_scoring"] = peak(scoring)
+    return {"micro_batch": micro, "loss_chunk": chunk, "eval_batch": eval_batch, "scored_by": scored_by,
             "phases": {p: {"measured_gb": measured[p], "estimate_gb": estimate[p]} for p in PHASES}}
+
+
+def eval_scoring(model, windows, eval_batch: int, device, chunk: int):
+    """(the `ablate eval` scoring of `windows` as a function, what scores them): `AblateLM` where lm-eval is
+    installed, else `score_windows`, the computation `AblateLM._score` does for such requests (a GPU machine
+    may lack the `eval` extra; the memory of the phase is that forward's)."""
+    try:
+        from ablate.evals.lm import AblateLM  # reason: lm-eval is the `eval` extra
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("lm_eval"):
+            raise
+        return (lambda: score_windows(model, windows, chunk)), "score_windows (lm-eval is not installed)"
+    lm = AblateLM(model, batch_size=eval_batch, device=str(device), loss_chunk=chunk)
+    requests = [(None, w[:1].tolist(), w[1:].tolist()) for w in windows.cpu()]
+    return (lambda: lm._loglikelihood_tokens(requests, disable_tqdm=True)), "AblateLM"
+
+
+def score_windows(model, windows, chunk: int) -> list[float]:
+    """Each window's log-likelihood of its tokens after the first (a request whose context is the first token
+    and whose continuation is the rest), in one batch, `chunk` tokens at a time: `AblateLM._score`'s chunked
+    path for such requests, without lm-eval."""
+    import torch  # reason: the parent process only launches children
+
+    from ablate.data.tokenizer import VOCAB_SIZE  # reason: as above
+    from ablate.losses import chunked_log_probs  # reason: as above
+
+    with torch.inference_mode():
+        hidden = model.eval()(windows[:, :-1], head=False).hidden  # (B, T, C)
+        log_probs, _ = chunked_log_probs(hidden.reshape(-1, hidden.shape[-1]), model.lm_head.weight,
+                                         windows[:, 1:].reshape(-1), chunk, vocab=VOCAB_SIZE)
+    return [float(row.sum()) for row in log_probs.view(windows.shape[0], -1)]
 
 
 def cpu_phases(seq: int, micro: int, eval_batch: int, chunk: int) -> dict:
