@@ -34,7 +34,7 @@ def model_config(tier: Tier | str, arm: str, *, match_params: bool = False, **ov
     """
     tier = get_tier(tier) if isinstance(tier, str) else tier
     fields = dict(vocab_size=tier.vocab_size, n_layer=tier.n_layer, n_head=tier.n_head, n_kv_head=tier.n_kv_head,
-                  d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm)
+                  d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm, mlp_ratio=tier.mlp_ratio)
     fields.update(overrides)
     config = GPTConfig(**fields)
     if not match_params:

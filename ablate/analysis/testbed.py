@@ -82,12 +82,21 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
 
 
 def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
-    """One panel per signature quantity; per arm its seeds as dots at absent and present keys."""
+    """The declared quantity (the loss at the budget), then one panel per signature quantity; per arm its seeds
+    as dots (at absent and present keys, or at junk and clean reads)."""
     colours = arm_colours(list(by_arm))
     panels, labels = _panels(tier)
-    fig = figure(figsize=(4 * len(panels), 4))
-    axes = fig.subplots(1, len(panels))
+    fig = figure(figsize=(4 * (len(panels) + 1), 4))
+    axes = fig.subplots(1, len(panels) + 1)
     width = 0.8 / max(len(by_arm), 1)
+    declared = axes[0]
+    for k, (arm, summaries) in enumerate(by_arm.items()):
+        losses = [s["val_loss"] for s in summaries if s.get("val_loss") is not None]
+        declared.scatter([k] * len(losses), losses, s=14, color=colours[arm])
+    declared.set_xticks(range(len(by_arm)), labels=list(by_arm), rotation=30, fontsize=8)
+    declared.set_title("declared quantity: val_loss at the budget", fontsize=10)
+    declared.grid(axis="y", alpha=0.3)
+    axes = axes[1:]
     for ax, (title, per_case) in zip(axes, panels):
         for k, (arm, summaries) in enumerate(by_arm.items()):
             for i, key in enumerate(per_case):
