@@ -107,3 +107,21 @@ def test_the_testbed_declares_a_positive_control_in_the_arms_family():
     assert controls and all(h.tiers == ("abstain-stream",) for h in names.values())
     assert {"baseline", "sink-token"} == {controls[0].minuend, controls[0].subtrahend}
     assert testbed.tiers == ("abstain-stream",) and testbed.family == "tier"
+
+
+def test_the_testbed_figure_shows_the_declared_quantity_per_seed_beside_the_signature(monkeypatch, tmp_path):
+    """The report's testbed figure: a first panel with each seed's val_loss (the declared quantity) per arm, then
+    the signature's panels, each seed a dot."""
+    import ablate.analysis.testbed as testbed
+
+    saved = []
+    monkeypatch.setattr(testbed, "_save", lambda fig, path: saved.append(fig))
+    signature = {f"{name}_{case}": 0.1 for name in ("phantom", "first_key", "output_norm")
+                 for case in ("absent", "present")}
+    by_arm = {arm: [{"val_loss": 0.09 + seed / 100, "signature": signature} for seed in range(3)]
+              for arm in ("baseline", "sink-logit")}
+    testbed.plot_testbed("abstain-stream", by_arm, tmp_path / "f.png")
+    axes = saved[0].axes
+    assert len(axes) == 1 + len(testbed.SIGNATURE) and "declared quantity" in axes[0].get_title()
+    dots = [[round(float(y), 6) for y in c.get_offsets()[:, 1]] for c in axes[0].collections]
+    assert dots == [[0.09, 0.10, 0.11]] * 2  # one dot per seed, per arm
