@@ -56,7 +56,7 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     assert main(["table", *argv, "--kind", "declared"]) == 0
     declared = capsys.readouterr().out
     assert "| abstain-stream | stream_sink_logit (baseline − sink-logit) | 2 |" in declared  # paired over both seeds
-    assert "stream_renorm" in declared  # named as skipped: its arm did not run
+    assert "stream_off_by_one skipped" in declared  # named as skipped: its arm did not run
     assert main(["table", *argv, "--metric", "abstain/phantom_absent"]) == 0
     assert "| abstain-stream | sink-logit | 2 |" in capsys.readouterr().out  # the signature pairs like a loss
     assert main(["report", *argv]) == 0
@@ -145,8 +145,8 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     each worker process, so its arm trains beside the baseline; then the tables and the testbed's section."""
     (tmp_path / "my_arms.py").write_text(ARM_FILE)
     results = tmp_path / "results"
-    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--steps", "20", "--seed-count",
-            "2", "--parallel", "1", "--results", str(results)]
+    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--tier", "abstain-stream",
+            "--steps", "20", "--seed-count", "2", "--parallel", "1", "--results", str(results)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for seed in (0, 1):
@@ -167,6 +167,10 @@ def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     assert main(["testbed", "--arm", "no-such-arm", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "no-such-arm" in err and "sink-logit" in err and len(err.strip().splitlines()) == 1
+    assert main(["testbed", "--arm", "sink-logit", "--tier", "synthetic", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err  # the first testbed's tier is not this testbed's: one line, the valid tiers
+    assert "--tier 'synthetic'" in err and "abstain-stream" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()  # refused before anything ran
 
 
 def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(monkeypatch):
