@@ -61,6 +61,10 @@ def matched_mlp_hidden(config, tolerance: float = MATCH_TOLERANCE) -> int | None
     if abs(mine / base - 1) <= tolerance:
         return None
     width = config.mlp_width
+    if width < 1:
+        raise AblateError(f"arm {config.arm!r} adds {mine - base:,} non-embedding parameters and the model has no MLP "
+                          "(mlp_ratio 0): it cannot be parameter-matched by narrowing one; run it unmatched "
+                          "(match_params False)")
     slope = mine - _meta_counts(replace(config, mlp_hidden=width - 1))["non_embedding"]  # parameters per unit
     exact = width - round((mine - base) / slope)
     if exact < 1:

@@ -161,7 +161,7 @@ TIERS["abstain-stream"] = replace(
     TIERS["synthetic"], name="abstain-stream", n_layer=1, mlp_ratio=0, seq_len=TASKS["abstain-stream"]["window"],
     global_batch=STREAM_BATCH, tokens=STREAM_STEPS * STREAM_BATCH * TASKS["abstain-stream"]["window"], lr=2e-3,
     warmup_steps=50, vocab_size=1 + TASKS["abstain-stream"]["n_values"] * (1 + TASKS["abstain-stream"]["n_keys"]),
-    task="abstain-stream")
+    task="abstain-stream", seeds=12)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)
