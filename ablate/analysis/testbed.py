@@ -20,7 +20,7 @@ from ablate.store import SUMMARY, read_json
 from ablate.tiers import TASKS, TIERS
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
-SIGNATURE = (("first_key", "mass on the first key (BOS)"), ("phantom", "mass on the phantom key"),
+SIGNATURE = (("first_key", "mass on key 0 (BOS, a sink token, or the first pair)"), ("phantom", "mass on the phantom key"),
              ("output_norm", "norm of the head's read"))
 CASES = ("absent", "present")
 # Filter's signature: per panel its title and, per case (junk read, clean read), the summary key (None: no such case)
