@@ -20,8 +20,8 @@ from ablate.store import SUMMARY, read_json
 from ablate.tiers import TASKS, TIERS
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
-SIGNATURE = (("first_key", "mass on key 0 (BOS, a sink token, or the first pair)"), ("phantom", "mass on the phantom key"),
-             ("output_norm", "norm of the head's read"))
+SIGNATURE = (("first_key", "mass on key 0 (BOS, a sink token, or the first pair)"),
+             ("phantom", "mass on the phantom key"), ("output_norm", "norm of the head's read"))
 CASES = ("absent", "present")
 # Filter's signature: per panel its title and, per case (junk read, clean read), the summary key (None: no such case)
 FILTER_PANELS = (("attention mass at answers", ("junk_mass", "clean_mass")),
