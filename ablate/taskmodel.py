@@ -9,6 +9,9 @@ fused kernel and the arm's slots (`ablate.arms.attention`), shifted by one. Posi
 is zero; it predicts nothing). The parameters, their names and their initialisation are the GPT's, so two arms
 of a seed share their common weights as on any tier. A sequence arm's prepended token (sink-token) is an
 earlier position of every real one, so it stays a place to park: what the positive control uses.
+Limits: an arm with an output gate is refused (its gate would see the key positions' hidden states), and a
+score-bias arm's bias is computed on the shifted indices (query i + 1 gets the bias of query i: its distances
+are one short).
 """
 
 from __future__ import annotations
