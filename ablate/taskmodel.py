@@ -56,10 +56,19 @@ class StrictCausalAttention(CausalSelfAttention):
 
 def task_model(config: GPTConfig, task) -> GPT:
     """The GPT of `config` for `task`: with strictly-earlier attention when the task asks for it."""
+    return built_model(config, strict_causal=getattr(task, "strict_causal", False))
+
+
+def is_strict_causal(model: GPT) -> bool:
+    """Whether the model reads strictly earlier positions (what its saved weights must say, to be loaded as such)."""
+    return any(isinstance(block.attn, StrictCausalAttention) for block in model.blocks)
+
+
+def built_model(config: GPTConfig, strict_causal: bool) -> GPT:
     with warnings.catch_warnings():  # an attention-only model (mlp_ratio 0) has MLP matrices of no elements
         warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
         model = GPT(config)
-    if getattr(task, "strict_causal", False):
+    if strict_causal:
         for layer, block in enumerate(model.blocks):
             block.attn = StrictCausalAttention(config, layer)
         model.init_weights(0)  # as GPT() leaves a model: every parameter drawn by its name

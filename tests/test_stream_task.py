@@ -125,3 +125,21 @@ def test_the_testbed_figure_shows_the_declared_quantity_per_seed_beside_the_sign
     assert len(axes) == 1 + len(testbed.SIGNATURE) and "declared quantity" in axes[0].get_title()
     dots = [[round(float(y), 6) for y in c.get_offsets()[:, 1]] for c in axes[0].collections]
     assert dots == [[0.09, 0.10, 0.11]] * 2  # one dot per seed, per arm
+
+
+def test_saved_weights_of_a_stream_run_load_as_the_strict_causal_model(tmp_path):
+    """Probes and evals load a run's final weights (`ablate.modelio.load_model`): a stream run's load with their
+    strictly-earlier attention, so they compute what the run trained; a study model's file gains no key."""
+    from ablate.model import GPT
+    from ablate.modelio import load_model, save_model
+
+    task = StreamTask()
+    model = task_model(model_config(TIERS["abstain-stream"], "sink-logit"), task)
+    model.init_weights(3)
+    save_model(model, tmp_path / "w.pt")
+    loaded = load_model(tmp_path / "w.pt")
+    inputs = stream_batch(task, 4, seed=0)[0]
+    assert isinstance(loaded.blocks[0].attn, StrictCausalAttention)
+    assert torch.equal(loaded(inputs).logits, model.eval()(inputs).logits)
+    save_model(GPT(model_config(TIERS["smoke"], "baseline")), tmp_path / "plain.pt")
+    assert set(torch.load(tmp_path / "plain.pt", weights_only=True)) == {"config", "state_dict"}
