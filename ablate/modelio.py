@@ -24,13 +24,15 @@ from ablate.data.synthetic import SYNTHETIC_KEY
 from ablate.errors import AblateError
 from ablate.lock import FileLock
 from ablate.model import GPT, GPTConfig
+from ablate.taskmodel import built_model, is_strict_causal
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json, run_lock_path,
                           verified_weights_sha256)
 
 
 def save_model(model: GPT, path: str | Path) -> None:
     buffer = io.BytesIO()
-    torch.save({"config": dataclasses.asdict(model.config), "state_dict": model.state_dict()}, buffer)
+    strict = {"strict_causal": True} if is_strict_causal(model) else {}  # a stream-task model (ablate.taskmodel)
+    torch.save({"config": dataclasses.asdict(model.config), "state_dict": model.state_dict(), **strict}, buffer)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -39,7 +41,7 @@ def load_model(path: str | Path) -> GPT:
     or one that is not weights ablate saved, is refused in one line naming it."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
-        model = GPT(GPTConfig(**blob["config"]))
+        model = built_model(GPTConfig(**blob["config"]), strict_causal=bool(blob.get("strict_causal", False)))
         model.load_state_dict(blob["state_dict"])
     except AblateError:
         raise

@@ -34,7 +34,7 @@ def model_config(tier: Tier | str, arm: str, *, match_params: bool = False, **ov
     """
     tier = get_tier(tier) if isinstance(tier, str) else tier
     fields = dict(vocab_size=tier.vocab_size, n_layer=tier.n_layer, n_head=tier.n_head, n_kv_head=tier.n_kv_head,
-                  d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm)
+                  d_model=tier.d_model, max_seq_len=tier.seq_len, arm=arm, mlp_ratio=tier.mlp_ratio)
     fields.update(overrides)
     config = GPTConfig(**fields)
     if not match_params:
@@ -61,6 +61,10 @@ def matched_mlp_hidden(config, tolerance: float = MATCH_TOLERANCE) -> int | None
     if abs(mine / base - 1) <= tolerance:
         return None
     width = config.mlp_width
+    if width < 1:
+        raise AblateError(f"arm {config.arm!r} adds {mine - base:,} non-embedding parameters and the model has no MLP "
+                          "(mlp_ratio 0): it cannot be parameter-matched by narrowing one; run it unmatched "
+                          "(match_params False)")
     slope = mine - _meta_counts(replace(config, mlp_hidden=width - 1))["non_embedding"]  # parameters per unit
     exact = width - round((mine - base) / slope)
     if exact < 1:

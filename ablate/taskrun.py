@@ -32,11 +32,12 @@ from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_va
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
 from ablate.identity import config_fingerprint
 from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
-from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
+from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
 from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, atomic_write_json, file_sha256, run_key
 from ablate.store_summary import write_summary
+from ablate.taskmodel import task_model
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
     torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
     try:
         torch.manual_seed(config["seed"])
-        model = GPT(GPTConfig(**config["model"]))
+        model = task_model(GPTConfig(**config["model"]), task)
         model.init_weights(config["seed"])
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         metrics = MetricsLog(folder / METRICS)
@@ -179,12 +180,14 @@ def answer_signature(model, task: SyntheticTask, batches) -> dict:
     counts = {"absent": 0, "present": 0}
     for inputs, targets in batches:
         record = model(inputs, record=True).records[-1]
-        weights = record.weights.double()  # (B, H, T, T)
+        # The queries' rows are the last ones: a sink token's row comes first, a strict-causal model has none for 0
+        rows = min(record.weights.shape[2], targets.shape[1])
+        weights, targets = record.weights.double()[:, :, -rows:], targets[:, -rows:]  # (B, H, rows, keys)
         values = record.values.double()
-        values = values.repeat_interleave(weights.shape[1] // values.shape[1], dim=1)  # (B, H, T, d)
+        values = values.repeat_interleave(weights.shape[1] // values.shape[1], dim=1)  # (B, H, keys, d)
         parts = {"first_key": weights[..., 0].mean(1), "output_norm": (weights @ values).norm(dim=-1).mean(1)}
         # An arm without a phantom key puts no mass on nothing: 0, so that its pair with a phantom arm is counted.
-        parts["phantom"] = (record.phantom_mass.double().mean(1) if record.phantom_mass is not None
+        parts["phantom"] = (record.phantom_mass.double()[:, :, -rows:].mean(1) if record.phantom_mass is not None
                             else torch.zeros_like(parts["first_key"]))
         for case, where in (("absent", targets == task.NONE),
                             ("present", (targets != task.NONE) & (targets != IGNORE))):

@@ -71,6 +71,7 @@ class Tier:
     tokenizer: str = "gpt2"
     vocab_size: int = 50257
     task: str | None = None  # a task tier's synthetic task (`TASKS`): no corpus, batches drawn from the task
+    mlp_ratio: int = 4  # MLP width per d_model (0: attention only, the stream task's model)
 
     @property
     def tokens_per_step(self) -> int:
@@ -151,6 +152,16 @@ for _name in ("filter-norm", "filter-direction"):
         warmup_steps=100, seeds=5, val_interval=50, val_tokens=1, final_val_tokens=1, checkpoint_interval=10**9,
         micro_batch=FILTER_BATCH, data_dir="", tokenizer="synthetic", vocab_size=filter_vocab_size(TASKS[_name]),
         log_interval=1, task=_name, min_lr_ratio=0.1)
+# abstain-stream, the testbed's Abstain task without a place to park (`ablate.data.stream.StreamTask` fields): a
+# stream of pairs, no BOS, strictly-earlier attention, one layer and no MLP (docs/method.md, "The mechanism
+# testbed"). Sizes, budget, batch and learning rate chosen on the baseline alone (benchmarks/testbed_design.py).
+TASKS["abstain-stream"] = {"n_keys": 4, "n_values": 4, "window": 8}
+STREAM_STEPS, STREAM_BATCH = 600, 64
+TIERS["abstain-stream"] = replace(
+    TIERS["synthetic"], name="abstain-stream", n_layer=1, mlp_ratio=0, seq_len=TASKS["abstain-stream"]["window"],
+    global_batch=STREAM_BATCH, tokens=STREAM_STEPS * STREAM_BATCH * TASKS["abstain-stream"]["window"], lr=2e-3,
+    warmup_steps=50, vocab_size=1 + TASKS["abstain-stream"]["n_values"] * (1 + TASKS["abstain-stream"]["n_keys"]),
+    task="abstain-stream", seeds=12)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)

@@ -19,6 +19,7 @@ import ast
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -30,31 +31,55 @@ def _train_seed(config: dict, check: int) -> dict:
     from ablate.config import lr_at
     from ablate.data.filter import task_batch, task_from_fields, task_validation
     from ablate.loop import Step, make_optimizer
-    from ablate.model import GPT, GPTConfig
+    from ablate.model import GPTConfig
+    from ablate.taskmodel import task_model
     from ablate.taskrun import VAL_BATCH, VAL_BATCHES, _evaluate, training_seed
 
     from ablate.analysis.testbed import LEARNED_ACCURACY
 
     task = task_from_fields(config["synthetic_task"])
     torch.manual_seed(config["seed"])
-    model = GPT(GPTConfig(**config["model"]))
+    model = task_model(GPTConfig(**config["model"]), task)
     model.init_weights(config["seed"])
     validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
     optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
                 clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
-    clock, learned_at, accuracy = time.process_time(), None, 0.0
+    clock, learned_at, accuracy, curve = time.process_time(), None, 0.0, []
     model.train()
     for k in range(config["steps"]):
         batch = task_batch(task, config["global_batch"], training_seed(config["seed"], k))
         step(k + 1, lr_at(k, config), [batch])
         if (k + 1) % check == 0 or k + 1 == config["steps"]:
-            accuracy = _evaluate(model, task, validation)[1]
+            loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+            curve.append((k + 1, loss))
             model.train()
             if learned_at is None and accuracy >= LEARNED_ACCURACY:
                 learned_at = k + 1
-    return {"seed": config["seed"], "learned_at": learned_at, "accuracy": accuracy,
+    return {"seed": config["seed"], "learned_at": learned_at, "accuracy": accuracy, "val_loss": loss,
+            "absent_loss": _absent_loss(model, task, validation),
+            "absent_accuracy": absent_accuracy, "curve": curve,
             "learned": accuracy >= LEARNED_ACCURACY, "cpu_s": time.process_time() - clock}
+
+
+def _absent_loss(model, task, validation) -> float | None:
+    """The part of val_loss from NONE answers (summed over them, divided by all answers): what an arm that reads
+    nothing at an absent key could remove at most. None for a task without NONE answers."""
+    import torch
+
+    from ablate.data.synthetic import IGNORE
+
+    if not hasattr(task, "NONE"):
+        return None
+    model.eval()
+    absent_sum, answers = 0.0, 0
+    with torch.no_grad():
+        for inputs, targets in validation:
+            logits = model(inputs).logits[..., : task.vocab_size].float()
+            absent = targets == task.NONE
+            absent_sum += float(torch.nn.functional.cross_entropy(logits[absent], targets[absent], reduction="sum"))
+            answers += int((targets != IGNORE).sum())
+    return absent_sum / answers
 
 
 def _configs(tier_name: str, seeds: int, first: int, design: dict) -> list[dict]:
@@ -119,9 +144,15 @@ def main() -> None:
             raise SystemExit(f"the {kernels} run failed")
         learned = [r for r in rows if r["learned"]]
         print(f"{kernels}: {len(learned)}/{len(rows)} seeds learned; CPU {sum(r['cpu_s'] for r in rows):.0f} s")
+        losses = [r["val_loss"] for r in rows]
+        print(f"  val_loss at the budget: mean {statistics.fmean(losses):.4f}, sd "
+              f"{statistics.stdev(losses) if len(losses) > 1 else float('nan'):.4f}")
         for r in rows:
-            print(f"  seed {r['seed']:2d}: accuracy {r['accuracy']:.3f} at the budget, first >= criterion at step "
-                  f"{r['learned_at']}, CPU {r['cpu_s']:.1f} s")
+            absent = "" if r["absent_accuracy"] is None else (f" (absent {r['absent_accuracy']:.3f}, their part of "
+                                                              f"val_loss {r['absent_loss']:.4f})")
+            print(f"  seed {r['seed']:2d}: accuracy {r['accuracy']:.3f}{absent}, val_loss {r['val_loss']:.4f} at the "
+                  f"budget, first >= criterion at step {r['learned_at']}, CPU {r['cpu_s']:.1f} s; val_loss by step: "
+                  + ", ".join(f"{step} {loss:.3f}" for step, loss in r["curve"]))
 
 
 if __name__ == "__main__":

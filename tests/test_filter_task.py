@@ -104,7 +104,7 @@ def test_a_filter_run_records_its_signature(tmp_path, capsys):
 
 
 REPO = Path(__file__).resolve().parents[1]
-TESTBED = REPO / "experiments" / "testbed.py"
+TESTBED = REPO / "experiments" / "testbed_v1.py"  # the first testbed, whose tiers these are
 
 
 def per_tier(**changes) -> Experiment:
@@ -156,7 +156,7 @@ def test_the_testbed_runs_each_task_s_arms():
 
 
 def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
-    text = TESTBED.read_text().replace('name="testbed"', 'name="tb_filter"').replace(
+    text = TESTBED.read_text().replace('name="testbed_v1"', 'name="tb_filter"').replace(
         "seeds=5,", 'seeds=2, overrides={"steps": 15, "val_interval": 5},')
     (tmp_path / "tb_filter.py").write_text(text)
     argv = [str(tmp_path / "tb_filter.py"), "--results", str(tmp_path / "r")]

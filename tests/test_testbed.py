@@ -1,4 +1,4 @@
-"""The mechanism testbed (experiments/testbed.py, tier `synthetic`): its runs go through submit, the store, the
+"""The mechanism testbed (experiments/testbed.py, tier `abstain-stream`): its runs go through submit, the store, the
 tables and the report like any grid, and its declared decisions do not depend on the CPU kernel set."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def test_the_task_tier_has_its_tasks_sizes_and_counts_as_evidence():
 
 def small_testbed(folder: Path, steps: int) -> Path:
     """The testbed with fewer seeds and steps: the same arms, tier and declared comparisons."""
-    text = TESTBED.read_text().replace('name="testbed"', 'name="tb_small"').replace(
-        "seeds=5,", f'seeds=2, overrides={{"steps": {steps}, "val_interval": 10}},')
+    text = re.sub(r"seeds=\d+,", f'seeds=2, overrides={{"steps": {steps}, "val_interval": 10}},',
+                  TESTBED.read_text().replace('name="testbed"', 'name="tb_small"'))
     path = folder / "tb_small.py"
     path.write_text(text)
     return path
@@ -47,7 +47,7 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     results = tmp_path / "results"
     argv = [str(experiment), "--results", str(results)]
     assert main(["submit", *argv, "--arms", "baseline", "sink-logit", "--executor", "local", "--parallel", "1"]) == 0
-    run = results / "tb_small" / "synthetic" / "sink-logit" / "seed1"
+    run = results / "tb_small" / "abstain-stream" / "sink-logit" / "seed1"
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["status"] == "completed" and summary["steps"] == 30
             and 0 < summary["signature"]["phantom_absent"] < 1)
@@ -55,16 +55,16 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     capsys.readouterr()
     assert main(["table", *argv, "--kind", "declared"]) == 0
     declared = capsys.readouterr().out
-    assert "| synthetic | abstain_sink_logit (baseline − sink-logit) | 2 |" in declared  # paired over both seeds
-    assert "renorm_control" in declared  # named as skipped: its arm did not run
+    assert "| abstain-stream | stream_sink_logit (baseline − sink-logit) | 2 |" in declared  # paired over both seeds
+    assert "stream_off_by_one skipped" in declared  # named as skipped: its arm did not run
     assert main(["table", *argv, "--metric", "abstain/phantom_absent"]) == 0
-    assert "| synthetic | sink-logit | 2 |" in capsys.readouterr().out  # the signature pairs like a loss
+    assert "| abstain-stream | sink-logit | 2 |" in capsys.readouterr().out  # the signature pairs like a loss
     assert main(["report", *argv]) == 0
     report = results / "tb_small" / "report"
     text = (report / "summary.md").read_text()
     assert "## Mechanism testbed" in text and "| sink-logit | " in text.split("## Mechanism testbed")[1]
-    assert "abstain_sink_logit (baseline − sink-logit)" in text and "decision " in text
-    assert (report / "testbed_synthetic.png").stat().st_size > 10_000
+    assert "stream_sink_logit (baseline − sink-logit)" in text and "decision " in text
+    assert (report / "testbed_abstain-stream.png").stat().st_size > 10_000
     # A second submit finds every run done: nothing is trained twice or overwritten.
     before = (run / "summary.json").read_bytes()
     assert main(["submit", *argv, "--arms", "baseline", "sink-logit", "--executor", "local", "--parallel", "1"]) == 0
@@ -77,13 +77,13 @@ def decisions(folder: Path) -> dict[str, str]:
     return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True)}
 
 
-SUBSET = {"synthetic": ("baseline", "sink-logit"), "filter-direction": ("baseline", "proj-gate")}
+SUBSET = {"abstain-stream": ("baseline", "sink-token", "sink-logit")}
 
 
 def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
-    """A subset of the testbed at the default budget under one kernel set (None: the machine's own), one declared
-    prediction of each task: the demo's Abstain pair and the Filter pair baseline and proj-gate at
-    filter-direction, 5 seeds each. Returns the kernel set every run recorded and the declared decisions."""
+    """A subset of the testbed at the default budget under one kernel set (None: the machine's own): the demo's
+    arms, the positive control's and the headline prediction's, every seed. Returns the kernel set every run
+    recorded and the declared decisions."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability.lower()
@@ -93,7 +93,8 @@ def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[st
                        env=env, check=True, capture_output=True)
     folder = results / "testbed"
     summaries = [json.loads(p.read_text()) for p in folder.glob("*/*/seed*/summary.json")]
-    assert len(summaries) == 20 and all(s["status"] == "completed" for s in summaries)
+    seeds = load_experiment(TESTBED).seed_count("abstain-stream")
+    assert len(summaries) == 3 * seeds and all(s["status"] == "completed" for s in summaries)
     kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
     assert len(kernels) == 1 and (capability is None or kernels == {capability})
     return kernels.pop(), decisions(folder)
@@ -103,15 +104,15 @@ def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[st
 def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path):
     """The declared decisions are the same under the machine's own kernels and AVX2; where the machine's own are
     AVX2 (no AVX-512), under AVX2 and the scalar DEFAULT set, so two kernel sets are always compared. The kernel
-    set is what each run recorded. A subset, one prediction of each task; `benchmarks/testbed_kernels.py`
-    compares every prediction over the whole grid. (Whether every seed learned is reported by the report's
-    testbed section, not asserted here; see docs/method.md.)"""
+    set is what each run recorded. The demo's subset (the control and the headline prediction);
+    `benchmarks/testbed_kernels.py` compares every prediction over the whole grid. (Whether every seed learned is
+    reported by the report's testbed section, not asserted here; see docs/method.md.)"""
     native, native_decisions = decisions_under(None, tmp_path / "native")
     other = "DEFAULT" if native == "AVX2" else "AVX2"
     kernels, other_decisions = decisions_under(other, tmp_path / other)
     assert kernels != native, f"both runs used the same kernel set: {native}"
     assert native_decisions == other_decisions
-    assert set(native_decisions) == {"abstain_sink_logit", "filter_direction_proj_gate"}
+    assert set(native_decisions) == {"control_park_position", "stream_sink_logit"}
 
 
 def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
@@ -126,7 +127,7 @@ def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
     assert main(["submit", *argv, "--executor", "local", "--parallel", "1"]) == 0
     capsys.readouterr()
     assert main(["table", *argv, "--metric", "abstain/first_key_absent"]) == 0
-    assert "| synthetic | learned-alibi | 2 |" in capsys.readouterr().out
+    assert "| abstain-stream | learned-alibi | 2 |" in capsys.readouterr().out
 
 
 ARM_FILE = '''from ablate.arms import register_arm
@@ -144,17 +145,19 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     each worker process, so its arm trains beside the baseline; then the tables and the testbed's section."""
     (tmp_path / "my_arms.py").write_text(ARM_FILE)
     results = tmp_path / "results"
-    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--steps", "20", "--seed-count",
-            "2", "--parallel", "1", "--results", str(results)]
+    argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--tier", "abstain-stream",
+            "--steps", "20", "--seed-count", "2", "--parallel", "1", "--results", str(results)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for seed in (0, 1):
-        summary = json.loads((results / "testbed_steps20" / "synthetic" / "my-sink" / f"seed{seed}"
+        summary = json.loads((results / "testbed_steps20" / "abstain-stream" / "my-sink" / f"seed{seed}"
                               / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] == 20 and summary["arm"] == "my-sink"
-    assert "| synthetic | my-sink | 2 |" in out  # the paired table: baseline − my-sink over both seeds
+    assert "| abstain-stream | my-sink | 2 |" in out  # the paired table: baseline − my-sink over both seeds
     assert re.search(r"\| my-sink \| [012]/2 \|", out)  # the testbed section: seeds learned
-    assert "abstain_sink_logit skipped" in out  # the testbed's declared comparisons, read as `ablate table` does
+    # No declared comparison names my-sink: one line says so, no empty declared table, no "Holm's m per tier = ;"
+    assert "no declared comparison of the testbed names my-sink at tier(s) abstain-stream" in out
+    assert "Holm's m per tier = ;" not in out and "| comparison |" not in out
 
 
 def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
@@ -164,6 +167,10 @@ def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     assert main(["testbed", "--arm", "no-such-arm", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "no-such-arm" in err and "sink-logit" in err and len(err.strip().splitlines()) == 1
+    assert main(["testbed", "--arm", "sink-logit", "--tier", "synthetic", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err  # the first testbed's tier is not this testbed's: one line, the valid tiers
+    assert "--tier 'synthetic'" in err and "abstain-stream" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()  # refused before anything ran
 
 
 def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(monkeypatch):

@@ -20,7 +20,10 @@ def non_embedding(tier, arm, match):
     return _meta_counts(model_config(TIERS[tier], arm, match_params=match))["non_embedding"]
 
 
-@pytest.mark.parametrize("tier", list(TIERS))
+ATTENTION_ONLY = [name for name, tier in TIERS.items() if tier.mlp_ratio == 0]  # no MLP to narrow
+
+
+@pytest.mark.parametrize("tier", [name for name in TIERS if name not in ATTENTION_ONLY])
 def test_matched_counts_within_half_a_percent_for_every_arm(tier):
     base = non_embedding(tier, "baseline", False)
     narrowed = []
@@ -71,8 +74,8 @@ def test_gpt2_tiers_have_gpt2_shapes_and_the_same_budgets():
         assert all(getattr(tier, f) == getattr(ref, f) for f in same)
         assert abs(non_embedding(name, "baseline", False) / non_emb - 1) < 0.01
         assert abs(tier.nominal_params / non_emb - 1) < 0.01
-    assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "10M", "50M", "124M-gpt2", "124M",
-                          "350M-gpt2", "350M")
+    assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "abstain-stream", "10M", "50M",
+                          "124M-gpt2", "124M", "350M-gpt2", "350M")
 
 
 def test_docstring_names_the_learning_rates_the_tiers_use():
@@ -115,3 +118,14 @@ def test_micro_batch_follows_the_gpu_memory():
         micro_batch_for("350M", 4)
     with pytest.raises(AblateError, match="world size 3 must divide"):
         micro_batch_for("10M", 80, world_size=3)
+
+
+@pytest.mark.parametrize("tier", ATTENTION_ONLY)
+def test_an_attention_only_tier_matches_the_small_arms_and_refuses_to_narrow_an_mlp_it_has_not(tier):
+    """abstain-stream has no MLP: an arm within the tolerance keeps the baseline's config; one that is not (g2-value,
+    +d² per layer) is refused in one line, never built with a negative width."""
+    assert ATTENTION_ONLY == ["abstain-stream"]
+    for arm in ("sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm"):
+        assert model_config(TIERS[tier], arm, match_params=True) == model_config(TIERS[tier], arm)
+    with pytest.raises(AblateError, match="'g2-value' adds 4,096 non-embedding parameters and the model has no MLP"):
+        model_config(TIERS[tier], "g2-value", match_params=True)

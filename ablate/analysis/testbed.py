@@ -20,8 +20,8 @@ from ablate.store import SUMMARY, read_json
 from ablate.tiers import TASKS, TIERS
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
-SIGNATURE = (("first_key", "mass on the first key (BOS)"), ("phantom", "mass on the phantom key"),
-             ("output_norm", "norm of the head's read"))
+SIGNATURE = (("first_key", "mass on key 0 (BOS, a sink token, or the first pair)"),
+             ("phantom", "mass on the phantom key"), ("output_norm", "norm of the head's read"))
 CASES = ("absent", "present")
 # Filter's signature: per panel its title and, per case (junk read, clean read), the summary key (None: no such case)
 FILTER_PANELS = (("attention mass at answers", ("junk_mass", "clean_mass")),
@@ -82,12 +82,21 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
 
 
 def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
-    """One panel per signature quantity; per arm its seeds as dots at absent and present keys."""
+    """The declared quantity (the loss at the budget), then one panel per signature quantity; per arm its seeds
+    as dots (at absent and present keys, or at junk and clean reads)."""
     colours = arm_colours(list(by_arm))
     panels, labels = _panels(tier)
-    fig = figure(figsize=(4 * len(panels), 4))
-    axes = fig.subplots(1, len(panels))
+    fig = figure(figsize=(4 * (len(panels) + 1), 4))
+    axes = fig.subplots(1, len(panels) + 1)
     width = 0.8 / max(len(by_arm), 1)
+    declared = axes[0]
+    for k, (arm, summaries) in enumerate(by_arm.items()):
+        losses = [s["val_loss"] for s in summaries if s.get("val_loss") is not None]
+        declared.scatter([k] * len(losses), losses, s=14, color=colours[arm])
+    declared.set_xticks(range(len(by_arm)), labels=list(by_arm), rotation=30, fontsize=8)
+    declared.set_title("declared quantity: val_loss at the budget", fontsize=10)
+    declared.grid(axis="y", alpha=0.3)
+    axes = axes[1:]
     for ax, (title, per_case) in zip(axes, panels):
         for k, (arm, summaries) in enumerate(by_arm.items()):
             for i, key in enumerate(per_case):

@@ -19,6 +19,8 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--arm-file", metavar="FILE.py",
                         help="a Python file that registers your arm(s) (`@register_arm(\"my-arm\")`), loaded the "
                              "way an experiment file is: its folder is on the import path while it loads")
+    parser.add_argument("--tier", action="append", metavar="TIER",
+                        help="only this task tier of the testbed (repeat for more; default: all of its tiers)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="a smaller budget for a quick look (its runs go to testbed_stepsN, apart from the "
                              "default budget's)")
@@ -51,8 +53,12 @@ def _experiment(args):
 
     testbed = load_experiment("testbed")
     arms = tuple(dict.fromkeys(("baseline", *args.arm)))
-    changes = {"arms": arms, "hypotheses": tuple(h for h in testbed.hypotheses  # those whose arms run
-                                                 if {h.minuend, h.subtrahend} <= set(arms))}
+    tiers = tuple(dict.fromkeys(args.tier or testbed.tiers))
+    unknown = [t for t in tiers if t not in testbed.tiers]
+    if unknown:
+        raise AblateError(f"--tier {unknown[0]!r} is not a tier of the testbed; valid tiers: "
+                          f"{', '.join(testbed.tiers)}")
+    changes = {"arms": arms, "tiers": tiers, "hypotheses": named_comparisons(testbed, arms, tiers)}
     for name, value in (("--steps", args.steps), ("--seed-count", args.seed_count), ("--parallel", args.parallel)):
         if value is not None and value < 1:
             raise AblateError(f"{name} {value}: give a positive whole number")
@@ -62,6 +68,12 @@ def _experiment(args):
     if args.seed_count:
         changes["seeds"] = args.seed_count
     return testbed, dataclasses.replace(testbed, **changes)
+
+
+def named_comparisons(testbed, arms, tiers) -> tuple:
+    """The testbed's declared comparisons whose two arms both run, at one of the tiers that run."""
+    return tuple(h for h in testbed.hypotheses
+                 if {h.minuend, h.subtrahend} <= set(arms) and any(h.at(tier) for tier in tiers))
 
 
 def testbed_command(args) -> int:
@@ -79,9 +91,16 @@ def testbed_command(args) -> int:
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel))
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
     runs = load_runs(results / experiment.name)
-    declared = Declared.of(testbed.hypotheses)  # all of the testbed's, as `ablate table testbed` reads them
-    for kind in ("declared", "paired"):
-        print(KINDS[kind].render(build_table(runs, kind, None, declared), "md"))
+    if experiment.hypotheses:  # the testbed's comparisons whose arms ran, in the testbed's own family
+        print(KINDS["declared"].render(build_table(runs, "declared", None, Declared.of(experiment.hypotheses)), "md"))
+    unnamed = [arm for arm in args.arm if arm != "baseline" and not any(
+        arm in (h.minuend, h.subtrahend) for h in experiment.hypotheses)]
+    if unnamed:
+        print(f"no declared comparison of the testbed names {', '.join(unnamed)} at tier(s) "
+              f"{', '.join(experiment.tiers)}: its rows in the paired table below are exploratory (unadjusted p, "
+              "never called supported)")
+    declared = Declared.of(experiment.hypotheses) if experiment.hypotheses else None
+    print(KINDS["paired"].render(build_table(runs, "paired", None, declared), "md"))
     for tier, by_arm in task_runs(runs).items():
         print(testbed_markdown(tier, by_arm) + "\n")
     if failed:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ablate.data.stream import StreamTask, stream_batch, stream_validation
 from ablate.data.synthetic import (IGNORE, VALIDATION_SEED_OFFSET, PairTokens, SyntheticTask, synthetic_batch,
                                    synthetic_validation)
 
@@ -129,15 +130,21 @@ def filter_validation(task: FilterTask, batch_size: int, n_batches: int, seed: i
 
 
 def task_from_fields(fields: dict):
-    """A task tier's task from its config.json fields (`ablate.tiers.TASKS`): Filter's carry a `mark`."""
-    return FilterTask(**fields) if "mark" in fields else SyntheticTask(**fields)
+    """A task tier's task from its config.json fields (`ablate.tiers.TASKS`): Filter's carry a `mark`, the stream
+    task's a `window`."""
+    if "mark" in fields:
+        return FilterTask(**fields)
+    return StreamTask(**fields) if "window" in fields else SyntheticTask(**fields)
+
+
+_BATCHES = {FilterTask: (filter_batch, filter_validation), StreamTask: (stream_batch, stream_validation),
+            SyntheticTask: (synthetic_batch, synthetic_validation)}
 
 
 def task_batch(task, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A training batch of either task: a pure function of (task, batch size, seed)."""
-    return (filter_batch if isinstance(task, FilterTask) else synthetic_batch)(task, batch_size, seed)
+    """A training batch of any task: a pure function of (task, batch size, seed)."""
+    return _BATCHES[type(task)][0](task, batch_size, seed)
 
 
 def task_validation(task, batch_size: int, n_batches: int, seed: int = 0):
-    return (filter_validation if isinstance(task, FilterTask) else synthetic_validation)(
-        task, batch_size, n_batches, seed)
+    return _BATCHES[type(task)][1](task, batch_size, n_batches, seed)
