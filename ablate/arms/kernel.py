@@ -204,22 +204,27 @@ class Hooks:
 
 def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    n_head, d = q.shape[1], q.shape[-1]
+    n_head, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d)
     gqa = k.shape[1] != n_head
-    if sink is None and log_gate is None and bias is None:
+    if sink is None and log_gate is None and bias is None and dv == d:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     q2, k2, v2 = _extra_columns(q, k, v, sink, log_gate, scale)
     mask = None if bias is None else _bias_mask(bias, sink is not None, q2.dtype)
     o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
-    return o[:, :, 1:, :d] if sink is not None else o[..., :d]
+    return o[:, :, 1:, :dv] if sink is not None else o[..., :dv]
 
 
 def _extra_columns(q, k, v, sink, log_gate, scale: float):
-    """q, k, v with the denominator and routing slots in extra head dimensions (unchanged without them)."""
+    """q, k, v with the denominator and routing slots in extra head dimensions (unchanged without them), and one
+    head dim for all three (zero columns: q·k and the read are unchanged), as the fused kernels want. A value head
+    wider than the query's (an override's core call on half-heads, as `diff` makes) widens q and k with zeros."""
+    n_head, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
     if sink is None and log_gate is None:
-        return q, k, v
-    n_head, d = q.shape[1], q.shape[-1]
+        if dv == d:
+            return q, k, v
+        width = max(d, dv)
+        return F.pad(q, (0, width - d)), F.pad(k, (0, width - d)), F.pad(v, (0, width - dv))
     B, T = q.shape[0], q.shape[2]
     q_extra, k_extra = [], []
     if sink is not None:
@@ -234,7 +239,9 @@ def _extra_columns(q, k, v, sink, log_gate, scale: float):
         k_extra.append(k.new_zeros(B, k.shape[1], T, pad))
     q2 = torch.cat([q, *q_extra], dim=-1)  # (B, H, T, d + e)
     k2 = torch.cat([k, *k_extra], dim=-1)  # (B, Hkv, T, d + e)
-    v2 = F.pad(v, (0, k2.shape[-1] - d))  # fused kernels need one head dim for q, k and v: zero columns
+    if dv > k2.shape[-1]:
+        q2, k2 = F.pad(q2, (0, dv - q2.shape[-1])), F.pad(k2, (0, dv - k2.shape[-1]))
+    v2 = F.pad(v, (0, k2.shape[-1] - dv))  # fused kernels need one head dim for q, k and v: zero columns
     if sink is not None:
         sink_key = k2.new_zeros(B, k.shape[1], 1, k2.shape[-1])
         sink_key[..., d] = 1.0 / scale
