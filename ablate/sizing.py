@@ -236,6 +236,8 @@ def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = Non
         rows.append({
             "arm": name,
             "slots": list(cls.slots()) or (["sequence"] if cls.sequence_token else []),
+            "hooks": list(cls.hooks()),
+            "path": {"cpu": cls.path("cpu"), "cuda": cls.path("cuda")},
             "extra_params_per_layer": 0 if cls.sequence_token else extra,
             "extra_params_once": extra if cls.sequence_token else 0,
             "description": cls.description,
