@@ -97,6 +97,12 @@ ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
 RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
 USABLE_FRACTION = 0.9
 EVAL_BATCH = 16  # `ablate eval --batch-size`'s default
+# An arm on the reference path (a score modifier or a normaliser where flex_attention does not run it) materialises
+# (B, H, T, T) per layer: float32 tensors of that size kept for the backward pass per layer (measured with
+# saved_tensors_hooks on the CPU: 1.25 for softcap and ssmax, 0.25 for sigmoid, 0.3 for forgetting, the mask's
+# bytes included), and the working tensors of one layer's forward or backward (logits, weights, their gradients).
+REFERENCE_SAVED_PER_LAYER = 3
+REFERENCE_WORKING = 4
 PHASES = ("train_step", "evaluation", "final_evaluation", "eval_scoring")
 
 
@@ -108,9 +114,19 @@ def loss_chunk_for(setting: int | None, device) -> int:
     return int(setting) if setting is not None else (0 if kind == "cpu" else LOSS_CHUNK)
 
 
+def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: str = "cuda") -> tuple[int, int]:
+    """(bytes kept for the backward pass in all layers, working bytes of one layer) of the (B, H, T, T) tensors an
+    arm on the reference path materialises for `rows` sequences; (0, 0) on the fused and flex paths."""
+    if arm is None or get_arm(arm).path(device) != "reference":
+        return 0, 0
+    square = rows * tier.n_head * tier.seq_len * tier.seq_len * 4
+    return tier.n_layer * REFERENCE_SAVED_PER_LAYER * square, REFERENCE_WORKING * square
+
+
 def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
                      mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, precision: str = "bf16-mixed",
-                     reserved_gb: float = RESERVED_GB) -> dict[str, float]:
+                     reserved_gb: float = RESERVED_GB, arm: str | None = None,
+                     device: str = "cuda") -> dict[str, float]:
     """Estimated peak memory (GB) of each phase of a run of `tier`: {phase: GB} for PHASES.
 
     a = 2 bytes per activation under "bf16-mixed" autocast (a GPU's default), 4 under "32-true" (a CPU's);
@@ -132,6 +148,10 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
       for eval_batch × seq_len tokens; float32 logits 4·V for every token and, for a row of seq_len, its
       contiguous copy, its log-softmax and the last row's, 3 × 4·V; or (4 + 4)·V for `loss_chunk` tokens
       (`ablate.evals.lm.AblateLM`).
+    * `arm` on the reference path on `device` (`Arm.path`: a score modifier or normaliser that flex_attention does
+      not run there): its (B, H, T, T) float32 tensors, REFERENCE_SAVED_PER_LAYER per layer kept for the backward
+      pass and REFERENCE_WORKING of one layer at a time (`reference_attention_bytes`), in every phase; none on the
+      fused and flex paths, which keep no T×T tensor. Without `arm`: the fused path's estimate.
     Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
     again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
     (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
@@ -152,10 +172,13 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
         return per_token * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
 
     tokens, scored = micro_batch * seq, eval_batch * seq
-    saved = tokens * layers * (8 * d + a * (11 * d + 2 * m)) * ACTIVATION_SAFETY
+    square_saved, square_working = reference_attention_bytes(tier, micro_batch, arm, device)
+    _, square_scoring = reference_attention_bytes(tier, eval_batch, arm, device)
+    saved = (tokens * layers * (8 * d + a * (11 * d + 2 * m)) + square_saved + square_working) * ACTIVATION_SAFETY
     working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
-    evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
-    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
+    evaluation = states + (tokens * working + square_working
+                           + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
+    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m)) + square_scoring
                             + (output(scored, 8) if loss_chunk > 0
                                else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
     train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
@@ -166,14 +189,15 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
 
 def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
                        mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH,
-                       precision: str = "bf16-mixed") -> float:
-    """Estimated peak GPU memory (GB) of a run of `tier`: the largest of its phases (`memory_phases_gb`)."""
+                       precision: str = "bf16-mixed", arm: str | None = None) -> float:
+    """Estimated peak GPU memory (GB) of a run of `tier` (of `arm`: its path's attention counted): the largest of
+    its phases (`memory_phases_gb`)."""
     return max(memory_phases_gb(tier, micro_batch, world_size=world_size, loss_chunk=loss_chunk,
-                                mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision).values())
+                                mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision, arm=arm).values())
 
 
 def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
-                    mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH) -> int:
+                    mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, arm: str | None = None) -> int:
     """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and for which every
     phase's estimate (`memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
     of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps the global batch, and so the
@@ -183,7 +207,8 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
         raise AblateError(f"world size {world_size} must divide tier {tier.name}'s global batch {tier.global_batch}")
     local = tier.global_batch // world_size
     budget = USABLE_FRACTION * gpu_mem_gb
-    options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch)
+    options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch,
+                   arm=arm)
     for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
         if memory_estimate_gb(tier, micro, **options) <= budget:
             return micro
@@ -198,19 +223,21 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
 GPU_SIZED = ("global_batch", "seq_len")  # run options that change what fits a GPU (besides loss_chunk, model)
 
 
-def run_micro_batch(tier: Tier | str, gpu_mem_gb: float, options: dict, *, world_size: int = 1) -> int:
+def run_micro_batch(tier: Tier | str, gpu_mem_gb: float, options: dict, *, world_size: int = 1,
+                    arm: str | None = None) -> int:
     """The micro-batch a run with these options (an experiment's tier overrides, the command's options on
     top) has on a GPU of `gpu_mem_gb`: the options' micro_batch when set, else the largest that fits
     (`micro_batch_for`) with the run's own loss chunk (`loss_chunk_for(options' loss_chunk, "cuda")`: 0
-    sizes for the unchunked loss), batch shape and MLP width. `ablate plan`, `ablate submit` and the run
-    all take it from here, so the micro-batch a plan prints is the one the run uses."""
+    sizes for the unchunked loss), batch shape and MLP width, and `arm`'s attention path (an arm on the reference
+    path materialises (B, H, T, T) per layer). `ablate plan`, `ablate submit` and the run all take it from here,
+    so the micro-batch a plan prints is the one the run uses."""
     if options.get("micro_batch"):
         return int(options["micro_batch"])
     tier = get_tier(tier) if isinstance(tier, str) else tier
     tier = replace(tier, **{key: int(options[key]) for key in GPU_SIZED if options.get(key) is not None})
     return micro_batch_for(tier, gpu_mem_gb, world_size=world_size,
                            loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"),
-                           mlp_hidden=(options.get("model") or {}).get("mlp_hidden"))
+                           mlp_hidden=(options.get("model") or {}).get("mlp_hidden"), arm=arm)
 
 
 def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None, *, tier: str | None = None,
