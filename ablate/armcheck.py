@@ -22,7 +22,8 @@ from ablate.arms.kernel import Hooks, _flex, attention, key_signals, reference_a
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 
-HEADS, KV_HEADS, HEAD_DIM, WIDTH = 4, 2, 8, 32  # the check's shape: grouped-query attention, head dim 8
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8  # the check's shape: grouped-query attention, head dim 8
+WIDTH = HEADS * HEAD_DIM
 VALUE_RTOL, GRAD_RTOL = 1e-10, 1e-9  # float64: the fused kernels sum in another order than the reference
 DECODE_ATOL = 1e-9
 PARAMETER_SCALE = 0.7  # arm parameters drawn N(0, 0.7²): away from the init, over the whole parameter space
@@ -47,18 +48,22 @@ def randomise(module: torch.nn.Module, seed: int = 0, scale: float = PARAMETER_S
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
 
 
-def check_inputs(T: int = 11, B: int = 2, seed: int = 0, dtype=torch.float64):
+CUDA_HEAD_DIM = 64  # flex_attention's GPU kernels want a head dim of 16 or more
+
+
+def check_inputs(T: int = 11, B: int = 2, seed: int = 0, dtype=torch.float64, head_dim: int = HEAD_DIM):
     gen = torch.Generator().manual_seed(seed)
+    width = HEADS * head_dim
 
     def make(*shape):
         return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
 
-    return (make(B, HEADS, T, HEAD_DIM), make(B, KV_HEADS, T, HEAD_DIM), make(B, KV_HEADS, T, HEAD_DIM),
-            make(B, T, WIDTH))
+    return (make(B, HEADS, T, head_dim), make(B, KV_HEADS, T, head_dim), make(B, KV_HEADS, T, head_dim),
+            make(B, T, width))
 
 
-def make_checked_arm(name: str, layer: int = 0, seed: int = 0):
-    arm = get_arm(name)(ArmContext(HEADS, KV_HEADS, HEAD_DIM, WIDTH, n_layer=2, layer=layer)).double()
+def make_checked_arm(name: str, layer: int = 0, seed: int = 0, head_dim: int = HEAD_DIM):
+    arm = get_arm(name)(ArmContext(HEADS, KV_HEADS, head_dim, HEADS * head_dim, n_layer=2, layer=layer)).double()
     randomise(arm, seed)
     return arm
 
@@ -147,12 +152,12 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
     if cls.path("cuda") != "flex":
         return CheckResult("flex: flex_attention = reference", "not run", f"{name} does not take the flex path")
     cuda = device == "cuda"
-    dtype = torch.float32 if cuda else torch.float64
-    arm = make_checked_arm(name).to(device=device, dtype=dtype)
+    dtype, head_dim = (torch.float32, CUDA_HEAD_DIM) if cuda else (torch.float64, HEAD_DIM)
+    arm = make_checked_arm(name, head_dim=head_dim).to(device=device, dtype=dtype)
     runs = []
     for flex in (True, False):
-        q, k, v, x = (t.detach().to(device).requires_grad_(cuda) for t in check_inputs(T=128 if cuda else 11,
-                                                                                        dtype=dtype))
+        inputs = check_inputs(T=256 if cuda else 11, dtype=dtype, head_dim=head_dim)
+        q, k, v, x = (t.detach().to(device).requires_grad_(cuda) for t in inputs)
         arm.zero_grad()
         with torch.set_grad_enabled(cuda):
             values, _, log_gate = key_signals(arm, v, x)

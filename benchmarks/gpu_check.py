@@ -7,7 +7,10 @@ What it measures, per arm (model built by `ablate.sizing.model_config`, weights 
 * accuracy: the fused path under bf16 autocast against the reference path in float32 (materialised
   attention weights), same weights, one batch: the largest absolute logit error and both losses;
 * backend: forward+backward with `sdpa_kernel` restricted to the flash kernel, then to the
-  memory-efficient one; the math kernel (a T×T tensor) is never allowed, so a fallback raises;
+  memory-efficient one; the math kernel (a T×T tensor) is never allowed, so a fallback raises; an arm with a
+  score modifier or a normaliser (`--arms softcap sigmoid forgetting ssmax`) takes compiled flex_attention on
+  CUDA instead (`Arm.path`), checked against the reference path in float32, forward and every gradient
+  (`ablate.armcheck.check_flex`: the sink as o·σ(lse − b), a normaliser's log-weight as o·exp(lse));
 * speed: training steps (forward, backward, AdamW; fused AdamW on CUDA) timed after warm-up: step
   time, tokens/s and their ratio to the baseline's, MFU (6·N·D + attention FLOPs, as `ablate plan`
   counts them, over the GPU's peak bf16 throughput from `ablate.tiers.GPUS`), peak memory.
@@ -34,7 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -45,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import phase_memory  # noqa: E402  (benchmarks/phase_memory.py)
 
-from ablate.arms import study_arms  # noqa: E402
+from ablate.armcheck import check_flex  # noqa: E402
+from ablate.arms import get_arm, study_arms  # noqa: E402
 from ablate.model import GPT  # noqa: E402
 from ablate.errors import AblateError  # noqa: E402
 from ablate.plan import training_flops  # noqa: E402
@@ -264,8 +268,13 @@ def main(argv=None) -> int:
         report["note"] = f"{name} is not in ablate.tiers.GPUS: no peak, so no MFU"
     for arm in args.arms or study_arms():  # the study's arms; examples (alibi, …) with --arms
         model = build(arm, shp, device)
-        row = {"accuracy": accuracy(arm, shp, data, device), "backend": backend(model, data, device),
+        path = get_arm(arm).path(device.type)  # fused SDPA, or (score modifier / normaliser) flex or reference
+        row = {"path": path, "accuracy": accuracy(arm, shp, data, device),
+               "backend": backend(model, data, device) if path == "fused" else {"fused_kernel_used": path == "flex",
+                                                                                 "path": path},
                "speed": speed(model, data, device, args.warmup, args.timed, peak)}
+        if path == "flex":  # compiled flex_attention against the reference: forward and every gradient, float32
+            row["flex_check"] = asdict(check_flex(arm, device.type))
         report["arms"][arm] = row
         del model
         if device.type == "cuda":
