@@ -115,7 +115,7 @@ class CausalSelfAttention(nn.Module):
             context = AttentionContext(x, positions, positions, self.train_len, {} if shared is None else shared,
                                        decoding=cache is not None)
         y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record and cache is None,
-                           context=context, cache=cache, offset=offset)
+                           context=context, cache=cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y), rec
 

@@ -125,8 +125,7 @@ def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: st
 
 def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
                      mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, precision: str = "bf16-mixed",
-                     reserved_gb: float = RESERVED_GB, arm: str | None = None,
-                     device: str = "cuda") -> dict[str, float]:
+                     reserved_gb: float = RESERVED_GB) -> dict[str, float]:
     """Estimated peak memory (GB) of each phase of a run of `tier`: {phase: GB} for PHASES.
 
     a = 2 bytes per activation under "bf16-mixed" autocast (a GPU's default), 4 under "32-true" (a CPU's);
@@ -148,10 +147,7 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
       for eval_batch × seq_len tokens; float32 logits 4·V for every token and, for a row of seq_len, its
       contiguous copy, its log-softmax and the last row's, 3 × 4·V; or (4 + 4)·V for `loss_chunk` tokens
       (`ablate.evals.lm.AblateLM`).
-    * `arm` on the reference path on `device` (`Arm.path`: a score modifier or normaliser that flex_attention does
-      not run there): its (B, H, T, T) float32 tensors, REFERENCE_SAVED_PER_LAYER per layer kept for the backward
-      pass and REFERENCE_WORKING of one layer at a time (`reference_attention_bytes`), in every phase; none on the
-      fused and flex paths, which keep no T×T tensor. Without `arm`: the fused path's estimate.
+    This is the fused attention path's estimate (no T×T tensor); `arm_memory_phases_gb` adds an arm's path.
     Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
     again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
     (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
@@ -172,13 +168,10 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
         return per_token * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
 
     tokens, scored = micro_batch * seq, eval_batch * seq
-    square_saved, square_working = reference_attention_bytes(tier, micro_batch, arm, device)
-    _, square_scoring = reference_attention_bytes(tier, eval_batch, arm, device)
-    saved = (tokens * layers * (8 * d + a * (11 * d + 2 * m)) + square_saved + square_working) * ACTIVATION_SAFETY
+    saved = tokens * layers * (8 * d + a * (11 * d + 2 * m)) * ACTIVATION_SAFETY
     working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
-    evaluation = states + (tokens * working + square_working
-                           + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
-    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m)) + square_scoring
+    evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
+    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
                             + (output(scored, 8) if loss_chunk > 0
                                else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
     train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
@@ -187,19 +180,35 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
     return {phase: value / 1e9 + reserved_gb for phase, value in phases.items()}
 
 
+def arm_memory_phases_gb(tier: Tier | str, micro_batch: int, arm: str | None, *, device: str = "cuda",
+                         **options) -> dict[str, float]:
+    """`memory_phases_gb` (options: its keywords) plus what `arm`'s attention path adds on `device`: on the
+    reference path (`Arm.path`: a score modifier or normaliser that flex_attention does not run there) its
+    (B, H, T, T) float32 tensors, REFERENCE_SAVED_PER_LAYER per layer kept for the backward pass and
+    REFERENCE_WORKING of one layer at a time, in every phase (times the activations' 1.25); nothing on the fused
+    and flex paths, which keep no T×T tensor."""
+    tier = get_tier(tier) if isinstance(tier, str) else tier
+    phases = memory_phases_gb(tier, micro_batch, **options)
+    saved, working = reference_attention_bytes(tier, micro_batch, arm, device)
+    scoring = reference_attention_bytes(tier, options.get("eval_batch", EVAL_BATCH), arm, device)[1]
+    extra = {"train_step": saved + working, "evaluation": working, "final_evaluation": working,
+             "eval_scoring": scoring}
+    return {phase: gb + extra[phase] * ACTIVATION_SAFETY / 1e9 for phase, gb in phases.items()}
+
+
 def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
                        mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH,
                        precision: str = "bf16-mixed", arm: str | None = None) -> float:
     """Estimated peak GPU memory (GB) of a run of `tier` (of `arm`: its path's attention counted): the largest of
     its phases (`memory_phases_gb`)."""
-    return max(memory_phases_gb(tier, micro_batch, world_size=world_size, loss_chunk=loss_chunk,
-                                mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision, arm=arm).values())
+    return max(arm_memory_phases_gb(tier, micro_batch, arm, world_size=world_size, loss_chunk=loss_chunk,
+                                    mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision).values())
 
 
 def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
                     mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, arm: str | None = None) -> int:
     """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and for which every
-    phase's estimate (`memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
+    phase's estimate (`arm_memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
     of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps the global batch, and so the
     optimisation, unchanged; only float summation order differs."""
     tier = get_tier(tier) if isinstance(tier, str) else tier
@@ -207,12 +216,11 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
         raise AblateError(f"world size {world_size} must divide tier {tier.name}'s global batch {tier.global_batch}")
     local = tier.global_batch // world_size
     budget = USABLE_FRACTION * gpu_mem_gb
-    options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch,
-                   arm=arm)
+    options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch)
     for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
-        if memory_estimate_gb(tier, micro, **options) <= budget:
+        if memory_estimate_gb(tier, micro, arm=arm, **options) <= budget:
             return micro
-    phases = memory_phases_gb(tier, 1, **options)
+    phases = arm_memory_phases_gb(tier, 1, arm, **options)
     worst = max(phases, key=phases.get)
     way_out = (f"lower `ablate eval --batch-size` (estimated at {eval_batch})" if worst == "eval_scoring"
                else "use a larger GPU or set loss_chunk")

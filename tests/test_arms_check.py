@@ -180,3 +180,22 @@ def test_the_attention_check_catches_a_fused_path_that_drifts(monkeypatch):
     monkeypatch.setattr(armcheck, "attention", drifting)
     result = armcheck.check_attention("baseline")
     assert result.status == "fails" and "relative error" in result.detail
+
+
+def test_the_hook_examples_of_docs_arms_md_pass_the_check(monkeypatch):
+    """docs/arms.md's one example per hook kind, run as written: each registers and passes the check."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "arms.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    monkeypatch.setattr("ablate.arms.base._REGISTRY", dict(_REGISTRY))  # what the blocks register goes away after
+    namespace: dict = {}
+    for block in blocks:
+        exec(block, namespace)  # noqa: S102 (the documentation's own code)
+    registered = {cls.name: cls for cls in namespace.values() if isinstance(cls, type) and issubclass(cls, Arm)
+                  and cls is not Arm}
+    assert {cls.hooks() for cls in registered.values()} == {("score-modifier",), ("normaliser",), ("override",)}
+    for name in registered:
+        assert all(r.status == "holds" for r in check_arm(name) if r.status != "not run"), name

@@ -254,7 +254,7 @@ def test_override_arms_keep_the_fused_path(name):
     """Only the flash kernel is allowed: a fallback to the math kernel (a T×T tensor) raises here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    arm = get_arm(name)(ArmContext(H, HKV, D, C, n_layer=1, layer=0))
+    arm = make(name).float()  # parameters drawn, not left as torch.empty
     q, k, v, x = (t.detach().float().requires_grad_() for t in qkvx(T=64))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         o, record = attention(arm, q, k, v, x, fused=True)

@@ -7,8 +7,8 @@ import torch
 
 from ablate.arms import Arm
 from ablate.arms.base import _REGISTRY
-from ablate.sizing import (REFERENCE_SAVED_PER_LAYER, REFERENCE_WORKING, memory_phases_gb, model_config,
-                           reference_attention_bytes)
+from ablate.sizing import (REFERENCE_SAVED_PER_LAYER, REFERENCE_WORKING, arm_memory_phases_gb, memory_phases_gb,
+                           model_config, reference_attention_bytes)
 from ablate.tiers import get_tier
 
 
@@ -31,10 +31,10 @@ def test_the_reference_path_adds_its_square_tensors_to_every_phase(relu_arm):
     square = 4 * tier.n_head * tier.seq_len ** 2  # bytes of one (1, H, T, T) float32 tensor
     assert ReluNormaliser.path("cuda") == "reference"
     fused = memory_phases_gb(tier, 8)
-    assert memory_phases_gb(tier, 8, arm="baseline") == fused == memory_phases_gb(tier, 8, arm="diff")
-    assert memory_phases_gb(tier, 8, arm="softcap") == fused  # flex on CUDA: no T×T tensor kept
+    assert arm_memory_phases_gb(tier, 8, "baseline") == fused == arm_memory_phases_gb(tier, 8, "diff")
+    assert arm_memory_phases_gb(tier, 8, "softcap") == fused  # flex on CUDA: no T×T tensor kept
     for arm, device in ((relu_arm, "cuda"), ("softcap", "cpu"), ("forgetting", "cpu")):
-        phases = memory_phases_gb(tier, 8, arm=arm, device=device)
+        phases = arm_memory_phases_gb(tier, 8, arm, device=device)
         extra_train = (phases["train_step"] - fused["train_step"]) * 1e9
         assert extra_train == pytest.approx(1.25 * 8 * square * (tier.n_layer * REFERENCE_SAVED_PER_LAYER
                                                                  + REFERENCE_WORKING), rel=1e-9)

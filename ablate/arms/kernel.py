@@ -120,27 +120,28 @@ def refuse_decoding(arm: Arm) -> None:
 
 def attention(
     arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True,
-    context: AttentionContext | None = None, cache: LayerCache | None = None, offset: int = 0,
+    context: AttentionContext | None = None, cache: LayerCache | None = None,
 ) -> tuple[torch.Tensor, AttentionRecord | None]:
     """Causal self-attention. Returns (o (B, H, Tq, d), record or None; a record on the reference path).
 
     Without a cache: one full sequence (queries at key positions 0 … T−1). With `cache`, decoding: q, k, v are
-    the new positions offset … offset+Tq−1; their keys and values join the cache and the reference path attends
+    the new positions offset … offset+Tq−1, offset the positions the cache holds; their keys and values join the
+    cache and the reference path attends
     over every cached key. `context` reaches the hooks only (built from x when the arm has hooks and none is
     given); an override's `core` calls this kernel with the arm's slots, each call with its own cache."""
     if cache is not None:
         refuse_decoding(arm)
     if not arm.hooks():
-        return _core(arm, q, k, v, x, fused, None, cache, offset)
+        return _core(arm, q, k, v, x, fused, None, cache)
     if context is None:
         context = AttentionContext.full(x)
     if not arm.has_hook("override"):
-        return _core(arm, q, k, v, x, fused, context, cache, offset)
+        return _core(arm, q, k, v, x, fused, context, cache)
     records: list[AttentionRecord | None] = []
 
     def core(q_call: torch.Tensor, k_call: torch.Tensor, v_call: torch.Tensor) -> torch.Tensor:
         call_cache = None if cache is None else cache.for_call(len(records))
-        o_call, rec = _core(arm, q_call, k_call, v_call, x, fused, context, call_cache, offset)
+        o_call, rec = _core(arm, q_call, k_call, v_call, x, fused, context, call_cache)
         records.append(rec)
         return o_call
 
@@ -151,10 +152,11 @@ def attention(
     return o, record
 
 
-def _core(arm, q, k, v, x, fused, context, cache, offset):
+def _core(arm, q, k, v, x, fused, context, cache):
     """The kernel with the arm's slots, score modifier and normaliser (the `core` an override receives)."""
     values, value_gate, log_gate = key_signals(arm, v, x)
     sink = arm.sink_logit() if arm.has_slot("denominator") else None
+    offset = 0 if cache is None or cache.keys is None else cache.keys.shape[2]  # positions cached before this call
     if cache is not None:
         cache.append(k, values, log_gate)
         k, values, log_gate = cache.keys, cache.values, cache.log_gate
@@ -312,7 +314,7 @@ def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = 
     a normaliser given as an elementwise log-weight log p as o·exp(lse) (flex normalises; its lse undoes it).
     `compiled=False` runs it eagerly (a CPU test's forward: PyTorch 2.13 has no flex backward on a CPU)."""
     global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention  # CUDA path only
 
     n_head, n_kv = q.shape[1], k.shape[1]
     groups = n_head // n_kv
