@@ -306,6 +306,7 @@ def _broadcast_indices(logits: torch.Tensor):
 
 
 _COMPILED_FLEX = None
+_BLOCK_MASKS: dict = {}  # (Tq, Tk, device) → the causal block mask with queries at the last Tq of Tk positions
 
 
 def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = True) -> torch.Tensor:
@@ -336,12 +337,15 @@ def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = 
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
 
-    block_mask = create_block_mask(causal, None, None, Tq, Tk, device=q.device)
+    mask_key = (Tq, Tk, str(q.device))
+    if mask_key not in _BLOCK_MASKS:  # one per shape: building it costs more than a layer's attention
+        _BLOCK_MASKS[mask_key] = create_block_mask(causal, None, None, Tq, Tk, device=q.device)
     if compiled and _COMPILED_FLEX is None:
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     kernel = _COMPILED_FLEX if compiled else flex_attention
-    o, aux = kernel(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=1.0 / math.sqrt(q.shape[-1]),
-                    enable_gqa=groups > 1, return_aux=AuxRequest(lse=True))
+    # One dtype for q, k, v (flex_attention is not an autocast op: a gate may have promoted the values to float32).
+    o, aux = kernel(q, k.to(q.dtype), values.to(q.dtype), score_mod=score_mod, block_mask=_BLOCK_MASKS[mask_key],
+                    scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=groups > 1, return_aux=AuxRequest(lse=True))
     lse = aux.lse.to(o.dtype)  # (B, H, Tq), natural log
     if log_weight is not None:
         o = o * torch.exp(lse).unsqueeze(-1)
