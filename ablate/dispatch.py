@@ -299,8 +299,8 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
 
 def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
     """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
-    gives for the run's own options (the experiment's overrides, these options on top), as `ablate plan`
+    gives for the run's own options (the experiment's overrides, these options on top) and its arm, as `ablate plan`
     prints it."""
     chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}
     return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen,
-                                                      world_size=profile.get("processes_per_run") or 1)}
+                                                      world_size=profile.get("processes_per_run") or 1, arm=spec.arm)}

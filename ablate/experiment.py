@@ -307,6 +307,9 @@ def load_module(path: Path):
     """
     module_spec = importlib.util.spec_from_file_location(f"ablate_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
+    # In sys.modules, as importlib's recipe does it: torch.compile (flex_attention's score_mod of an arm the file
+    # defines) and pickling look a function's module up by name.
+    sys.modules[module_spec.name] = module
     folder = str(path.parent)
     sys.path.insert(0, folder)
     try:

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm, reference_attention
-from ablate.arms.kernel import key_signals, score_bias
+from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm
+from ablate.arms.base import AttentionContext
+from ablate.arms.kernel import LayerCache, refuse_decoding
 from ablate.losses import chunked_cross_entropy
 
 INIT_STD = 0.02  # GPT-2
@@ -77,25 +78,6 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 @dataclass
-class LayerCache:
-    """Per-layer decoding state. Value-slot arms store the *gated* reads: gates depend on the read alone."""
-
-    keys: torch.Tensor | None = None  # (B, Hkv, T, d), after the query-key slot and RoPE
-    values: torch.Tensor | None = None  # (B, Hkv, T, d), after the value gate
-    log_gate: torch.Tensor | None = None  # (B, Hkv, T), routing slot
-
-    @staticmethod
-    def _append(old, new, dim):
-        return new if old is None else torch.cat([old, new], dim=dim)
-
-    def append(self, keys, values, log_gate):
-        self.keys = self._append(self.keys, keys, 2)
-        self.values = self._append(self.values, values, 2)
-        if log_gate is not None:
-            self.log_gate = self._append(self.log_gate, log_gate, 2)
-
-
-@dataclass
 class KVCache:
     layers: list[LayerCache]
     length: int = 0  # positions already cached (the sink token included)
@@ -110,9 +92,11 @@ class CausalSelfAttention(nn.Module):
         ctx = ArmContext(config.n_head, config.n_kv_head, self.head_dim, config.d_model, config.n_layer, layer)
         self.arm: Arm = get_arm(config.arm)(ctx)
         self.fused = config.fused
+        self.train_len = config.max_seq_len
         self.read_hook = None  # probes: callable(v, layer_module) -> v, applied before any gate sees the read
 
-    def forward(self, x, cos, sin, cache: LayerCache | None = None, offset: int = 0, record: bool = False):
+    def forward(self, x, cos, sin, cache: LayerCache | None = None, offset: int = 0, record: bool = False,
+                shared: dict | None = None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(
             [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
@@ -125,17 +109,13 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.read_hook is not None:
             v = self.read_hook(v, self)
-        rec = None
-        if cache is None:
-            y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record)
-        else:
-            values, value_gate, log_gate = key_signals(self.arm, v, x)
-            cache.append(k, values, log_gate)
-            sink = self.arm.sink_logit() if self.arm.has_slot("denominator") else None
-            bias = score_bias(self.arm, T, cache.keys.shape[2], offset, q.device)
-            y, rec = reference_attention(q, cache.keys, cache.values, sink, cache.log_gate, offset=offset, bias=bias)
-            if self.arm.has_slot("output"):
-                y = y * self.arm.output_gate(y, x)
+        context = None
+        if self.arm.hooks():  # the per-forward context reaches the hooks only
+            positions = torch.arange(offset, offset + T, device=x.device)
+            context = AttentionContext(x, positions, positions, self.train_len, {} if shared is None else shared,
+                                       decoding=cache is not None)
+        y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record and cache is None,
+                           context=context, cache=cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y), rec
 
@@ -158,8 +138,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache=None, offset=0, record=False):
-        a, rec = self.attn(self.ln_1(x), cos, sin, cache, offset, record)
+    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None):
+        a, rec = self.attn(self.ln_1(x), cos, sin, cache, offset, record, shared)
         x = x + a
         return x + self.mlp(self.ln_2(x)), rec
 
@@ -300,9 +280,10 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {offset + length} positions exceeds max_seq_len={self.config.max_seq_len}")
         cos, sin = self.rope(offset, length, self.rope_dtype(idx.device))
         out = ModelOutput(logits=None)
+        shared: dict = {}  # the hooks' cross-layer state: lives for this forward only
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, rec = block(x, cos, sin, layer_cache, offset, record)
+            x, rec = block(x, cos, sin, layer_cache, offset, record, shared)
             if record:
                 out.records.append(rec)
                 out.residuals.append(x)
@@ -322,6 +303,8 @@ class GPT(nn.Module):
         return out
 
     def new_cache(self) -> KVCache:
+        """An empty KV cache; an arm whose state a cache cannot hold is refused here, in one line."""
+        refuse_decoding(self.blocks[0].attn.arm)
         return KVCache([LayerCache() for _ in self.blocks])
 
     @torch.no_grad()

@@ -115,6 +115,8 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
             "mlp_hidden": config.mlp_width, "params_vs_baseline": counts["non_embedding"] / baseline - 1,
             "tokens": steps * tier.tokens_per_step, "steps": steps, "train_flops": flops,
             "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
+            "micro_batch_for_gpu": run_micro_batch(tier, get_gpu(speed.gpu).memory_gb, overrides or {},
+                                                   world_size=world_size, arm=arm),
         })
     return {
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,

@@ -101,6 +101,12 @@ ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
 RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
 USABLE_FRACTION = 0.9
 EVAL_BATCH = 16  # `ablate eval --batch-size`'s default
+# An arm on the reference path (a score modifier or a normaliser where flex_attention does not run it) materialises
+# (B, H, T, T) per layer: float32 tensors of that size kept for the backward pass per layer (measured with
+# saved_tensors_hooks on the CPU: 1.25 for softcap and ssmax, 0.25 for sigmoid, 0.3 for forgetting, the mask's
+# bytes included), and the working tensors of one layer's forward or backward (logits, weights, their gradients).
+REFERENCE_SAVED_PER_LAYER = 3
+REFERENCE_WORKING = 4
 PHASES = ("train_step", "evaluation", "final_evaluation", "eval_scoring")
 
 
@@ -110,6 +116,15 @@ def loss_chunk_for(setting: int | None, device) -> int:
     where the whole loss is what tests/recorded_smoke_run.json recorded."""
     kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
     return int(setting) if setting is not None else (0 if kind == "cpu" else LOSS_CHUNK)
+
+
+def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: str = "cuda") -> tuple[int, int]:
+    """(bytes kept for the backward pass in all layers, working bytes of one layer) of the (B, H, T, T) tensors an
+    arm on the reference path materialises for `rows` sequences; (0, 0) on the fused and flex paths."""
+    if arm is None or get_arm(arm).path(device) != "reference":
+        return 0, 0
+    square = rows * tier.n_head * tier.seq_len * tier.seq_len * 4
+    return tier.n_layer * REFERENCE_SAVED_PER_LAYER * square, REFERENCE_WORKING * square
 
 
 def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
@@ -136,6 +151,7 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
       for eval_batch × seq_len tokens; float32 logits 4·V for every token and, for a row of seq_len, its
       contiguous copy, its log-softmax and the last row's, 3 × 4·V; or (4 + 4)·V for `loss_chunk` tokens
       (`ablate.evals.lm.AblateLM`).
+    This is the fused attention path's estimate (no T×T tensor); `arm_memory_phases_gb` adds an arm's path.
     Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
     again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
     (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
@@ -168,18 +184,35 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
     return {phase: value / 1e9 + reserved_gb for phase, value in phases.items()}
 
 
+def arm_memory_phases_gb(tier: Tier | str, micro_batch: int, arm: str | None, *, device: str = "cuda",
+                         **options) -> dict[str, float]:
+    """`memory_phases_gb` (options: its keywords) plus what `arm`'s attention path adds on `device`: on the
+    reference path (`Arm.path`: a score modifier or normaliser that flex_attention does not run there) its
+    (B, H, T, T) float32 tensors, REFERENCE_SAVED_PER_LAYER per layer kept for the backward pass and
+    REFERENCE_WORKING of one layer at a time, in every phase (times the activations' 1.25); nothing on the fused
+    and flex paths, which keep no T×T tensor."""
+    tier = get_tier(tier) if isinstance(tier, str) else tier
+    phases = memory_phases_gb(tier, micro_batch, **options)
+    saved, working = reference_attention_bytes(tier, micro_batch, arm, device)
+    scoring = reference_attention_bytes(tier, options.get("eval_batch", EVAL_BATCH), arm, device)[1]
+    extra = {"train_step": saved + working, "evaluation": working, "final_evaluation": working,
+             "eval_scoring": scoring}
+    return {phase: gb + extra[phase] * ACTIVATION_SAFETY / 1e9 for phase, gb in phases.items()}
+
+
 def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
                        mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH,
-                       precision: str = "bf16-mixed") -> float:
-    """Estimated peak GPU memory (GB) of a run of `tier`: the largest of its phases (`memory_phases_gb`)."""
-    return max(memory_phases_gb(tier, micro_batch, world_size=world_size, loss_chunk=loss_chunk,
-                                mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision).values())
+                       precision: str = "bf16-mixed", arm: str | None = None) -> float:
+    """Estimated peak GPU memory (GB) of a run of `tier` (of `arm`: its path's attention counted): the largest of
+    its phases (`memory_phases_gb`)."""
+    return max(arm_memory_phases_gb(tier, micro_batch, arm, world_size=world_size, loss_chunk=loss_chunk,
+                                    mlp_hidden=mlp_hidden, eval_batch=eval_batch, precision=precision).values())
 
 
 def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1, loss_chunk: int = 0,
-                    mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH) -> int:
+                    mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, arm: str | None = None) -> int:
     """The largest micro-batch that divides the per-rank batch (global_batch / world_size) and for which every
-    phase's estimate (`memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
+    phase's estimate (`arm_memory_phases_gb`: training step, evaluations, `ablate eval` at `eval_batch`) fits 90%
     of `gpu_mem_gb`. Gradient accumulation over the per-rank batch keeps the global batch, and so the
     optimisation, unchanged; only float summation order differs."""
     tier = get_tier(tier) if isinstance(tier, str) else tier
@@ -189,9 +222,9 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
     budget = USABLE_FRACTION * gpu_mem_gb
     options = dict(world_size=world_size, loss_chunk=loss_chunk, mlp_hidden=mlp_hidden, eval_batch=eval_batch)
     for micro in sorted((m for m in range(1, local + 1) if local % m == 0), reverse=True):
-        if memory_estimate_gb(tier, micro, **options) <= budget:
+        if memory_estimate_gb(tier, micro, arm=arm, **options) <= budget:
             return micro
-    phases = memory_phases_gb(tier, 1, **options)
+    phases = arm_memory_phases_gb(tier, 1, arm, **options)
     worst = max(phases, key=phases.get)
     way_out = (f"lower `ablate eval --batch-size` (estimated at {eval_batch})" if worst == "eval_scoring"
                else "use a larger GPU or set loss_chunk")
@@ -202,19 +235,21 @@ def micro_batch_for(tier: Tier | str, gpu_mem_gb: float, *, world_size: int = 1,
 GPU_SIZED = ("global_batch", "seq_len")  # run options that change what fits a GPU (besides loss_chunk, model)
 
 
-def run_micro_batch(tier: Tier | str, gpu_mem_gb: float, options: dict, *, world_size: int = 1) -> int:
+def run_micro_batch(tier: Tier | str, gpu_mem_gb: float, options: dict, *, world_size: int = 1,
+                    arm: str | None = None) -> int:
     """The micro-batch a run with these options (an experiment's tier overrides, the command's options on
     top) has on a GPU of `gpu_mem_gb`: the options' micro_batch when set, else the largest that fits
     (`micro_batch_for`) with the run's own loss chunk (`loss_chunk_for(options' loss_chunk, "cuda")`: 0
-    sizes for the unchunked loss), batch shape and MLP width. `ablate plan`, `ablate submit` and the run
-    all take it from here, so the micro-batch a plan prints is the one the run uses."""
+    sizes for the unchunked loss), batch shape and MLP width, and `arm`'s attention path (an arm on the reference
+    path materialises (B, H, T, T) per layer). `ablate plan`, `ablate submit` and the run all take it from here,
+    so the micro-batch a plan prints is the one the run uses."""
     if options.get("micro_batch"):
         return int(options["micro_batch"])
     tier = get_tier(tier) if isinstance(tier, str) else tier
     tier = replace(tier, **{key: int(options[key]) for key in GPU_SIZED if options.get(key) is not None})
     return micro_batch_for(tier, gpu_mem_gb, world_size=world_size,
                            loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"),
-                           mlp_hidden=(options.get("model") or {}).get("mlp_hidden"))
+                           mlp_hidden=(options.get("model") or {}).get("mlp_hidden"), arm=arm)
 
 
 def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = None, *, tier: str | None = None,
@@ -240,6 +275,8 @@ def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = Non
         rows.append({
             "arm": name,
             "slots": list(cls.slots()) or (["sequence"] if cls.sequence_token else []),
+            "hooks": list(cls.hooks()),
+            "path": {"cpu": cls.path("cpu"), "cuda": cls.path("cuda")},
             "extra_params_per_layer": 0 if cls.sequence_token else extra,
             "extra_params_once": extra if cls.sequence_token else 0,
             "description": cls.description,

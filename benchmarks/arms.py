@@ -20,7 +20,10 @@ resident growth of a training step (activations, gradients and any transient buf
 with `MALLOC_MMAP_THRESHOLD_=65536`, so every buffer of 64 KiB or more is its own mapping and returned
 to the kernel when freed (RSS follows live memory instead of glibc's cached heap).
 
-Design target (issue 2): every arm within 1.10× of baseline; sink-token within 1.05 × (T+1)/T.
+Design target (issue 2): every arm within 1.10× of baseline; sink-token within 1.05 × (T+1)/T. An arm on the
+reference path (a score modifier or a normaliser: softcap, sigmoid, forgetting, ssmax) has no target on a CPU:
+it materialises (B, H, T, T) per layer by design (`Arm.path`; flex_attention on CUDA, where
+benchmarks/gpu_check.py times it); its row gives the price of that path beside the baseline's.
 """
 
 from __future__ import annotations
@@ -123,7 +126,10 @@ def train_step(model: GPT, idx, targets) -> None:
     model(idx, targets).loss.backward()
 
 
-def target_for(arm: str, seq_len: int) -> float:
+def target_for(arm: str, seq_len: int) -> float | None:
+    """The step-time target over baseline; None for an arm on the reference path (O(T²) by design on a CPU)."""
+    if get_arm(arm).path("cpu") == "reference":
+        return None
     return SINK_TOKEN_TARGET * (seq_len + 1) / seq_len if get_arm(arm).sequence_token else TARGET
 
 
@@ -149,7 +155,8 @@ def time_arms(arms, tier, batch_size, seq_len, repeats, warmup) -> dict:
                      "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "ratio_of_minima": min(times[arm]) / min(times["baseline"]),
                      "target": target_for(arm, seq_len), "times_ms": [round(1e3 * t, 2) for t in times[arm]]}
-        rows[arm]["meets_target"] = rows[arm]["ratio"] <= rows[arm]["target"]
+        target = rows[arm]["target"]
+        rows[arm]["meets_target"] = None if target is None else rows[arm]["ratio"] <= target
     return rows
 
 
@@ -253,8 +260,8 @@ def main(argv=None) -> int:
               if args.memory_seq_lens else None)
     result.update(timing=timing, memory=memory, load_average_after=[round(x, 2) for x in os.getloadavg()])
 
-    head = "| arm |"
-    rule = "|---|"
+    head = "| arm | path (CPU) |"
+    rule = "|---|---|"
     if timing:
         head += (f" fwd+bwd ms (T={args.seq_len}), median | × baseline, median of paired rounds (min–max) |"
                  " × baseline, fastest/fastest | target | meets |")
@@ -264,12 +271,13 @@ def main(argv=None) -> int:
         rule += "---:|---:|"
     print(f"\n{head}\n{rule}")
     for arm in arms:
-        line = f"| {arm} |"
+        line = f"| {arm} | {get_arm(arm).path('cpu')} |"
         if timing:
             t = timing[arm]
+            target, meets = ("–", "–") if t["target"] is None else (f"≤ {t['target']:.3f}",
+                                                                      "yes" if t["meets_target"] else "**no**")
             line += (f" {t['median_ms']:.0f} | {t['ratio']:.3f} ({t['ratio_min']:.2f}–{t['ratio_max']:.2f}) | "
-                     f"{t['ratio_of_minima']:.3f} | "
-                     f"≤ {t['target']:.3f} | {'yes' if t['meets_target'] else '**no**'} |")
+                     f"{t['ratio_of_minima']:.3f} | {target} | {meets} |")
         for seq_len in args.memory_seq_lens or []:
             mib = memory[arm][seq_len]
             line += f" {mib:.0f} | {mib / memory['baseline'][seq_len]:.2f} |"

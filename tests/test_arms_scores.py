@@ -1,6 +1,6 @@
-"""The query-key and score-bias slots, and their registered examples (qk-norm, temperature, alibi): fused =
-reference in float64 values and gradients, composed with the phantom key and the routing slot; KV-cache
-decoding = the full forward; formulas, init, counts, parameter matching, `ablate arms`, `arms="all"`."""
+"""The query-key and score-bias slots, and their registered examples (qk-norm, temperature, alibi): formulas, the
+bias beside the phantom key, init, counts, parameter matching, `ablate arms`, `arms="all"` (fused = reference and
+decoding = the full forward, composed with the phantom key and the routing slot: tests/test_arms_check.py)."""
 
 import math
 
@@ -8,63 +8,14 @@ import pytest
 import torch
 
 from ablate.arms import ArmContext, attention, get_arm, list_arms, study_arms
-from ablate.arms.base import _REGISTRY
-from ablate.arms.builtin import Renorm, SinkLogit
-from ablate.arms.examples import Alibi, QKNorm, Temperature, alibi_slopes
+from ablate.arms.examples import QKNorm, alibi_slopes
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.sizing import MATCH_TOLERANCE, _meta_counts, model_config
 from ablate.tiers import TIERS
-from test_arms import (C, D, H, HKV, check_fused_equals_reference_through_the_whole_model, make_arm, qkvx,
-                       randomise_arm_parameters, small_model)
+from test_arms import C, D, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
+from test_arms_check import AlibiSink
 
 EXAMPLES = ("qk-norm", "temperature", "alibi")
-
-
-class LearnedBias(Alibi):
-    """A score bias with learned parameters (slopes and an absolute-position term): its gradient must flow."""
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.slope = torch.nn.Parameter(torch.zeros(ctx.n_head))
-        self.position = torch.nn.Parameter(torch.zeros(ctx.n_head))
-
-    def score_bias(self, query_pos, key_pos):
-        distance = (query_pos.unsqueeze(1) - key_pos.unsqueeze(0)).to(self.slope.dtype)
-        absolute = torch.cos(query_pos.unsqueeze(1) * 0.3 + key_pos.unsqueeze(0)).to(self.slope.dtype)
-        return -self.slope.view(-1, 1, 1) * distance + self.position.view(-1, 1, 1) * absolute
-
-    def init_parameter(self, name, param, generator):
-        if name in ("slope", "position"):
-            torch.nn.init.zeros_(param)
-        else:
-            super().init_parameter(name, param, generator)
-
-
-class AlibiSink(Alibi, SinkLogit):
-    """The score bias next to the phantom key (its extra column and the mask's extra row and column)."""
-
-
-class BiasRenormSink(LearnedBias, Renorm, SinkLogit):
-    """Every column trick at once, with a learned bias."""
-
-
-class Everything(QKNorm, Temperature, BiasRenormSink):
-    """Both new slots with the phantom key and the routing slot (the query-key slots chain via super())."""
-
-    def query_key(self, q, k):
-        q, k = QKNorm.query_key(self, q, k)
-        return Temperature.query_key(self, q, k)
-
-
-COMPOSED = {"test-alibi-sink": AlibiSink, "test-bias-renorm-sink": BiasRenormSink, "test-everything": Everything}
-
-
-@pytest.fixture
-def composed_arms(monkeypatch):
-    """Register the composed arms for one test only, so that no other test's list of arms sees them."""
-    for name, cls in COMPOSED.items():
-        monkeypatch.setattr(cls, "name", name)
-        monkeypatch.setitem(_REGISTRY, name, cls)
 
 
 def make_composed(cls, seed=0):
@@ -87,25 +38,6 @@ def test_examples_are_registered_after_the_study_and_left_out_of_all():
     assert get_arm("qk-norm").slots() == get_arm("temperature").slots() == ("query-key",)
     assert get_arm("alibi").slots() == ("score-bias",)
     assert all(not get_arm(name).example for name in BUILTIN_ARMS) and all(get_arm(n).example for n in EXAMPLES)
-
-
-@pytest.mark.parametrize("cls", [Alibi, LearnedBias, AlibiSink, BiasRenormSink], ids=lambda c: c.__name__)
-def test_score_bias_fused_equals_reference_in_values_and_all_gradients(cls):
-    """Attention level, float64: the bias as SDPA's mask (with the phantom's row and column) = materialised."""
-    arm = make_composed(cls)
-    results = []
-    for fused in (True, False):
-        q, k, v, x = qkvx()
-        arm.zero_grad()
-        o, _ = attention(arm, q, k, v, x, fused=fused)
-        (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()
-        grads = [q.grad, k.grad, v.grad] + [p.grad for p in arm.parameters()]
-        assert all(g is not None for g in grads)
-        results.append((o.detach(), grads))
-    (o_f, g_f), (o_r, g_r) = results
-    torch.testing.assert_close(o_f, o_r, rtol=1e-10, atol=1e-12)
-    for a, b in zip(g_f, g_r):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_alibi_reference_is_the_formula_and_the_bias_changes_the_output():
@@ -170,30 +102,6 @@ def test_query_key_slot_comes_before_rope():
     attn(x, *model.rope(0, 6, torch.float64))
     q = attn.c_attn(x)[..., : H * D].view(1, 6, H, D).transpose(1, 2)
     torch.testing.assert_close(seen[0], q)  # the projection as it is, not yet rotated
-
-
-@pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))
-def test_fused_equals_reference_through_the_whole_model(name, composed_arms):
-    check_fused_equals_reference_through_the_whole_model(name)
-
-
-@pytest.mark.parametrize("name", EXAMPLES + tuple(COMPOSED))
-def test_kv_cache_decoding_equals_full_forward(name, composed_arms):
-    """The cache holds keys after the query-key slot and RoPE; the bias gets the decoded queries' positions
-    (ALiBi alone cannot tell: a wrong query position shifts a row by a constant; the sink and the learned
-    absolute-position bias can)."""
-    model = small_model(name).double().eval()
-    model.init_weights(seed=2)
-    randomise_arm_parameters(model, scale=0.3)
-    idx = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx).logits
-        cache = model.new_cache()
-        pieces = [model(idx[:, :6], cache=cache).logits] + [model(idx[:, t:t + 1], cache=cache).logits
-                                                              for t in range(6, 20)]
-        assert not torch.allclose(full, small_model("baseline").double()(idx).logits, atol=1e-3)
-    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
-    assert model.generate(idx[:, :5], max_new_tokens=3).shape == (2, 8)
 
 
 def test_fused_alibi_never_materialises_the_weights():

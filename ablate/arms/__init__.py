@@ -1,5 +1,6 @@
-"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve, then three
-registered examples outside the study (`ablate.arms.examples`: qk-norm, temperature, alibi).
+"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve, then nine
+registered examples outside the study: three slot examples (`ablate.arms.examples`: qk-norm, temperature, alibi)
+and six hook examples (`ablate.arms.papers`: softcap, sigmoid, diff, forgetting, ssmax, value-residual).
 
     from ablate.arms import Arm, register_arm, get_arm, list_arms
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 from ablate._lazy import lazy_exports
 
 _EXPORTS = {
+    "HOOKS": "ablate.arms.base",
     "SLOTS": "ablate.arms.base",
+    "AttentionContext": "ablate.arms.base",
     "Arm": "ablate.arms.base",
     "ArmContext": "ablate.arms.base",
     "get_arm": "ablate.arms.base",

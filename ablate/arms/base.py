@@ -13,6 +13,22 @@ An arm fills one or more *slots* of the one attention computation (each arm is a
 
 `v` is the read (B, H_kv, T, d) after any junk injection and before any gate; `x` is the pre-normed
 hidden state entering the attention layer (B, T, C). A slot an arm does not override is unused.
+
+Beside the slots, three *hooks* for what no slot can say; only they receive the per-forward `AttentionContext`
+(x, query and key positions, the training length, a dict shared across the layers of one forward, a state
+kept across decoding calls):
+
+* score modifier  `score_modifier(context) -> mod`, mod(score, b, h, q_idx, kv_idx) -> score (FlexAttention's
+                  signature), applied to s·q·k before the routing gate, the score bias, the mask and the phantom
+* normaliser      `normalise(logits, context) -> weights` (B, H, Tq, Tk), replacing softmax over the masked
+                  logits (−inf where a query may not look); `normaliser_log_weight(context) -> mod` optionally
+                  gives the same weights elementwise as log p, so flex_attention can run it on a GPU
+* override        `attend(q, k, v, context, core) -> o`, the whole attention; `core(q, k, v) -> o` is the kernel
+                  with the arm's slots (fused in training, exact on the reference path, cached when decoding)
+
+An arm with a score modifier or a normaliser trains on the reference path on a CPU (O(T²) per layer) and through
+compiled flex_attention on CUDA; slot-only and override arms keep the fused path (`Arm.path`). An arm whose state
+a KV cache cannot hold says why in `no_decoding`, and decoding refuses it in one line.
 A *sequence* arm (sink-token) sets `sequence_token = True` and the model prepends a learned token.
 An *example* arm (`example = True`: qk-norm, temperature, alibi) is registered and listed like any
 other but is not one of the study's: an experiment's `arms="all"` leaves it out.
@@ -23,7 +39,7 @@ keyed by (seed, full parameter name), so adding an arm never shifts another para
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 import torch
@@ -41,6 +57,12 @@ _SLOT_METHODS = {
     "score-bias": "score_bias",
 }
 
+HOOKS = ("score-modifier", "normaliser", "override")
+_HOOK_METHODS = {"score-modifier": "score_modifier", "normaliser": "normalise", "override": "attend"}
+PATHS = ("fused", "reference", "flex")
+
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 @dataclass(frozen=True)
 class ArmContext:
@@ -54,6 +76,30 @@ class ArmContext:
     layer: int
 
 
+@dataclass
+class AttentionContext:
+    """What the hooks see of one forward of one layer (the slots never see it).
+
+    Positions count the sink token and the decoding offset: query t of this call sits at query_pos[t], and the
+    keys it may see are key_pos (0 … Tk−1, the cached ones included). A score modifier receives q_idx, kv_idx as
+    indices into these (FlexAttention's), so per-position tensors it closes over are indexed by them.
+    """
+
+    x: torch.Tensor  # (B, Tq, C) the pre-normed hidden state of this call's positions
+    query_pos: torch.Tensor  # (Tq,) long
+    key_pos: torch.Tensor  # (Tk,) long
+    train_len: int  # the model's training sequence length (GPTConfig.max_seq_len)
+    shared: dict = field(default_factory=dict)  # lives for one forward, across the layers (cross-layer state)
+    state: dict = field(default_factory=dict)  # this layer's (and core call's) state, kept across decoding calls
+    decoding: bool = False  # True when a KV cache holds earlier positions
+
+    @classmethod
+    def full(cls, x: torch.Tensor, train_len: int | None = None, shared: dict | None = None) -> "AttentionContext":
+        """The context of a whole sequence from position 0 (training, tests)."""
+        positions = torch.arange(x.shape[1], device=x.device)
+        return cls(x, positions, positions, train_len or x.shape[1], {} if shared is None else shared)
+
+
 class Arm(nn.Module):
     name: ClassVar[str] = ""  # set by @register_arm
     description: ClassVar[str] = ""
@@ -61,6 +107,8 @@ class Arm(nn.Module):
     example: ClassVar[bool] = False  # a registered example outside the study (left out of arms="all")
     # Local parameter names kept out of weight decay; unioned over base classes, so a combo inherits them.
     no_weight_decay: ClassVar[frozenset[str]] = frozenset()
+    # Why a KV cache cannot decode this arm (state the cache does not hold); empty: it can.
+    no_decoding: ClassVar[str] = ""
 
     def __init__(self, ctx: ArmContext):
         super().__init__()
@@ -85,6 +133,21 @@ class Arm(nn.Module):
     def score_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # --- hooks: given the per-forward context ---
+    def score_modifier(self, context: AttentionContext) -> ScoreMod:
+        raise NotImplementedError
+
+    def normalise(self, logits: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def normaliser_log_weight(self, context: AttentionContext) -> ScoreMod | None:
+        """Optional: the normaliser as an elementwise log-weight (no normalisation), for flex_attention on CUDA."""
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: AttentionContext,
+               core: Callable[..., torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
     def init_parameter(self, name: str, param: torch.Tensor, generator: torch.Generator) -> None:
         """Set `param` (local name, e.g. 'tau') to its initial value; every arm with parameters overrides this."""
         raise NotImplementedError(f"arm {self.name!r} does not say how to initialise {name!r}")
@@ -96,6 +159,25 @@ class Arm(nn.Module):
     @classmethod
     def has_slot(cls, slot: str) -> bool:
         return slot in cls.slots()
+
+    @classmethod
+    def hooks(cls) -> tuple[str, ...]:
+        return tuple(h for h in HOOKS if getattr(cls, _HOOK_METHODS[h]) is not getattr(Arm, _HOOK_METHODS[h]))
+
+    @classmethod
+    def has_hook(cls, hook: str) -> bool:
+        return hook in cls.hooks()
+
+    @classmethod
+    def path(cls, device_type: str = "cpu") -> str:
+        """The training path: 'fused' (SDPA) for slot-only and override arms; for an arm with a score modifier or
+        a normaliser, 'flex' (compiled flex_attention) on CUDA and 'reference' (materialised, O(T²)) elsewhere —
+        PyTorch 2.13's flex_attention has no backward on a CPU."""
+        hooked = cls.has_hook("score-modifier") or cls.has_hook("normaliser")
+        if not hooked:
+            return "fused"
+        flexible = not cls.has_hook("normaliser") or cls.normaliser_log_weight is not Arm.normaliser_log_weight
+        return "flex" if device_type == "cuda" and flexible else "reference"
 
     @classmethod
     def no_decay_names(cls) -> frozenset[str]:
@@ -120,8 +202,11 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         reloaded = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
         if old is not None and old is not cls and not (replace or reloaded):
             raise ValueError(f"an arm named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
-        if cls.sequence_token and cls.slots():
-            raise TypeError(f"arm {name!r}: a sequence-token arm fills no attention slot")
+        if cls.sequence_token and (cls.slots() or cls.hooks()):
+            raise TypeError(f"arm {name!r}: a sequence-token arm fills no attention slot or hook")
+        if cls.has_hook("normaliser") and cls.has_slot("denominator"):
+            raise TypeError(f"arm {name!r}: the normaliser hook (normalise) replaces the softmax whose denominator "
+                            "the denominator slot (sink_logit) adds to; fill one of them")
         cls.name = name
         _REGISTRY[name] = cls
         return cls

@@ -5,9 +5,10 @@ slots. `ablate arms` lists them and any experiment may name them; `arms="all"` l
 * temperature  a learned temperature per query head: l_ij = s·q_i·k_j / T_h
 * alibi        ALiBi's fixed per-head distance penalty, l_ij += −m_h (i − j), on top of RoPE
 
-Logit soft-capping (Gemma 2's l ← c·tanh(l/c)) is not here: it is a nonlinear function of the scores
-themselves, which neither slot can express: the query-key slot acts before the dot product and the score
-bias is added independently of it, as SDPA's additive mask is.
+Logit soft-capping (Gemma 2's l ← c·tanh(l/c)) is a nonlinear function of the scores themselves, which neither
+slot can express (the query-key slot acts before the dot product; the score bias is added independently of it,
+as SDPA's additive mask is): it is a score modifier, one of the six hook examples of `ablate.arms.papers`,
+registered after these.
 """
 
 from __future__ import annotations
@@ -83,3 +84,6 @@ class Alibi(Arm):
     def score_bias(self, query_pos, key_pos):
         distance = (query_pos.unsqueeze(1) - key_pos.unsqueeze(0)).to(self.slopes.dtype)  # (Tq, Tk), i − j
         return -self.slopes.view(-1, 1, 1) * distance  # (H, Tq, Tk)
+
+
+import ablate.arms.papers  # noqa: E402, F401  (the hook examples register after these, in this order)

@@ -23,17 +23,25 @@ row. The mask is (H, T, T) floats, not the weights: the kernel stays fused. The 
 kernel support: the model applies it to q and k before RoPE (`ablate.model`).
 
 Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
+
+Hooks (`ablate.arms.base`). A score modifier maps s·q·k first, then the routing gate, the score bias, the mask and
+the phantom column follow as above; a normaliser replaces the softmax over the masked logits. Both train on the
+reference path on a CPU and through compiled flex_attention on CUDA (`_flex`: the phantom key as o·σ(lse − b),
+as torchtitan's sink; a normaliser given as an elementwise log-weight as o·exp(lse)). An override receives
+`core`, this kernel with the arm's slots and hooks; each call of `core` in one forward is one *core call*, with
+its own KV cache (`LayerCache.for_call`) and state, so an override that calls `core` twice decodes exactly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-from ablate.arms.base import Arm
+from ablate.arms.base import Arm, AttentionContext
+from ablate.errors import AblateError
 
 
 @dataclass
@@ -73,17 +81,100 @@ def score_bias(arm: Arm, n_query: int, n_key: int, offset: int, device) -> torch
     return arm.score_bias(query_pos, torch.arange(n_key, device=device))
 
 
+@dataclass
+class LayerCache:
+    """Per-layer decoding state of one core call. Value-slot arms store the *gated* reads: gates depend on the
+    read alone. An override's second, third … core call of a forward has its own (`for_call`)."""
+
+    keys: torch.Tensor | None = None  # (B, Hkv, T, d), after the query-key slot and RoPE
+    values: torch.Tensor | None = None  # (B, Hkv, T, d), after the value gate
+    log_gate: torch.Tensor | None = None  # (B, Hkv, T), routing slot
+    state: dict = field(default_factory=dict)  # a hooked arm's own state (AttentionContext.state)
+    calls: list["LayerCache"] = field(default_factory=list)  # core calls 1, 2, … of an override
+
+    @staticmethod
+    def _append(old, new, dim):
+        return new if old is None else torch.cat([old, new], dim=dim)
+
+    def append(self, keys, values, log_gate):
+        self.keys = self._append(self.keys, keys, 2)
+        self.values = self._append(self.values, values, 2)
+        if log_gate is not None:
+            self.log_gate = self._append(self.log_gate, log_gate, 2)
+
+    def for_call(self, index: int) -> "LayerCache":
+        """The cache of core call `index` of a forward (0: this one)."""
+        if index == 0:
+            return self
+        while len(self.calls) < index:
+            self.calls.append(LayerCache())
+        return self.calls[index - 1]
+
+
+def refuse_decoding(arm: Arm) -> None:
+    """One line naming the arm and why, for an arm whose state a KV cache cannot hold (`Arm.no_decoding`)."""
+    if arm.no_decoding:
+        raise AblateError(f"arm {arm.name or type(arm).__name__!r} cannot be decoded with a KV cache: "
+                          f"{arm.no_decoding}; score whole sequences instead (no cache)")
+
+
 def attention(
-    arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True
+    arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True,
+    context: AttentionContext | None = None, cache: LayerCache | None = None,
 ) -> tuple[torch.Tensor, AttentionRecord | None]:
-    """Causal self-attention over one full sequence. Returns (o (B, H, T, d), record or None)."""
+    """Causal self-attention. Returns (o (B, H, Tq, d), record or None; a record on the reference path).
+
+    Without a cache: one full sequence (queries at key positions 0 … T−1). With `cache`, decoding: q, k, v are
+    the new positions offset … offset+Tq−1, offset the positions the cache holds; their keys and values join the
+    cache and the reference path attends
+    over every cached key. `context` reaches the hooks only (built from x when the arm has hooks and none is
+    given); an override's `core` calls this kernel with the arm's slots, each call with its own cache."""
+    if cache is not None:
+        refuse_decoding(arm)
+    if not arm.hooks():
+        return _core(arm, q, k, v, x, fused, None, cache)
+    if context is None:
+        context = AttentionContext.full(x)
+    if not arm.has_hook("override"):
+        return _core(arm, q, k, v, x, fused, context, cache)
+    records: list[AttentionRecord | None] = []
+
+    def core(q_call: torch.Tensor, k_call: torch.Tensor, v_call: torch.Tensor) -> torch.Tensor:
+        call_cache = None if cache is None else cache.for_call(len(records))
+        o_call, rec = _core(arm, q_call, k_call, v_call, x, fused, context, call_cache)
+        records.append(rec)
+        return o_call
+
+    o = arm.attend(q, k, v, context, core)
+    record = records[0] if records and records[0] is not None else None
+    if record is not None:
+        record.extras["core_calls"] = records
+    return o, record
+
+
+def _core(arm, q, k, v, x, fused, context, cache):
+    """The kernel with the arm's slots, score modifier and normaliser (the `core` an override receives)."""
     values, value_gate, log_gate = key_signals(arm, v, x)
     sink = arm.sink_logit() if arm.has_slot("denominator") else None
-    bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
-    if fused:
+    offset = 0 if cache is None or cache.keys is None else cache.keys.shape[2]  # positions cached before this call
+    if cache is not None:
+        cache.append(k, values, log_gate)
+        k, values, log_gate = cache.keys, cache.values, cache.log_gate
+    n_query, n_key = q.shape[2], k.shape[2]
+    bias = score_bias(arm, n_query, n_key, offset, q.device)
+    hooks = None
+    if context is not None:
+        state = context.state if cache is None else cache.state
+        call_context = replace(context, key_pos=torch.arange(n_key, device=q.device), state=state,
+                               decoding=cache is not None)
+        hooks = Hooks.of(arm, call_context)
+    path = arm.path(q.device.type)
+    if fused and cache is None and path == "fused":
         o, record = _fused(q, k, values, sink, log_gate, bias), None
+    elif fused and cache is None and path == "flex":
+        o, record = _flex(q, k, values, sink, log_gate, bias, hooks), None
     else:
-        o, record = reference_attention(q, k, values, sink, log_gate, offset=0, bias=bias)
+        o, record = reference_attention(q, k, values, sink, log_gate, offset=offset, bias=bias, hooks=hooks)
         record.reads, record.value_gate = v, value_gate
     if arm.has_slot("output"):
         gate = arm.output_gate(o, x)
@@ -93,24 +184,49 @@ def attention(
     return o, record
 
 
+@dataclass
+class Hooks:
+    """An arm's score modifier and normaliser, bound to one call's context."""
+
+    context: AttentionContext
+    score_mod: object = None  # (score, b, h, q_idx, kv_idx) -> score
+    normalise: object = None  # (logits) -> weights
+    log_weight: object = None  # (score, b, h, q_idx, kv_idx) -> log p, the normaliser elementwise (flex)
+
+    @classmethod
+    def of(cls, arm: Arm, context: AttentionContext) -> "Hooks":
+        hooks = cls(context)
+        if arm.has_hook("score-modifier"):
+            hooks.score_mod = arm.score_modifier(context)
+        if arm.has_hook("normaliser"):
+            hooks.normalise = lambda logits: arm.normalise(logits, context)
+            hooks.log_weight = arm.normaliser_log_weight(context)
+        return hooks
+
+
 def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    n_head, d = q.shape[1], q.shape[-1]
+    n_head, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d)
     gqa = k.shape[1] != n_head
-    if sink is None and log_gate is None and bias is None:
+    if sink is None and log_gate is None and bias is None and dv == d:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     q2, k2, v2 = _extra_columns(q, k, v, sink, log_gate, scale)
     mask = None if bias is None else _bias_mask(bias, sink is not None, q2.dtype)
     o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
-    return o[:, :, 1:, :d] if sink is not None else o[..., :d]
+    return o[:, :, 1:, :dv] if sink is not None else o[..., :dv]
 
 
 def _extra_columns(q, k, v, sink, log_gate, scale: float):
-    """q, k, v with the denominator and routing slots in extra head dimensions (unchanged without them)."""
+    """q, k, v with the denominator and routing slots in extra head dimensions (unchanged without them), and one
+    head dim for all three (zero columns: q·k and the read are unchanged), as the fused kernels want. A value head
+    wider than the query's (an override's core call on half-heads, as `diff` makes) widens q and k with zeros."""
+    n_head, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
     if sink is None and log_gate is None:
-        return q, k, v
-    n_head, d = q.shape[1], q.shape[-1]
+        if dv == d:
+            return q, k, v
+        width = max(d, dv)
+        return F.pad(q, (0, width - d)), F.pad(k, (0, width - d)), F.pad(v, (0, width - dv))
     B, T = q.shape[0], q.shape[2]
     q_extra, k_extra = [], []
     if sink is not None:
@@ -125,7 +241,9 @@ def _extra_columns(q, k, v, sink, log_gate, scale: float):
         k_extra.append(k.new_zeros(B, k.shape[1], T, pad))
     q2 = torch.cat([q, *q_extra], dim=-1)  # (B, H, T, d + e)
     k2 = torch.cat([k, *k_extra], dim=-1)  # (B, Hkv, T, d + e)
-    v2 = F.pad(v, (0, k2.shape[-1] - d))  # fused kernels need one head dim for q, k and v: zero columns
+    if dv > k2.shape[-1]:
+        q2, k2 = F.pad(q2, (0, dv - q2.shape[-1])), F.pad(k2, (0, dv - k2.shape[-1]))
+    v2 = F.pad(v, (0, k2.shape[-1] - dv))  # fused kernels need one head dim for q, k and v: zero columns
     if sink is not None:
         sink_key = k2.new_zeros(B, k.shape[1], 1, k2.shape[-1])
         sink_key[..., d] = 1.0 / scale
@@ -146,12 +264,16 @@ def _bias_mask(bias: torch.Tensor, with_sink: bool, dtype: torch.dtype) -> torch
     return bias.to(dtype).masked_fill(future, float("-inf")).unsqueeze(0)
 
 
-def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torch.Tensor | None = None):
+def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torch.Tensor | None = None,
+                        hooks: Hooks | None = None):
     """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding);
-    bias (H, Tq, Tk) is the score-bias slot's, for those positions."""
+    bias (H, Tq, Tk) is the score-bias slot's, for those positions; hooks: the arm's score modifier (on s·q·k,
+    first) and normaliser (in place of the softmax), bound to this call's context."""
     n_head, d = q.shape[1], q.shape[-1]
     Tq, Tk = q.shape[2], k.shape[2]
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
+    if hooks is not None and hooks.score_mod is not None:
+        logits = hooks.score_mod(logits, *_broadcast_indices(logits))
     if log_gate is not None:
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
     if bias is not None:
@@ -160,7 +282,9 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     query_pos = torch.arange(Tq, device=q.device).unsqueeze(1) + offset
     logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
     phantom = None
-    if sink is not None:
+    if hooks is not None and hooks.normalise is not None:
+        weights = hooks.normalise(logits)
+    elif sink is not None:
         sink_column = sink.to(logits.dtype).view(1, n_head, 1, 1).expand(*logits.shape[:3], 1)
         full = torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)
         weights, phantom = full[..., :-1], full[..., -1]
@@ -170,3 +294,61 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom,
                              routing_log_gate=log_gate, score_bias=bias)
     return o, record
+
+
+def _broadcast_indices(logits: torch.Tensor):
+    """b, h, q_idx, kv_idx as index tensors that broadcast against (B, H, Tq, Tk): a score modifier written for
+    flex_attention (scalars there) runs unchanged on the whole materialised tensor."""
+    B, H, Tq, Tk = logits.shape
+    device = logits.device
+    return (torch.arange(B, device=device).view(B, 1, 1, 1), torch.arange(H, device=device).view(1, H, 1, 1),
+            torch.arange(Tq, device=device).view(1, 1, Tq, 1), torch.arange(Tk, device=device).view(1, 1, 1, Tk))
+
+
+_COMPILED_FLEX = None
+_BLOCK_MASKS: dict = {}  # (Tq, Tk, device) → the causal block mask with queries at the last Tq of Tk positions
+
+
+def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = True) -> torch.Tensor:
+    """Compiled flex_attention (CUDA): the score modifier, routing gate and score bias in one score_mod, the
+    causal mask as a block mask; the phantom key as o·σ(lse − b_h) (Σ_j e^l_ij / (e^b + Σ_j e^l_ij) = σ(lse − b));
+    a normaliser given as an elementwise log-weight log p as o·exp(lse) (flex normalises; its lse undoes it).
+    `compiled=False` runs it eagerly (a CPU test's forward: PyTorch 2.13 has no flex backward on a CPU)."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention  # CUDA path only
+
+    n_head, n_kv = q.shape[1], k.shape[1]
+    groups = n_head // n_kv
+    Tq, Tk = q.shape[2], k.shape[2]
+    offset = Tk - Tq
+    arm_mod, log_weight = hooks.score_mod, hooks.log_weight
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if arm_mod is not None:
+            score = arm_mod(score, b, h, q_idx, kv_idx)
+        if log_gate is not None:
+            score = score + log_gate[b, h // groups, kv_idx]
+        if bias is not None:
+            score = score + bias[h, q_idx, kv_idx]
+        if log_weight is not None:
+            score = log_weight(score, b, h, q_idx, kv_idx)
+        return score
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    mask_key = (Tq, Tk, str(q.device))
+    if mask_key not in _BLOCK_MASKS:  # one per shape: building it costs more than a layer's attention
+        _BLOCK_MASKS[mask_key] = create_block_mask(causal, None, None, Tq, Tk, device=q.device)
+    if compiled and _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    kernel = _COMPILED_FLEX if compiled else flex_attention
+    # One dtype for q, k, v (flex_attention is not an autocast op: a gate may have promoted the values to float32).
+    o, aux = kernel(q, k.to(q.dtype), values.to(q.dtype), score_mod=score_mod, block_mask=_BLOCK_MASKS[mask_key],
+                    scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=groups > 1, return_aux=AuxRequest(lse=True))
+    lse = aux.lse.to(o.dtype)  # (B, H, Tq), natural log
+    if log_weight is not None:
+        o = o * torch.exp(lse).unsqueeze(-1)
+    if sink is not None:
+        o = o * torch.sigmoid(lse - sink.to(o.dtype).view(1, n_head, 1)).unsqueeze(-1)
+    return o

@@ -1,4 +1,9 @@
-"""`ablate arms`: every registered arm with its slot(s), extra parameters per layer and a description.
+"""`ablate arms`: every registered arm with its slot(s) and hook(s), extra parameters per layer, its training path
+(fused SDPA, or the reference path on a CPU and flex_attention on CUDA) and a description.
+
+`ablate arms --check NAME [--arm-file FILE.py]` runs the check every registered arm is held to (`ablate.armcheck`:
+fused = reference in float64, values and every gradient; KV-cache decoding = the full forward, or refused in one
+line) on one arm, a user's included, and prints what holds.
 
 Given an experiment (name or file), the file is loaded first, so arms it registers are known, and the
 table lists the experiment's arms with their parameters counted at each of its tiers (their width and
@@ -8,6 +13,7 @@ heads, with the experiment's model overrides); `--d-model/--n-head` count at one
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def add_commands(subparsers) -> None:
@@ -21,13 +27,54 @@ def add_commands(subparsers) -> None:
                                                    "experiment: each tier's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output (with an experiment: one row per "
                                                             "tier and arm)")
+    parser.add_argument("--check", metavar="NAME", help="run the check every arm is held to on arm NAME (float64: "
+                                                        "fused = reference, values and gradients; decoding = the full "
+                                                        "forward or refused) and print what holds")
+    parser.add_argument("--arm-file", metavar="FILE.py", help="a Python file that registers your arm(s) "
+                                                             "(`@register_arm(\"my-arm\")`), loaded first")
     parser.set_defaults(func=arms_command)
+
+
+def load_arm_file(spec: str) -> Path:
+    """The arm file, loaded (its arms registered) the way an experiment file is: its folder on the import path
+    while it loads; a path that is no .py file is one clear line. `arms`, `run` and `testbed` take it."""
+    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
+    from ablate.experiment import load_module
+
+    path = Path(spec)
+    if path.suffix != ".py" or not path.is_file():
+        raise AblateError(f"--arm-file {spec!r} is not a Python file; give the path of a .py file that registers "
+                          "your arm (`@register_arm(\"my-arm\")`)")
+    load_module(path.resolve())
+    return path.resolve()
+
+
+def check_command(name: str, as_json: bool) -> int:
+    from ablate.armcheck import check_arm  # the library loads in the handler: see ablate.cli
+    from ablate.arms import get_arm
+
+    cls = get_arm(name)
+    results = check_arm(name)
+    if as_json:
+        print(json.dumps([{"check": r.check, "status": r.status, "detail": r.detail} for r in results], indent=2))
+    else:
+        print(f"arm {name}: slots {'+'.join(cls.slots()) or '-'}, hooks {'+'.join(cls.hooks()) or '-'}, path "
+              f"{cls.path('cpu')} on a CPU, {cls.path('cuda')} on CUDA")
+        for r in results:
+            print(f"  {r.status:<8} {r.check}: {r.detail}")
+        failed = sum(not r.ok for r in results)
+        print(f"{len(results) - failed} of {len(results)} checks hold or do not apply; {failed} fail")
+    return 0 if all(r.ok for r in results) else 1
 
 
 def arms_command(args) -> int:
     from ablate.experiment import load_experiment  # the library loads in the handler: see ablate.cli
     from ablate.sizing import arm_table
 
+    if args.arm_file:
+        load_arm_file(args.arm_file)
+    if args.check:
+        return check_command(args.check, args.json)
     experiment = load_experiment(args.experiment) if args.experiment else None  # registers the arms its file defines
     arms = experiment.arm_names() if experiment else None
     if experiment is not None and args.d_model is None and args.n_head is None:
@@ -47,10 +94,20 @@ def arms_command(args) -> int:
         return 0
     d_model, n_head = rows[0]["d_model"], rows[0]["n_head"]
     print(f"extra parameters at d_model={d_model}, {n_head} heads (H), head dim {d_model // n_head}")
-    print(f"{'arm':<15} {'slot(s)':<20} {'extra/layer':>11}  description")
+    print(f"{'arm':<15} {'slot(s)/hook(s)':<20} {'extra/layer':>11}  {'path CPU/CUDA':<16} description")
     for row in rows:
-        print(f"{row['arm']:<15} {'+'.join(row['slots']) or '-':<20} {_extra(row):>11}  {row['description']}")
+        print(f"{row['arm']:<15} {_filled(row):<20} {_extra(row):>11}  {_path(row):<16} {row['description']}")
     return 0
+
+
+def _filled(row: dict) -> str:
+    return "+".join(row["slots"] + row["hooks"]) or "-"
+
+
+def _path(row: dict) -> str:
+    """'fused', or 'reference/flex': the reference path on a CPU, compiled flex_attention on CUDA."""
+    cpu, cuda = row["path"]["cpu"], row["path"]["cuda"]
+    return cpu if cpu == cuda else f"{cpu}/{cuda}"
 
 
 def _extra(row: dict) -> str:
@@ -66,7 +123,8 @@ def _print_by_tier(rows: list[dict], tiers: list[str]) -> None:
         print(f"  {tier}: d_model {r['d_model']}, {r['n_head']} heads (H), {r['n_kv_head']} key/value heads, "
               f"head dim {r['d_model'] // r['n_head']}, {r['n_layer']} layers")
     width = max(16, *(len(t) + 2 for t in tiers))
-    print(f"{'arm':<15} {'slot(s)':<20} " + " ".join(f"{t:>{width}}" for t in tiers) + "  description")
+    print(f"{'arm':<15} {'slot(s)/hook(s)':<20} " + " ".join(f"{t:>{width}}" for t in tiers)
+          + f"  {'path CPU/CUDA':<16} description")
     by_arm: dict[str, dict] = {}
     for row in rows:
         by_arm.setdefault(row["arm"], {})[row["tier"]] = row
@@ -74,4 +132,4 @@ def _print_by_tier(rows: list[dict], tiers: list[str]) -> None:
         some = next(iter(cells.values()))
         shown = " ".join(f"{_extra(cells[t]) + ' (' + format(cells[t]['extra_params_total'], ',') + ')':>{width}}"
                          for t in tiers)
-        print(f"{arm:<15} {'+'.join(some['slots']) or '-':<20} {shown}  {some['description']}")
+        print(f"{arm:<15} {_filled(some):<20} {shown}  {_path(some):<16} {some['description']}")

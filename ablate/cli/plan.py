@@ -236,6 +236,11 @@ def _print_tier(plan: dict) -> None:
         print(f"{r['arm']:<15} {r['params_total']:>12,} {r['params_non_embedding']:>12,} "
               f"{r['params_vs_baseline']:>+8.2%} {r['params_arm_extra']:>10,} {r['mlp_hidden']:>6} {r['tokens']:>14,} "
               f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
+    other = {r["arm"]: r["micro_batch_for_gpu"] for r in plan["runs"]
+             if r["micro_batch_for_gpu"] != plan["micro_batch_for_gpu"]}
+    if other:
+        print("micro-batch for the GPU of the arms on the reference path (T×T attention per layer): "
+              + ", ".join(f"{arm} {micro}" for arm, micro in other.items()))
     print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
 
 

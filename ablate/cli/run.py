@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 
+from ablate.cli.arms import load_arm_file
+
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
     parser.add_argument("--tier", required=True)
-    parser.add_argument("--arm", required=True)
+    parser.add_argument("--arm", required=True, help="a registered arm, or one --arm-file registers")
+    parser.add_argument("--arm-file", metavar="FILE.py",
+                        help="a Python file that registers your arm (`@register_arm(\"my-arm\")`), loaded first (give "
+                             "it again to resume the run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
@@ -28,6 +33,8 @@ def run_command(args) -> int:
     from ablate.experiment import RunSpec  # the library loads in the handler: `ablate --help` stays torch-free
     from ablate.train import run_as
 
+    if args.arm_file:
+        load_arm_file(args.arm_file)
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
     options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
                    compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from ablate.cli.arms import load_arm_file
 from ablate.paths import results_folder
 
 
@@ -28,19 +27,6 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--parallel", type=int, help="runs at a time (default: CPU count)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.set_defaults(func=testbed_command)
-
-
-def _arm_file(spec: str) -> Path:
-    """The arm file, loaded (its arms registered); a path that is no .py file is one clear line."""
-    from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import load_module
-
-    path = Path(spec)
-    if path.suffix != ".py" or not path.is_file():
-        raise AblateError(f"--arm-file {spec!r} is not a Python file; give the path of a .py file that registers "
-                          "your arm (`@register_arm(\"my-arm\")`)")
-    load_module(path.resolve())
-    return path.resolve()
 
 
 def _experiment(args):
@@ -85,7 +71,7 @@ def testbed_command(args) -> int:
     from ablate.dispatch import Submission, submit
     from ablate.experiment import experiment_file
 
-    file = _arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
+    file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
     results = results_folder(args.results)
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel))

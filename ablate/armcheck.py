@@ -1,0 +1,197 @@
+"""The one check every arm is held to (`tests/test_arms_check.py` runs it over every registered arm; `ablate arms
+--check NAME` on a user's arm), in float64 on a small model with the arm's parameters drawn away from their init:
+
+* attention: the training path (fused SDPA, or the reference path for a score-modifier or normaliser arm on a
+  CPU) = the reference path, in o and in the gradients of q, k, v, x and of every arm parameter;
+* model: the same for the whole model's loss and every parameter's gradient (cross-layer state included);
+* flex: for an arm that trains through flex_attention on CUDA, its flex path = the reference path, forward, run
+  eagerly on a CPU (PyTorch 2.13 has no flex backward there) and compiled with gradients on CUDA when there is one;
+* decoding: KV-cache decoding (a prefix, then one token at a time) = the full forward, or a one-line refusal
+  naming the arm and why (`Arm.no_decoding`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ablate.arms.base import ArmContext, AttentionContext, get_arm
+from ablate.arms.kernel import Hooks, _flex, attention, key_signals, reference_attention, score_bias
+from ablate.errors import AblateError
+from ablate.model import GPT, GPTConfig
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8  # the check's shape: grouped-query attention, head dim 8
+WIDTH = HEADS * HEAD_DIM
+VALUE_RTOL, GRAD_RTOL = 1e-10, 1e-9  # float64: the fused kernels sum in another order than the reference
+DECODE_ATOL = 1e-9
+PARAMETER_SCALE = 0.7  # arm parameters drawn N(0, 0.7²): away from the init, over the whole parameter space
+
+
+@dataclass
+class CheckResult:
+    check: str
+    status: str  # "holds", "fails", "refused" (decoding, with the arm's reason) or "not run" (with why)
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("holds", "refused", "not run")
+
+
+def randomise(module: torch.nn.Module, seed: int = 0, scale: float = PARAMETER_SCALE, only=None) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if only is None or only(name):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
+
+
+CUDA_HEAD_DIM = 64  # flex_attention's GPU kernels want a head dim of 16 or more
+
+
+def check_inputs(T: int = 11, B: int = 2, seed: int = 0, dtype=torch.float64, head_dim: int = HEAD_DIM):
+    gen = torch.Generator().manual_seed(seed)
+    width = HEADS * head_dim
+
+    def make(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
+
+    return (make(B, HEADS, T, head_dim), make(B, KV_HEADS, T, head_dim), make(B, KV_HEADS, T, head_dim),
+            make(B, T, width))
+
+
+def make_checked_arm(name: str, layer: int = 0, seed: int = 0, head_dim: int = HEAD_DIM):
+    arm = get_arm(name)(ArmContext(HEADS, KV_HEADS, head_dim, HEADS * head_dim, n_layer=2, layer=layer)).double()
+    randomise(arm, seed)
+    return arm
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = max(b.abs().max().item(), 1e-300)
+    return (a - b).abs().max().item() / scale
+
+
+def _compare(check: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rtol: float) -> CheckResult:
+    worst_name, worst = "", 0.0
+    unreached = [label for label, a, b in pairs if a is None and b is None]  # e.g. the query-key slot's, which
+    pairs = [(label, a, b) for label, a, b in pairs if label not in unreached]  # the model applies, not the kernel
+    for label, a, b in pairs:
+        if a is None or b is None:
+            return CheckResult(check, "fails", f"{label}: no gradient on one path")
+        error = _relative(a, b)
+        if not error <= rtol:  # NaN fails too
+            return CheckResult(check, "fails", f"{label}: relative error {error:.2e} > {rtol:g}")
+        if error >= worst:
+            worst_name, worst = label, error
+    left_out = f"; not reached here: {', '.join(unreached)}" if unreached else ""
+    return CheckResult(check, "holds", f"max relative error {worst:.1e} ({worst_name}), {len(pairs)} tensors{left_out}")
+
+
+def check_attention(name: str) -> CheckResult:
+    arm = make_checked_arm(name)
+    runs = []
+    for fused in (True, False):
+        q, k, v, x = check_inputs()
+        arm.zero_grad()
+        o, _ = attention(arm, q, k, v, x, fused=fused, context=AttentionContext.full(x, train_len=32))
+        (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()  # a generic gradient
+        x_grad = x.grad if x.grad is not None else torch.zeros_like(x)  # only some arms read x
+        grads = [("q", q.grad), ("k", k.grad), ("v", v.grad), ("x", x_grad)]
+        grads += [(n, p.grad) for n, p in arm.named_parameters()]
+        runs.append([("o", o.detach())] + grads)
+    path = get_arm(name).path("cpu")
+    pairs = [(label, a, b) for (label, a), (_, b) in zip(*runs)]
+    return _compare(f"attention: {path} path = reference (o and every gradient)", pairs, GRAD_RTOL)
+
+
+def small_model(name: str, fused: bool = True, seed: int = 5, **fields):
+    config = dict(vocab_size=97, n_layer=2, n_head=HEADS, n_kv_head=KV_HEADS, d_model=WIDTH, max_seq_len=32,
+                  arm=name, fused=fused)
+    model = GPT(GPTConfig(**{**config, **fields})).double()
+    model.init_weights(seed=seed)
+    randomise(model, seed=1, only=model.is_arm_parameter)
+    return model
+
+
+def check_model(name: str) -> CheckResult:
+    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    runs = []
+    for fused in (True, False):
+        model = small_model(name, fused=fused)
+        out = model(idx[:, :-1], idx[:, 1:])
+        out.loss.backward()
+        runs.append([("loss", out.loss.detach())] + [(n, p.grad) for n, p in model.named_parameters()])
+    pairs = [(label, a, b) for (label, a), (_, b) in zip(*runs)]
+    return _compare("model: loss and every parameter's gradient, training path = reference", pairs, GRAD_RTOL)
+
+
+def check_decoding(name: str) -> CheckResult:
+    check = "decoding: KV cache (6 tokens, then 1 at a time) = full forward"
+    model = small_model(name).eval()
+    idx = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx).logits
+        try:
+            cache = model.new_cache()
+        except AblateError as refusal:
+            return CheckResult(check, "refused", str(refusal))
+        pieces = [model(idx[:, :6], cache=cache).logits]
+        pieces += [model(idx[:, t:t + 1], cache=cache).logits for t in range(6, 20)]
+    error = (torch.cat(pieces, 1) - full).abs().max().item()
+    if not error <= DECODE_ATOL:
+        return CheckResult(check, "fails", f"max |Δlogit| {error:.2e} > {DECODE_ATOL:g}")
+    return CheckResult(check, "holds", f"max |Δlogit| {error:.1e}")
+
+
+def check_flex(name: str, device: str = "cpu") -> CheckResult:
+    """The flex path against the reference: eager forward on a CPU (float64, no gradient); on CUDA compiled, in
+    float32, with the gradients of q, k, v, x and the arm's parameters."""
+    cls = get_arm(name)
+    if cls.path("cuda") != "flex":
+        return CheckResult("flex: flex_attention = reference", "not run", f"{name} does not take the flex path")
+    cuda = device == "cuda"
+    dtype, head_dim = (torch.float32, CUDA_HEAD_DIM) if cuda else (torch.float64, HEAD_DIM)
+    arm = make_checked_arm(name, head_dim=head_dim).to(device=device, dtype=dtype)
+    runs = []
+    for flex in (True, False):
+        inputs = check_inputs(T=256 if cuda else 11, dtype=dtype, head_dim=head_dim)
+        q, k, v, x = (t.detach().to(device).requires_grad_(cuda) for t in inputs)
+        arm.zero_grad()
+        with torch.set_grad_enabled(cuda):
+            values, _, log_gate = key_signals(arm, v, x)
+            sink = arm.sink_logit() if arm.has_slot("denominator") else None
+            bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
+            hooks = Hooks.of(arm, AttentionContext.full(x, train_len=32))
+            if flex:
+                with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled: on purpose here
+                    warnings.simplefilter("ignore", UserWarning)
+                    o = _flex(q, k, values, sink, log_gate, bias, hooks, compiled=cuda)
+            else:
+                o = reference_attention(q, k, values, sink, log_gate, offset=0, bias=bias, hooks=hooks)[0]
+            if arm.has_slot("output"):
+                o = o * arm.output_gate(o, x)
+            row = [("o", o.detach())]
+            if cuda:
+                o.sum().backward()
+                row += [("q", q.grad), ("k", k.grad), ("v", v.grad)] + [(n, p.grad) for n, p in arm.named_parameters()]
+        runs.append(row)
+    pairs = [(label, a, b) for (label, a), (_, b) in zip(*runs)]
+    what = "compiled, float32, forward and gradients" if cuda else "eager forward, float64, CPU"
+    return _compare(f"flex: flex_attention ({what}) = reference", pairs, 2e-3 if cuda else VALUE_RTOL)
+
+
+def check_arm(name: str) -> list[CheckResult]:
+    """Every check, in order; an exception inside one is that check failing, in one line."""
+    get_arm(name)  # an unknown name: one line naming the registered arms
+    results = []
+    for check in (check_attention, check_model, check_flex, check_decoding):
+        try:
+            results.append(check(name))
+        except Exception as err:  # a user's arm may raise anything: report it as that check's failure
+            results.append(CheckResult(check.__name__.removeprefix("check_"), "fails",
+                                       f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
+    if torch.cuda.is_available():
+        results.append(check_flex(name, "cuda"))
+    return results
