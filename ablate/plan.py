@@ -217,7 +217,8 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     grid = plan_grid(experiment, tiers=planned, seed_count=1, speed=speed)
     per_seed = {t["tier"]: t["total_gpu_hours"] for t in grid["tiers"]}
     names = {tier: [c.name for c in comparisons[tier]] for tier in planned}
-    family = experiment.planned_family_size() if experiment.family == "experiment" else "tier"
+    declared = experiment.declared_family()
+    family = {tier: declared.tier_size(tier) for tier in planned}
     rows = power_rows(names, effect, per_seed, sd=sd, pilots=pilots, alpha=alpha, target_power=target_power,
                       family=family)
     rows = [_with_sd_source(r, pilots) for r in rows if r["tier"] in chosen]
@@ -242,10 +243,11 @@ def _family_note(experiment) -> list[str]:
     """With family="experiment": the m planned, what it counts, and why the report's may be smaller."""
     if experiment.family != "experiment":
         return []
-    m, rows = experiment.planned_family_size(), experiment.family_size()
-    return [f"m = {m}: the {rows} declared comparisons at every tier and the {m - rows} scale slopes the study-wide "
-            "family can adjust over; the report states the m Holm used, smaller where a tier has one seed (its rows "
-            "have no test)"]
+    family = experiment.declared_family()
+    m, slopes = family.largest, len(family.slopes)
+    return [f"m = {m}: the {m - slopes} declared comparisons at every tier and the {slopes} scale slopes of the "
+            "study-wide family (ablate.family: the design's members); the tables' Holm uses the same m, counting a "
+            "comparison that did not run or has one seed at p = 1, so its decisions are final once all have run"]
 
 
 def _with_sd_source(row: dict, pilots: dict | None) -> dict:

@@ -199,10 +199,18 @@ class Pilot:
         return cls(pilot_sd(values), len(values))
 
 
-def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str | int = "tier") -> dict[str, int]:
-    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), or an m
-    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes)."""
+def family_sizes(comparisons: Mapping[str, Sequence[str]],
+                  family: str | int | Mapping[str, int] = "tier") -> dict[str, int]:
+    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), an m
+    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes), or
+    per tier (tier → m, as `ablate.family.Family.tier_size` gives it)."""
     total = sum(len(names) for names in comparisons.values())
+    if isinstance(family, Mapping):
+        for tier, names in comparisons.items():
+            if family.get(tier, 0) < len(names):
+                raise AblateError(f"a family of m = {family.get(tier, 0)} at tier {tier!r} cannot hold its "
+                                  f"{len(names)} comparisons")
+        return {tier: int(family[tier]) for tier in comparisons}
     if isinstance(family, int) and not isinstance(family, bool):
         if family < total:
             raise AblateError(f"a family of m = {family} cannot hold the {total} comparisons planned in it")
@@ -214,7 +222,7 @@ def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str | int = "
 
 def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hours_per_seed: Mapping[str, float],
                sd: float | None = None, pilots: Mapping[tuple[str, str], Pilot] | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, family: str | int = "tier") -> list[dict]:
+               target_power: float = 0.8, family: str | int | Mapping[str, int] = "tier") -> list[dict]:
     """One `plan --power --json` row per (tier, declared comparison), in the order given.
 
     `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more

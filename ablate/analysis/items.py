@@ -32,6 +32,7 @@ from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.render import FORMATS, format_p, to_csv, to_json
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import CONFIDENCE, summarise
+from ablate.analysis.figures import figure
 from ablate.analysis.tables import EXPLORATORY, MARK_NOTES, Table, add_mark, is_pipeline_check
 from ablate.errors import AblateError, choice_error
 from ablate.evals.items import CORPUS_METRICS, GOLD, item_metrics, read_items
@@ -248,9 +249,7 @@ FOOTER = ("n: seeds; items: items paired (equal doc_hash and prompt_hash in both
 
 
 def _n(value, signed: bool = True) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:+.4f}" if signed else f"{value:.4f}"
+    return figure(value, signed)
 
 
 def _cells(row: dict) -> list[str]:

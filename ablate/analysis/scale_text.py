@@ -9,6 +9,7 @@ import polars as pl
 
 from ablate.analysis.scale import (CROSSING_COLUMNS, EXPLORATORY, GAP_DESCRIPTIONS, GAPS, ScaleTable, _p, _params)
 from ablate.analysis.scale_family import NO_DECLARATIONS, NOT_SUPPORTED, SUPPORTED
+from ablate.analysis.figures import figure
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.kinds import DESCRIPTIONS
 from ablate.errors import choice_error
@@ -27,11 +28,11 @@ def trend_sentence(row: dict, unit: str = "nats") -> str:
     what = describe(row["quantity"])
     if row["slope_per_decade"] is None:
         return f"{what}: no trend (fewer than two tiers of known size)"
-    slope = f"{row['slope_per_decade']:+.4f} {unit} per decade of parameters"
+    slope = f"{figure(row['slope_per_decade'])} {unit} per decade of parameters"
     decision = row.get("decision") or EXPLORATORY
     if row["p"] is None:
         return f"{what}: {slope}, with no interval (no tier has two or more seeds with a spread); {decision}"
-    stats = (f"{slope} (95% CI [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}], df {row['df']}, "
+    stats = (f"{slope} (95% CI [{figure(row['ci_low'])}, {figure(row['ci_high'])}], df {row['df']}, "
              f"p {_p(row['p'])}, tiers {', '.join(row['tiers'])} with {'/'.join(map(str, row['seeds']))} seeds)")
     direction = "shrinks with scale" if row["ci_high"] < 0 else "grows with scale" if row["ci_low"] > 0 else None
     if decision == EXPLORATORY and direction:
@@ -122,8 +123,8 @@ def _text_rows(table: ScaleTable) -> list[tuple]:
     out = []
     for r in table.rows.iter_rows(named=True):
         tiers = ", ".join(f"{t} ({n})" for t, n in zip(r["tiers"], r["seeds"]))
-        slope = "–" if r["slope_per_decade"] is None else f"{r['slope_per_decade']:+.4f}"
-        interval = "–" if r["ci_low"] is None else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+        slope = "–" if r["slope_per_decade"] is None else figure(r['slope_per_decade'])
+        interval = "–" if r["ci_low"] is None else f"[{figure(r['ci_low'])}, {figure(r['ci_high'])}]"
         out.append((describe(r["quantity"]), tiers, slope, r["df"], interval, "–" if r["p"] is None else _p(r["p"]),
                     "–" if r["p_holm"] is None else _p(r["p_holm"]), r["decision"]))
     return out
