@@ -33,7 +33,8 @@ def add_commands(subparsers) -> None:
                             "positive still means the arm is better")
     table.add_argument("--by-item", action="store_true",
                        help="with --metric: pair by item within each seed (the items both runs answered, from "
-                            "RUN/eval_items/), then over seeds, with a two-way seed × item bootstrap interval; "
+                            "RUN/eval_items/), then over seeds; its interval is the wider of a seed × item "
+                            "random-effects one (two-way ANOVA, Satterthwaite df) and the seed-level t interval; "
                             "METRIC may be gold_logprob")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
