@@ -46,3 +46,14 @@ def test_the_table_row_is_the_vectorised_interval():
 def test_one_seed_is_not_identified():
     row = crossed_interval({0: {i: 0.01 * i for i in range(10)}}, list(range(10)))
     assert row["re_low"] is None and row["re_high"] is None
+
+
+def test_the_help_text_says_what_the_interval_is(capsys):
+    from ablate.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["table", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    by_item = text.split("--by-item with --metric", 1)[1].split("--allow-unverified", 1)[0]
+    assert "bootstrap" not in by_item and "the wider of a seed × item random-effects one" in by_item
+    assert "seed-level t interval" in by_item
