@@ -20,7 +20,7 @@ from ablate.analysis.hypotheses import ALPHA, Declared, study_holm
 from ablate.analysis.load import load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.report import make_report
-from ablate.analysis.scale import fit_lines, slope_interval
+from ablate.analysis.scale import fit_lines, law_interval
 from ablate.analysis.scale_family import scale_members
 from ablate.analysis.scale_text import trend_sentence
 from ablate.analysis.stats import holm
@@ -55,9 +55,10 @@ def test_the_experiment_family_states_the_m_holm_used(runs):
     stated = int(re.search(r"Holm's m = (\d+)", table.family).group(1))
     assert stated == evidence.height + slopes.height == 17 and with_p.height == 9 < evidence.height
     untested = [1.0] * (evidence.height - with_p.height)
-    joint = holm(with_p["p"].to_list() + slopes["p"].to_list() + untested)[:14]  # the union, adjusted together
+    # the union, adjusted together; a slope on its law-of-N p
+    joint = holm(with_p["p"].to_list() + slopes["law_p"].to_list() + untested)[:14]
     assert with_p["p_holm"].to_list() + slopes["p_holm"].to_list() == pytest.approx(joint, rel=1e-12)
-    smallest = min(with_p["p"].to_list() + slopes["p"].to_list())
+    smallest = min(with_p["p"].to_list() + slopes["law_p"].to_list())
     assert min(joint) == pytest.approx(min(1.0, stated * smallest))  # Holm's first step is m·p
     assert scale.family == table.family and "study-wide chance of any false supported ≤ 0.05" in table.family
     assert "5 scale slope(s): zero_option, filtering_norm, filtering_proj, gap_norm, gap_proj" in table.family
@@ -97,12 +98,17 @@ def test_the_scale_table_and_the_report_cite_the_adjusted_decision(tmp_path):
     ctx = make_report(folder, declared=Declared.of(STUDY, "experiment"))
     rows = {r["quantity"]: r for r in json.loads((ctx.out_dir / "scale.json").read_text())["rows"]}
     zero = rows["zero_option"]
-    assert zero["family"] == "experiment" and zero["decision"] == "supported" and zero["p_holm"] > zero["p"]
+    assert zero["family"] == "experiment" and zero["p_holm"] > zero["law_p"] > zero["p"]
+    # across these four tier recipes the zero option's slope is certain (p 4e-7), but the tier means depart from a
+    # line: as a law of N (2 df between tiers) it is not supported in the study-wide family of 17
+    assert zero["decision"] == "not supported" and zero["law_low"] < zero["ci_low"] < zero["ci_high"] < zero["law_high"]
     section = (ctx.out_dir / "summary.md").read_text().split("## Scale")[1].split("\n## ")[0]
-    assert (f"zero_option (baseline − sink-logit) shrinks with scale (supported, p_holm {zero['p_holm']:.1e} in the "
-            f"study-wide family): {zero['slope_per_decade']:+.4f} nats") in section
-    assert "Holm's m = 17" in section and "the gap's slope is supported (p_holm" in section
-    assert "| p | p_holm | decision |" in (ctx.out_dir / "scale.md").read_text()
+    assert (f"zero_option (baseline − sink-logit): no trend supported as a law of N (not supported, p_holm "
+            f"{zero['p_holm']:.3g} in the study-wide family, on the law interval): as a law of N 95% CI "
+            f"[{zero['law_low']:+.4f}, {zero['law_high']:+.4f}], df 2") in section
+    assert f"across these 4 tier recipes {zero['slope_per_decade']:+.4f} nats per decade" in section
+    assert "Holm's m = 17" in section and "the gap's slope is not supported (p_holm" in section
+    assert "| p | law 95% CI (df, p) | p_holm | decision |" in (ctx.out_dir / "scale.md").read_text()
 
 
 def _null_studies(rng: np.random.Generator) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
@@ -125,7 +131,7 @@ def _null_studies(rng: np.random.Generator) -> tuple[list[str], np.ndarray, dict
     for quantity, groups in diffs.items():
         means = np.stack([g.mean(axis=1) for g in groups], axis=-1)
         within = sum(((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) for g in groups)
-        slopes[quantity] = slope_interval(fit_lines(sizes, counts, means, within))[2]
+        slopes[quantity] = law_interval(fit_lines(sizes, counts, means, within), sizes, counts, means)[3]
     return tiers, np.stack(p_rows, axis=1), slopes
 
 

@@ -62,14 +62,16 @@ def study_family(runs: Runs, declared: Declared | None) -> tuple[Table | None, S
     if runs.metric is not None or declared is None or not declared.comparisons:
         return None, dataclasses.replace(scale, family=why)
     members = scale_members(scale, declared, runs)
-    slopes = {q: p for q, p in scale.rows.select("quantity", "p").iter_rows() if q in members}
+    # a "shrinks/grows with scale" claim is about N, so the family tests each slope on its law interval's p
+    slopes = {q: p for q, p in scale.rows.select("quantity", "law_p").iter_rows() if q in members}
     family = count_diverged(declared_table(runs, declared, slopes if why is None else None), runs)
     adjusted = study_holm(family.frame, declared.family_of(runs), slopes)[1] if why is None else {}
     return family, adjust_scale(scale, adjusted, why or family.family)
 
 
 def slope_decision(p_holm: float | None, alpha: float = ALPHA) -> str:
-    """A family member's decision: "supported" (p_holm < α: the slope's sign is resolved), else "not supported"."""
+    """A family member's decision: "supported" (p_holm < α of its law-of-N p: the slope's sign is resolved as a
+    law of N), else "not supported"."""
     return SUPPORTED if p_holm is not None and p_holm < alpha else NOT_SUPPORTED
 
 
