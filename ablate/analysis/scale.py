@@ -47,6 +47,7 @@ from ablate.analysis.hypotheses import comparison_differences
 from ablate.analysis.stats import RESOLUTION
 from ablate.analysis.tables import increments_table, is_pipeline_check
 from ablate.increments import GAPS, INCREMENTS, ZERO_OPTION
+from ablate.power import law_error
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"
@@ -120,10 +121,7 @@ def law_interval(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means:
         return nan, nan, nan, nan
     line = fit.level[..., None] + fit.slope[..., None] * (x - fit.center)
     lack = (n * (np.asarray(means, float) - line) ** 2).sum(-1) / (tiers - 2)
-    pure = np.where(np.isfinite(fit.s2), fit.s2, -np.inf)
-    use_lack = lack >= pure
-    s2 = np.where(use_lack, lack, pure)
-    df = np.where(use_lack, float(tiers - 2), float(fit.df))
+    s2, df = law_error(fit.s2, fit.df, lack, tiers)
     with np.errstate(divide="ignore", invalid="ignore"):
         se = np.sqrt(s2 / fit.sxx)
         half = stdtrit(df, 0.5 + CONFIDENCE / 2) * se
