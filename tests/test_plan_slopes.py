@@ -67,3 +67,11 @@ def test_plan_power_gives_each_declared_slope_in_the_family(capsys):
 def test_a_bad_tier_sd_is_refused_naming_it():
     with pytest.raises(Exception, match="--tier-sd -1"):
         slope_powers(load_experiment("sink_vs_filter"), -0.005, 0.004, -1.0)
+
+
+def test_docs_power_states_the_computed_figures():
+    from pathlib import Path
+
+    planned = slope_power(SIZES, SEEDS, -0.005, 0.004, 0.002, 0.05 / 17)
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "power.md").read_text().split())
+    assert f"it is {planned['law_power']:.3f} against {planned['recipe_power']:.3f}" in text
