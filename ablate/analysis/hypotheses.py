@@ -200,8 +200,10 @@ def _with_not_run(summary: pl.DataFrame, family: Family) -> pl.DataFrame:
     if not absent:
         return summary
     empty = pl.DataFrame({"tier": [t for t, _ in absent], "comparison": [c for _, c in absent],
-                          "n": [0] * len(absent)}, schema={"tier": pl.String, "comparison": pl.String, "n": pl.Int64})
-    return pl.concat([summary, empty.cast({"n": summary.schema["n"]})], how="diagonal_relaxed")
+                          "n": [0] * len(absent), "agree": [0] * len(absent)},
+                         schema={"tier": pl.String, "comparison": pl.String, "n": pl.Int64, "agree": pl.Int64})
+    return pl.concat([summary, empty.cast({"n": summary.schema["n"], "agree": summary.schema["agree"]})],
+                     how="diagonal_relaxed")
 
 
 def study_holm(frame: pl.DataFrame, family: Family, slopes: Mapping[str, float | None] | None = None
