@@ -57,3 +57,23 @@ def test_method_states_the_measured_coverage():
 def test_two_tiers_have_no_law_interval():
     fit = fit_lines(LOG_SIZES[:2], np.array([3, 3]), np.array([0.01, 0.0]), np.array(0.001))
     assert np.isnan(law_interval(fit, LOG_SIZES[:2], np.array([3, 3]), np.array([0.01, 0.0]))[0])
+
+
+def test_the_scale_json_and_every_headline_name_both_estimands(tmp_path):
+    import json
+
+    from ablate.analysis.report import make_report
+    from ablate.analysis.scale_text import crossing_sentence, trend_sentence
+    from analysis_fixtures import write_store
+
+    ctx = make_report(write_store(tmp_path / "results"))
+    rows = json.loads((ctx.out_dir / "scale.json").read_text())["rows"]
+    assert rows and all(r["law_low"] <= r["ci_low"] <= r["ci_high"] <= r["law_high"] and r["law_df"] == 2
+                        for r in rows)
+    for row in rows:
+        sentence = trend_sentence(row)
+        assert "as a law of N" in sentence and "across these 4 tier recipes" in sentence, sentence
+    for crossing in ctx.scale.crossings.iter_rows(named=True):
+        assert "across these tier recipes" in crossing_sentence(ctx.scale, crossing) or not crossing["identified"]
+    section = (ctx.out_dir / "summary.md").read_text().split("## Scale")[1].split("\n## ")[0]
+    assert section.count("as a law of N") >= len(rows)
