@@ -67,7 +67,7 @@ def test_the_experiment_file_gives_the_family_and_the_planner_uses_the_same_m(tm
     zero = table.frame.filter(comparison="zero_option").row(0, named=True)
     assert zero["p_holm"] == pytest.approx(min(1.0, 11 * zero["p"]), rel=1e-12)
     assert table.frame.filter(pl.col("n") == 0).height == 5
-    sizes = family_sizes({t: [n for _, n, _ in [(0, c, 0) for c, _, _ in STUDY]] for t in experiment.tiers},
+    sizes = family_sizes({t: [name for name, _, _ in STUDY] for t in experiment.tiers},
                          {t: family.tier_size(t) for t in experiment.tiers})
     assert sizes == {"10M": 11, "50M": 11} and "m = 11" in _family_note(experiment)[0]
 
