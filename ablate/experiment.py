@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from ablate.comparison import Comparison  # declared in experiment files: `from ablate.experiment import Comparison`
 from ablate.errors import AblateError
-from ablate.increments import gaps_of, increments_of
+from ablate.family import Family
 from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, run_dir, run_key
@@ -148,20 +148,23 @@ class Experiment:
             self._check_arms()
         return {tier: [c for c in self.hypotheses if c.at(tier)] for tier in self.tiers}
 
+    def declared_family(self, sequential: bool = False) -> Family:
+        """The declared family (`ablate.family.Family`): every (tier, comparison) the experiment declares and, with
+        family="experiment" in a fixed design, the scale slopes its analysis adjusts with them. The one rule for
+        m that the planner, the sequential design, the tables and the report read."""
+        arms = None if self.arms == "all" else self.arm_names()  # "all": every study arm, every increment formable
+        return Family.of(self.hypotheses, self.tiers, self.family, arms=arms, sequential=sequential)
+
     def family_size(self) -> int:
-        """m of each declared comparison's family (0: none): the most a tier declares, or all tiers' together."""
-        counts = [sum(c.at(tier) for c in self.hypotheses) for tier in self.tiers]
-        return sum(counts) if self.family == "experiment" else max(counts, default=0)
+        """m a sequential design's boundaries are set for (0: none): the declared comparisons of the largest group
+        (a tier's, or every evidence tier's together), slopes not counted (α is spent on the comparisons only)."""
+        return self.declared_family(sequential=True).largest
 
     def planned_family_size(self) -> int:
-        """m a fixed design's power plan splits α over: `family_size`, and with family="experiment" also the scale
-        slopes its analysis can adjust over (each declared comparison's and each gap's it can form), so a plan
-        never promises power that Holm's larger m takes away. The report states the m Holm used, which is
-        smaller where a tier has one seed (its rows have no test)."""
-        if self.family != "experiment" or not self.hypotheses:
-            return self.family_size()
-        quantities = {c.name for c in self.hypotheses} | set(increments_of(self.arm_names()))
-        return self.family_size() + len(self.hypotheses) + len(gaps_of(quantities))
+        """m a fixed design's power plan splits α over: the largest group of `declared_family`, with
+        family="experiment" its scale slopes too; the tables' Holm uses the same m (comparisons that did not
+        run, or have one seed, count in it)."""
+        return self.declared_family().largest
 
     def seed_count(self, tier: str) -> int:
         if isinstance(self.seeds, int):

@@ -10,6 +10,7 @@ else ./gpu_check.json, else gpu_check.json at the repository root), otherwise an
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
 from ablate.sizing import _meta_counts, model_config, run_micro_batch
-from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier
+from ablate.family import Family, is_pipeline_check
+from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier, tier_rank
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
 GPU_CHECK_FILE = "gpu_check.json"
@@ -204,10 +206,12 @@ def _declared(experiment) -> dict:
 
 
 def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: dict | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, tiers=None, speed: Throughput | None = None) -> dict:
+               target_power: float = 0.8, tiers=None, speed: Throughput | None = None, slope: float | None = None,
+               tier_sd: float | None = None) -> dict:
     """`plan --power`: per tier and declared comparison, the seeds a paired t needs (`ablate.power.power_rows`)
     and their GPU-hours at the grid's per-seed cost (POWER_BASIS); per tier the most any comparison needs,
-    next to the experiment's fixed seed count."""
+    next to the experiment's fixed seed count; with `slope`, each declared slope's power at the design for both
+    estimands (`slope_powers`)."""
     from ablate.power import pilot_warning, power_rows  # statsmodels loads only when power is planned
 
     speed = speed or Throughput()
@@ -219,7 +223,8 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
     grid = plan_grid(experiment, tiers=planned, seed_count=1, speed=speed)
     per_seed = {t["tier"]: t["total_gpu_hours"] for t in grid["tiers"]}
     names = {tier: [c.name for c in comparisons[tier]] for tier in planned}
-    family = experiment.planned_family_size() if experiment.family == "experiment" else "tier"
+    declared = experiment.declared_family()
+    family = {tier: declared.tier_size(tier) for tier in planned}
     rows = power_rows(names, effect, per_seed, sd=sd, pilots=pilots, alpha=alpha, target_power=target_power,
                       family=family)
     rows = [_with_sd_source(r, pilots) for r in rows if r["tier"] in chosen]
@@ -235,19 +240,48 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
                         "gpu_hours_per_seed": per_seed[tier], "sd_sources": _sd_sources(tier_rows)})
     used = [pilots[(r["tier"], r["comparison"])] for r in rows if r["sd_source"] == "pilot"]
     warnings = sorted({w for p in used if (w := pilot_warning(p.n0))})
+    slopes = slope_powers(experiment, slope, sd, tier_sd, alpha) if slope is not None else []
     return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
-            "warnings": warnings,
+            "warnings": warnings, "slopes": slopes,
             "notes": _unused_pilot_notes(rows, pilots) + _family_note(experiment)}
+
+
+def slope_powers(experiment, slope: float, sd: float | None, tier_sd: float | None, alpha: float = 0.05) -> list[dict]:
+    """Each declared slope's power at the experiment's design (its evidence tiers of known size and their seed
+    counts), for both estimands (`ablate.power.slope_power`): across these tier recipes and as a law of N with
+    tier-level scatter `tier_sd` (default: half of `sd`). The test level is α/m, m the study-wide family's
+    (`Experiment.declared_family`) with family="experiment"; with family="tier" the slopes are in no family and
+    each is planned at α (exploratory)."""
+    from ablate.power import slope_power  # kept with the power planning, as `power_plan` does
+
+    if sd is None or not sd > 0 or not math.isfinite(slope):
+        raise AblateError(f"--slope {slope!r} needs --sd S (the seed sd of one paired difference, nats) and a finite "
+                          "slope in nats per decade of parameters")
+    tier_sd = sd / 2 if tier_sd is None else tier_sd
+    if not (math.isfinite(tier_sd) and tier_sd >= 0):
+        raise AblateError(f"--tier-sd {tier_sd!r} must be a number ≥ 0 (nats: the tier means' scatter about the line)")
+    family = experiment.declared_family()
+    members = family.slopes or Family.of(experiment.hypotheses, experiment.tiers, "experiment").slopes
+    m = family.largest if family.slopes else 1
+    tiers = sorted((t for t in experiment.tiers if not is_pipeline_check(t) and math.isfinite(tier_rank(t))),
+                   key=tier_rank)
+    sizes = [math.log10(tier_rank(t)) for t in tiers]
+    counts = [experiment.seed_count(t) for t in tiers]
+    power = slope_power(sizes, counts, slope, sd, tier_sd, alpha / m)
+    return [{"quantity": q, "slope": slope, "sd": sd, "tier_sd": tier_sd, "tiers": tiers, "seeds": counts,
+             "family_size": m, "alpha_per_test": alpha / m, "in_family": bool(family.slopes), **power}
+            for q in members]
 
 
 def _family_note(experiment) -> list[str]:
     """With family="experiment": the m planned, what it counts, and why the report's may be smaller."""
     if experiment.family != "experiment":
         return []
-    m, rows = experiment.planned_family_size(), experiment.family_size()
-    return [f"m = {m}: the {rows} declared comparisons at every tier and the {m - rows} scale slopes the study-wide "
-            "family can adjust over; the report states the m Holm used, smaller where a tier has one seed (its rows "
-            "have no test)"]
+    family = experiment.declared_family()
+    m, slopes = family.largest, len(family.slopes)
+    return [f"m = {m}: the {m - slopes} declared comparisons at every tier and the {slopes} scale slopes of the "
+            "study-wide family (ablate.family: the design's members); the tables' Holm uses the same m, counting a "
+            "comparison that did not run or has one seed at p = 1, so its decisions are final once all have run"]
 
 
 def _with_sd_source(row: dict, pilots: dict | None) -> dict:

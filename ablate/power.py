@@ -199,10 +199,18 @@ class Pilot:
         return cls(pilot_sd(values), len(values))
 
 
-def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str | int = "tier") -> dict[str, int]:
-    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), or an m
-    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes)."""
+def family_sizes(comparisons: Mapping[str, Sequence[str]],
+                  family: str | int | Mapping[str, int] = "tier") -> dict[str, int]:
+    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), an m
+    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes), or
+    per tier (tier → m, as `ablate.family.Family.tier_size` gives it)."""
     total = sum(len(names) for names in comparisons.values())
+    if isinstance(family, Mapping):
+        for tier, names in comparisons.items():
+            if family.get(tier, 0) < len(names):
+                raise AblateError(f"a family of m = {family.get(tier, 0)} at tier {tier!r} cannot hold its "
+                                  f"{len(names)} comparisons")
+        return {tier: int(family[tier]) for tier in comparisons}
     if isinstance(family, int) and not isinstance(family, bool):
         if family < total:
             raise AblateError(f"a family of m = {family} cannot hold the {total} comparisons planned in it")
@@ -214,7 +222,7 @@ def family_sizes(comparisons: Mapping[str, Sequence[str]], family: str | int = "
 
 def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hours_per_seed: Mapping[str, float],
                sd: float | None = None, pilots: Mapping[tuple[str, str], Pilot] | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, family: str | int = "tier") -> list[dict]:
+               target_power: float = 0.8, family: str | int | Mapping[str, int] = "tier") -> list[dict]:
     """One `plan --power --json` row per (tier, declared comparison), in the order given.
 
     `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more
@@ -249,3 +257,54 @@ def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hour
                          "family_size": m, "target_power": target_power, "seeds": seeds,
                          "seeds_conservative": conservative, "gpu_hours": seeds * float(gpu_hours_per_seed[tier])})
     return rows
+
+
+# ---------------------------------------------------------------- scale slopes: two estimands
+SLOPE_STUDIES = 20_000  # simulated studies behind a law-of-N power (its Monte Carlo se ≤ 0.0036)
+SLOPE_SEED = 20261204  # a fixed generator seed: the same plan prints the same power
+
+
+def law_error(pure: np.ndarray, pure_df: int, lack: np.ndarray, tiers: int) -> tuple[np.ndarray, np.ndarray]:
+    """s² and df of a slope *as a law of N* (tiers as draws around a line in log N): the larger of the pure
+    (within-tier) error and the lack-of-fit mean square of the tier means about the line, with the df of the one
+    taken (T − 2 for the lack of fit). The analysis's law interval and the planner's law power both use it."""
+    pure = np.asarray(pure, float)
+    use_lack = np.asarray(lack, float) >= np.where(np.isfinite(pure), pure, -np.inf)
+    return np.where(use_lack, lack, pure), np.where(use_lack, float(tiers - 2), float(pure_df))
+
+
+def slope_power(log_sizes: Sequence[float], counts: Sequence[int], slope: float, sd: float, tier_sd: float,
+                alpha: float) -> dict:
+    """The power of a two-sided test at level `alpha` of a scale slope of `slope` (per decade) at a design of tiers
+    (log10 sizes) × seed counts, seed sd `sd` of one paired difference, for both estimands:
+
+    * recipe: the slope of the weighted line through these tiers' means, tested with the pooled within-tier error
+      (df = Σ(n_t − 1)): a noncentral t, λ = slope·√Sxx/sd (exact);
+    * law of N: the tier means scatter about the line by `tier_sd` besides the seeds' noise, tested with
+      `law_error` (never narrower than the recipe test): simulated, SLOPE_STUDIES studies at a fixed seed.
+    None where a test does not exist (fewer than two tiers, no within-tier df; fewer than three tiers for the law)."""
+    x, n = np.asarray(log_sizes, float), np.asarray(counts, float)
+    tiers, pure_df = x.size, int((n - 1).sum())
+    out = {"recipe_df": pure_df, "recipe_power": None, "law_df": None, "law_power": None}
+    if tiers < 2 or pure_df < 1:
+        return out
+    center = float((n * x).sum() / n.sum())
+    sxx = float((n * (x - center) ** 2).sum())
+    noncentrality = slope * math.sqrt(sxx) / sd
+    out["recipe_power"] = float(power(noncentrality / math.sqrt(pure_df + 1), pure_df + 1, alpha))
+    if tiers < 3:
+        return out
+    rng = np.random.default_rng(SLOPE_SEED)
+    means = slope * (x - center) + rng.normal(0.0, tier_sd, (SLOPE_STUDIES, tiers)) + rng.normal(
+        0.0, 1.0, (SLOPE_STUDIES, tiers)) * sd / np.sqrt(n)
+    pure = sd ** 2 * rng.chisquare(pure_df, SLOPE_STUDIES) / pure_df
+    level = (means * n).sum(-1) / n.sum()
+    fitted = (means * n * (x - center)).sum(-1) / sxx
+    line = level[:, None] + fitted[:, None] * (x - center)
+    lack = (n * (means - line) ** 2).sum(-1) / (tiers - 2)
+    s2, df = law_error(pure, pure_df, lack, tiers)
+    law_t = np.abs(fitted) / np.sqrt(s2 / sxx)
+    recipe_t = np.abs(fitted) / np.sqrt(pure / sxx)
+    rejected = (law_t >= stdtrit(df, 1 - alpha / 2)) & (recipe_t >= stdtrit(pure_df, 1 - alpha / 2))
+    out.update(law_df=tiers - 2, law_power=float(rejected.mean()))
+    return out

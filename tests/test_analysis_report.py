@@ -246,12 +246,16 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     section = summary.split("## Scale")[1].split("\n## ")[0]
     table = json.loads((out / "scale.json").read_text())
     zero = next(r for r in table["rows"] if r["quantity"] == "zero_option")
-    assert (f"zero_option (baseline − sink-logit) shrinks with scale (exploratory: in no family, its unadjusted 95% "
-            f"interval excludes 0): {zero['slope_per_decade']:+.4f} nats") in section  # no declarations: no family
+    assert ("zero_option (baseline − sink-logit) shrinks with scale as a law of N (exploratory: in no family, its "
+            f"unadjusted law interval excludes 0): as a law of N 95% CI [{zero['law_low']:+.4f}, "
+            f"{zero['law_high']:+.4f}], df 2") in section  # no declarations: no family
+    assert f"across these 4 tier recipes {zero['slope_per_decade']:+.4f} nats" in section
     assert zero["decision"] == "exploratory" and "Every slope is exploratory (no declared comparisons" in section
-    assert "filtering_proj (sink-logit − combo2) grows with scale" in section
+    assert ("filtering_proj (sink-logit − combo2) grows across these 4 tier recipes, not resolved as a law of N"
+            in section)
     proj = next(c for c in table["crossings"] if c["quantity"] == "gap_proj")
-    assert (f"filtering (filtering_proj) overtakes the zero option at ≈ {proj['params'] / 1e6:.3g}M parameters"
+    assert ("across these tier recipes, filtering (filtering_proj) overtakes the zero option at ≈ "
+            f"{proj['params'] / 1e6:.3g}M parameters"
             in section)
     assert "filtering (filtering_norm) overtakes the zero option is not identified" in section
     assert "Scale is confounded" in section and "tokens per parameter" in section

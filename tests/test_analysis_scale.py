@@ -123,7 +123,8 @@ def test_balanced_slope_is_the_ols_slope_of_the_tier_means(tmp_path, capsys):
     rows = {r["quantity"]: r for r in out["rows"]}
     assert set(out) >= {"rows", "crossings", "confounders"}
     assert all(list(r) == ["quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p",
-                           "p_holm", "decision", "family"] for r in out["rows"])
+                           "law_low", "law_high", "law_df", "law_p", "p_holm", "decision", "family"]
+               for r in out["rows"])
     assert all(r["decision"] == "exploratory" and r["p_holm"] is None for r in out["rows"])  # a CSV declares nothing
     assert "no declared comparisons" in out["family"]
     assert list(out["crossings"][0]) == ["quantity", "params", "ci_low", "ci_high", "identified"]

@@ -5,6 +5,7 @@ metric's table is exploratory, never supported."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -19,12 +20,13 @@ from ablate.analysis.hypotheses import ALPHA, Declared, study_holm
 from ablate.analysis.load import load_runs
 from ablate.analysis.runs import Runs
 from ablate.analysis.report import make_report
-from ablate.analysis.scale import fit_lines, slope_interval
+from ablate.analysis.scale import fit_lines, law_interval
 from ablate.analysis.scale_family import scale_members
 from ablate.analysis.scale_text import trend_sentence
 from ablate.analysis.stats import holm
 from ablate.analysis.tables import EXPLORATORY
 from ablate.boundaries import sequential_design
+from ablate.family import Family
 from ablate.tiers import tier_rank
 from analysis_fixtures import write_store
 
@@ -41,8 +43,8 @@ def runs(tmp_path_factory):
 
 def test_the_experiment_family_states_the_m_holm_used(runs):
     """family="experiment": one Holm over every tier's declared rows and the scale slopes of the declared comparisons
-    and the gaps; at 3/3/3/1 seeds with the study's three comparisons that is 9 rows (350M has one seed: no p) and
-    5 slopes, and the m the family states is that 14."""
+    and the gaps; at 3/3/3/1 seeds with the study's three comparisons that is 12 rows (350M's 3 have one seed and no
+    p, yet they are the design's: they count at p = 1) and 5 slopes, and the m the family states is that 17."""
     declared = Declared.of(STUDY, "experiment")
     table = build_table(runs, "declared", declared=declared)
     scale = build_table(runs, "scale", declared=declared)
@@ -51,10 +53,12 @@ def test_the_experiment_family_states_the_m_holm_used(runs):
     slopes = scale.rows.filter(pl.col("family") == "experiment")
     assert slopes["quantity"].to_list() == [*(name for name, _, _ in STUDY), "gap_norm", "gap_proj"]
     stated = int(re.search(r"Holm's m = (\d+)", table.family).group(1))
-    assert stated == with_p.height + slopes["p"].drop_nulls().len() == 14 and with_p.height < evidence.height
-    joint = holm(with_p["p"].to_list() + slopes["p"].to_list())  # the union, adjusted together
+    assert stated == evidence.height + slopes.height == 17 and with_p.height == 9 < evidence.height
+    untested = [1.0] * (evidence.height - with_p.height)
+    # the union, adjusted together; a slope on its law-of-N p
+    joint = holm(with_p["p"].to_list() + slopes["law_p"].to_list() + untested)[:14]
     assert with_p["p_holm"].to_list() + slopes["p_holm"].to_list() == pytest.approx(joint, rel=1e-12)
-    smallest = min(with_p["p"].to_list() + slopes["p"].to_list())
+    smallest = min(with_p["p"].to_list() + slopes["law_p"].to_list())
     assert min(joint) == pytest.approx(min(1.0, stated * smallest))  # Holm's first step is m·p
     assert scale.family == table.family and "study-wide chance of any false supported ≤ 0.05" in table.family
     assert "5 scale slope(s): zero_option, filtering_norm, filtering_proj, gap_norm, gap_proj" in table.family
@@ -71,7 +75,7 @@ def test_an_increment_that_is_not_declared_is_an_exploratory_slope(runs):
         assert rows[quantity]["decision"] == "exploratory" and rows[quantity]["p_holm"] is None
         assert rows[quantity]["p"] is not None
     table = build_table(runs, "declared", declared=declared)
-    assert "Holm's m = 6 (3 declared comparison row(s) and 3 scale slope(s)" in table.family
+    assert "Holm's m = 7 (4 declared comparison row(s) and 3 scale slope(s)" in table.family
 
 
 def test_the_tier_family_and_a_sequential_design_leave_every_slope_exploratory(runs):
@@ -84,7 +88,7 @@ def test_the_tier_family_and_a_sequential_design_leave_every_slope_exploratory(r
         assert scale.family.startswith(why) and "every slope is exploratory" in scale.family
         assert all("(exploratory" in trend_sentence(r) for r in scale.rows.iter_rows(named=True) if r["p"])
     family = build_table(runs, "declared", declared=Declared.of(STUDY, "experiment", design))
-    assert "Holm's m = 9" in family.family and "the scale slopes are in no family" in family.family
+    assert "Holm's m = 12" in family.family and "the scale slopes are in no family" in family.family
     assert "the scale slopes span the tiers, so they are in no family: exploratory" in build_table(
         runs, "declared", declared=Declared.of(STUDY, "tier")).family
 
@@ -94,12 +98,17 @@ def test_the_scale_table_and_the_report_cite_the_adjusted_decision(tmp_path):
     ctx = make_report(folder, declared=Declared.of(STUDY, "experiment"))
     rows = {r["quantity"]: r for r in json.loads((ctx.out_dir / "scale.json").read_text())["rows"]}
     zero = rows["zero_option"]
-    assert zero["family"] == "experiment" and zero["decision"] == "supported" and zero["p_holm"] > zero["p"]
+    assert zero["family"] == "experiment" and zero["p_holm"] > zero["law_p"] > zero["p"]
+    # across these four tier recipes the zero option's slope is certain (p 4e-7), but the tier means depart from a
+    # line: as a law of N (2 df between tiers) it is not supported in the study-wide family of 17
+    assert zero["decision"] == "not supported" and zero["law_low"] < zero["ci_low"] < zero["ci_high"] < zero["law_high"]
     section = (ctx.out_dir / "summary.md").read_text().split("## Scale")[1].split("\n## ")[0]
-    assert (f"zero_option (baseline − sink-logit) shrinks with scale (supported, p_holm {zero['p_holm']:.1e} in the "
-            f"study-wide family): {zero['slope_per_decade']:+.4f} nats") in section
-    assert "Holm's m = 14" in section and "the gap's slope is supported (p_holm" in section
-    assert "| p | p_holm | decision |" in (ctx.out_dir / "scale.md").read_text()
+    assert (f"zero_option (baseline − sink-logit): no trend supported as a law of N (not supported, p_holm "
+            f"{zero['p_holm']:.3g} in the study-wide family, on the law interval): as a law of N 95% CI "
+            f"[{zero['law_low']:+.4f}, {zero['law_high']:+.4f}], df 2") in section
+    assert f"across these 4 tier recipes {zero['slope_per_decade']:+.4f} nats per decade" in section
+    assert "Holm's m = 17" in section and "the gap's slope is not supported (p_holm" in section
+    assert "| p | law 95% CI (df, p) | p_holm | decision |" in (ctx.out_dir / "scale.md").read_text()
 
 
 def _null_studies(rng: np.random.Generator) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
@@ -122,7 +131,7 @@ def _null_studies(rng: np.random.Generator) -> tuple[list[str], np.ndarray, dict
     for quantity, groups in diffs.items():
         means = np.stack([g.mean(axis=1) for g in groups], axis=-1)
         within = sum(((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) for g in groups)
-        slopes[quantity] = slope_interval(fit_lines(sizes, counts, means, within))[2]
+        slopes[quantity] = law_interval(fit_lines(sizes, counts, means, within), sizes, counts, means)[3]
     return tiers, np.stack(p_rows, axis=1), slopes
 
 
@@ -132,22 +141,24 @@ def test_the_study_wide_false_supported_rate_is_held_with_the_slopes_in_the_fami
     gets p_holm < α. Its rate is ≤ α within Monte Carlo error (3 se, se = √(α(1−α)/R) = 0.0049); leaving the slopes
     out of the family (each read from its unadjusted 95% interval, as the headline sentences were) breaks it."""
     declared = Declared.of(STUDY, "experiment")
-    members = scale_members(build_table(runs, "scale", declared=declared), declared)
+    members = scale_members(build_table(runs, "scale", declared=declared), declared, runs)
     tiers, p_rows, p_slopes = _null_studies(np.random.default_rng(20261203))
     bound = ALPHA + 3 * np.sqrt(ALPHA * (1 - ALPHA) / NULL_STUDIES)
+    family = Family.of(STUDY, NULL_SEEDS, "experiment")
+    names = [name for _ in range(len(tiers) // len(STUDY)) for name, _, _ in STUDY]
     joint = alone = 0
     for r in range(NULL_STUDIES):
-        frame = pl.DataFrame({"tier": tiers, "p": p_rows[r]})
-        rows, slopes = study_holm(frame, "experiment", {q: float(p_slopes[q][r]) for q in members})
+        frame = pl.DataFrame({"tier": tiers, "comparison": names, "p": p_rows[r]})
+        rows, slopes = study_holm(frame, family, {q: float(p_slopes[q][r]) for q in members})
         joint += min(rows.min(), min(slopes.values())) < ALPHA
-        held, _ = study_holm(frame, "experiment")
+        held, _ = study_holm(frame, dataclasses.replace(family, slopes=()))
         alone += held.min() < ALPHA or min(p_slopes[q][r] for q in members) < ALPHA
     assert len(slopes) == 5 and joint / NULL_STUDIES <= bound
     assert alone / NULL_STUDIES > bound  # the test can tell: the slopes outside the family exceed α
     method = " ".join((Path(__file__).resolve().parents[1] / "docs" / "method.md").read_text().split())
     assert (f"finds {joint / NULL_STUDIES:.4f} with the slopes in the family, {alone / NULL_STUDIES:.4f} with them "
             "read from their unadjusted intervals") in method
-    assert "`family=\"experiment\"` has m = 9 rows + 5 slopes = 14" in method
+    assert "`family=\"experiment\"` has m = 12 rows + 5 slopes = 17" in method
 
 
 def test_the_tier_family_states_each_tiers_m_and_the_study_wide_error(runs):
@@ -155,13 +166,12 @@ def test_the_tier_family_states_each_tiers_m_and_the_study_wide_error(runs):
     for tier, part in table.frame.partition_by("tier", as_dict=True).items():
         if tier[0] == "smoke":
             continue
-        m = part["p"].drop_nulls().len()
-        assert f"{tier[0]}: {m}" in table.family
-        if m:
+        m = part.height  # the design's: 350M's rows have one seed and no p, yet they count
+        assert m == 3 and f"{tier[0]}: {m}" in table.family
+        if part["p"].drop_nulls().len():
             smallest = part.sort("p", nulls_last=True).row(0, named=True)
             assert smallest["p_holm"] == pytest.approx(min(1.0, m * smallest["p"]))
-    k = sum(1 for t, part in table.frame.partition_by("tier", as_dict=True).items()
-            if t[0] != "smoke" and part["p"].drop_nulls().len())
+    k = sum(1 for t in table.frame.partition_by("tier", as_dict=True) if t[0] != "smoke")
     assert f"≤ {min(1.0, 0.05 * k):.2f} ({k} tier families" in table.family
     assert f"{1 - 0.95 ** k:.2f} if they were independent" in table.family
 

@@ -153,8 +153,9 @@ def _fitted_place(crossing: dict, row: dict, tiers: list[str]):
     """(params, below, above, sentence) of the fitted line's upward crossing inside the tiers' range."""
     root, slope = crossing["params"], row["slope_per_decade"]
     if root is None or slope is None or slope <= 0 or not tier_rank(tiers[0]) <= root <= tier_rank(tiers[-1]):
-        return None, None, None, "The fitted line of the gap does not cross 0 upward inside the tiers' range"
+        return None, None, None, ("The fitted line of the gap (across these tier recipes) does not cross 0 upward "
+                                  "inside the tiers' range")
     k = max(i for i, t in enumerate(tiers[:-1]) if tier_rank(t) <= root)
     return (root, tiers[k], tiers[k + 1],
-            f"The fitted line of the gap crosses 0 at ≈ {format_params(root)} parameters, between {tiers[k]} and "
-            f"{tiers[k + 1]}")
+            f"The fitted line of the gap (across these tier recipes) crosses 0 at ≈ {format_params(root)} "
+            f"parameters, between {tiers[k]} and {tiers[k + 1]}")

@@ -19,6 +19,7 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Mapping
@@ -32,9 +33,11 @@ from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, 
                                     is_pipeline_check)
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_decision
+from ablate.family import PIPELINE_GROUP, STUDY_GROUP, Family
 from ablate.power import FAMILIES
 from ablate.sequential import recorded_design
 from ablate.store import LEDGER
+from ablate.tiers import tier_rank
 
 DECLARED = "declared"
 ALPHA = 0.05
@@ -52,57 +55,94 @@ class Declared:
     family: str = "tier"
     design: dict | None = None
     tiers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name, tiers) of a comparison declared at those only
+    members: Family | None = None  # the design's family (`ablate.family.Family`); None: built from the runs' tiers
 
     @classmethod
-    def of(cls, comparisons, family: str = "tier", design: dict | None = None) -> Declared:
-        """From `Comparison`s (anything with name, minuend, subtrahend, and maybe tiers) or triples."""
+    def of(cls, comparisons, family: str = "tier", design: dict | None = None,
+           members: Family | None = None) -> Declared:
+        """From `Comparison`s (anything with name, minuend, subtrahend, and maybe tiers) or triples; `members`:
+        the experiment's `declared_family()` (None: every declared comparison at every tier the runs have)."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
         if family not in FAMILIES:
             raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         where = tuple((c.name, tuple(c.tiers)) for c in comparisons if getattr(c, "tiers", ()))
-        return cls(triples, family, design, where)
+        return cls(triples, family, design, where, members)
+
+    def family_of(self, runs: Runs) -> Family:
+        """The family Holm adjusts over: the design's when given, else every declared comparison at every tier of
+        the source (its runs of any status, so a comparison whose arms did not run still counts)."""
+        if self.members is not None:
+            return self.members
+        tiers = sorted(set(runs.frame["tier"].to_list()) | set(runs.missing["tier"].to_list()), key=tier_rank)
+        return Family.of(self.comparisons, tiers, self.family, at=dict(self.tiers), arms=runs.arm_order,
+                         sequential=self.design is not None)
 
     @property
     def pairs(self) -> dict[tuple[str, str], str]:
         """(minuend, subtrahend) → the comparison's name."""
         return {(a, b): name for name, a, b in self.comparisons}
 
-    def describe(self, frame: pl.DataFrame, alpha: float = ALPHA,
+    def describe(self, frame: pl.DataFrame, family: Family, alpha: float = ALPHA,
                  slopes: Mapping[str, float | None] | None = None) -> str:
-        """The family and its members, the m Holm used in each group (the rows and slopes with a p: `holm`
-        counts no other), and the study-wide chance of any false "supported" the design allows. `slopes`:
-        the scale slopes in the family (quantity → p), None when they are in none (`study_holm`)."""
+        """The family and its members, Holm's m of each group (the design's: `family`, whatever ran), what did
+        not run or has no p (counted in m at p = 1, so the decisions are not final until they run), and the
+        study-wide chance of any false "supported" the design allows. `slopes`: the scale slopes in the family
+        (quantity → p), None when they are in none."""
         names = ", ".join(f"{name} ({a} − {b})" for name, a, b in self.comparisons)
-        groups = family_groups(frame, self.family)
-        sizes: dict[str, int] = {}
-        for group, p in zip(groups, frame["p"].to_list()):
-            sizes[group] = sizes.get(group, 0) + (p is not None)
-        untested = frame.height - sum(sizes.values())
-        left = f"; {untested} row(s) without a p (one seed or no spread) are not counted" if untested else ""
-        evidence = [g for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g) and sizes[g]]
+        left = _untested_note(frame, family, slopes)
+        groups = [g for g in dict.fromkeys(family.group(t) for t in frame["tier"].to_list()) if _evidence(g)]
         if self.family == "tier":
-            per = ", ".join(f"{g}: {sizes[g]}" for g in sizes if g != PIPELINE_GROUP and not is_pipeline_check(g))
-            k = len(evidence)
+            per = ", ".join(f"{g}: {group_size(frame, family, g)}" for g in groups)
+            k = len(groups)
             study = (f"study-wide chance of any false supported: ≤ {min(1.0, k * alpha):.2f} ({k} tier families at "
                      f"{alpha:g} each; {1 - (1 - alpha) ** k:.2f} if they were independent); declare "
                      f'family="experiment" to hold it to {alpha:g}') if k > 1 else f"study-wide error ≤ {alpha:g}"
-            return (f"each tier's declared comparisons: {names}; Holm's m per tier = {per}{left}; {study}; the scale "
-                    "slopes span the tiers, so they are in no family: exploratory")
-        rows = sum(sizes[g] for g in evidence)
+            return (f"each tier's declared comparisons: {names}; Holm's m per tier = {per} (the design's){left}; "
+                    f"{study}; the scale slopes span the tiers, so they are in no family: exploratory")
+        rows = len(_group_keys(frame, family, STUDY_GROUP))
         if slopes is None:
             why = ("a sequential design spends α over the declared comparisons only" if self.design
                    else "none were given to this table")
-            return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {rows}{left} "
-                    f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}; the scale "
-                    f"slopes are in no family ({why}): exploratory")
-        tested = [q for q, p in slopes.items() if p is not None]
-        none = [q for q, p in slopes.items() if p is None]
-        no_slope = f"; slope(s) without a p, not counted: {', '.join(none)}" if none else ""
+            return (f"the experiment's declared comparisons at every tier together: {names}; Holm's m = {rows} "
+                    f"(the design's){left} (pipeline-check tiers apart); study-wide chance of any false supported "
+                    f"≤ {alpha:g}; the scale slopes are in no family ({why}): exploratory")
+        members = family.group_slopes(STUDY_GROUP)
         return (f"the experiment's declared comparisons at every tier and the scale slopes of the declared comparisons "
-                f"and the gaps together: {names}; Holm's m = {rows + len(tested)} ({rows} declared comparison row(s) "
-                f"and {len(tested)} scale slope(s): {', '.join(tested) or 'none'}){left}{no_slope} (pipeline-check "
-                f"tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
+                f"and the gaps together: {names}; Holm's m = {rows + len(members)} ({rows} declared comparison row(s) "
+                f"and {len(members)} scale slope(s): {', '.join(members) or 'none'}; the design's){left} "
+                f"(pipeline-check tiers apart); study-wide chance of any false supported ≤ {alpha:g}")
+
+
+def _evidence(group: str) -> bool:
+    return group != PIPELINE_GROUP and not is_pipeline_check(group)
+
+
+def _group_keys(frame: pl.DataFrame, family: Family, group: str) -> list[tuple[str, str]]:
+    """The (tier, comparison) members of one Holm group: the design's, and any other row the table has there."""
+    present = [(t, c) for t, c in frame.select("tier", "comparison").iter_rows() if family.group(t) == group]
+    return list(dict.fromkeys([*family.group_members(group), *present]))
+
+
+def group_size(frame: pl.DataFrame, family: Family, group: str) -> int:
+    """Holm's m of one group: its declared members (run or not) and, study-wide, the slopes in the family."""
+    return len(_group_keys(frame, family, group)) + len(family.group_slopes(group))
+
+
+def _untested_note(frame: pl.DataFrame, family: Family, slopes: Mapping[str, float | None] | None) -> str:
+    """What counts in m without a p of its own: members that did not run, rows with one seed or no spread,
+    slopes the scale table could not fit."""
+    not_run = frame.filter(pl.col("n") == 0).height
+    no_p = frame.filter((pl.col("n") > 0) & pl.col("p").is_null()).height
+    slopes_left = [q for q in family.slopes if slopes is not None and (slopes.get(q) is None)]
+    parts = [f"{not_run} declared comparison row(s) not run" if not_run else "",
+             f"{no_p} row(s) without a p (one seed or no spread)" if no_p else "",
+             f"slope(s) without a p: {', '.join(slopes_left)}" if slopes_left else ""]
+    parts = [p for p in parts if p]
+    if not parts:
+        return ""
+    return (f"; {'; '.join(parts)}: each counts in m at p = 1, so every decision of its group is not final until "
+            "it has run (its p can only lower the others' p_holm)")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -111,7 +151,8 @@ def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame
     for name, minuend, subtrahend in declared.comparisons:
         absent = [a for a in (minuend, subtrahend) if a not in runs.arm_order]
         if absent:
-            notes.append(_skip_note(f"declared comparison {name}", (minuend, subtrahend), absent))
+            notes.append(_skip_note(f"declared comparison {name}", (minuend, subtrahend), absent)
+                         + " (it still counts in Holm's m: a row marked not run)")
             continue
         diffs = paired_differences(runs.completed, [subtrahend], minuend)
         if name in dict(declared.tiers):  # declared at some tiers only: its other tiers' pairs are not tested
@@ -123,51 +164,68 @@ def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame
 
 
 def declared_table(runs: Runs, declared: Declared, slopes: Mapping[str, float | None] | None = None) -> Table:
-    """tier, comparison, minuend, subtrahend, STAT_COLUMNS, p_holm (over the family: `study_holm`, with the
-    scale slopes `slopes` when given), the sequential columns when a design is recorded, marks."""
+    """tier, comparison, minuend, subtrahend, STAT_COLUMNS, p_holm (over the design's family: `study_holm`, with
+    the scale slopes `slopes` when given), the sequential columns when a design is recorded, marks. A declared
+    (tier, comparison) with no pair of runs is a row of its own, n = 0, marked `not run`."""
     diffs, notes = comparison_differences(runs, declared)
+    family = declared.family_of(runs)
     order = [name for name, _, _ in declared.comparisons]
-    frame = sort_runs(summarise(diffs, ["tier", "comparison"]), order, arm_column="comparison")
+    frame = _with_not_run(summarise(diffs, ["tier", "comparison"]), family)
+    frame = sort_runs(frame, order, arm_column="comparison")
     arms_of = {name: (a, b) for name, a, b in declared.comparisons}
     frame = frame.with_columns(
         minuend=pl.col("comparison").replace_strict({k: v[0] for k, v in arms_of.items()}, return_dtype=pl.String),
         subtrahend=pl.col("comparison").replace_strict({k: v[1] for k, v in arms_of.items()}, return_dtype=pl.String),
     )
     frame = frame.select("tier", "comparison", "minuend", "subtrahend", *STAT_COLUMNS)
-    frame = frame.with_columns(study_holm(frame, declared.family, slopes)[0])
+    frame = frame.with_columns(study_holm(frame, family, slopes)[0])
     if declared.design is not None:
         frame = frame.with_columns(**_sequential_columns(frame, diffs, declared.design))
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
-    return dataclasses.replace(table, family=declared.describe(frame, slopes=slopes))
+    table = dataclasses.replace(table, frame=add_mark(table.frame, pl.col("n") == 0, NOT_RUN))
+    return dataclasses.replace(table, family=declared.describe(frame, family, slopes=slopes))
 
 
-PIPELINE_GROUP = "pipeline-check"
+NOT_RUN = "not run"
+MARK_NOTES.setdefault(NOT_RUN, "a declared comparison with no pair of runs at this tier: it counts in Holm's m (at "
+                               "p = 1), so the decisions of its family are not final until it has run")
 
 
-def family_groups(frame: pl.DataFrame, family: str) -> list[str]:
-    """Each row's Holm family: its tier, or every tier that can carry evidence together (pipeline checks apart)."""
-    return [t if family == "tier" else (PIPELINE_GROUP if is_pipeline_check(t) else "all")
-            for t in frame["tier"].to_list()]
+def _with_not_run(summary: pl.DataFrame, family: Family) -> pl.DataFrame:
+    """The summary with a row (n = 0, no statistics) for each member of the design's family that has none."""
+    present = set(summary.select("tier", "comparison").iter_rows())
+    absent = [m for m in family.members if m not in present]
+    if not absent:
+        return summary
+    empty = pl.DataFrame({"tier": [t for t, _ in absent], "comparison": [c for _, c in absent],
+                          "n": [0] * len(absent), "agree": [0] * len(absent)},
+                         schema={"tier": pl.String, "comparison": pl.String, "n": pl.Int64, "agree": pl.Int64})
+    return pl.concat([summary, empty.cast({"n": summary.schema["n"], "agree": summary.schema["agree"]})],
+                     how="diagonal_relaxed")
 
 
-def study_holm(frame: pl.DataFrame, family: str, slopes: Mapping[str, float | None] | None = None
+def study_holm(frame: pl.DataFrame, family: Family, slopes: Mapping[str, float | None] | None = None
                ) -> tuple[pl.Series, dict[str, float | None]]:
-    """Holm of p within each family (`family_groups`): p_holm of the frame's rows, and of the scale slopes
-    `slopes` (quantity → p), which join the study-wide group of `family="experiment"` and no other."""
-    groups = family_groups(frame, family)
+    """Holm of p within each group of the design's `family`: p_holm of the frame's rows (tier, comparison, p),
+    and of the family's scale slopes (`slopes`: quantity → p; a slope absent or without a p has none). m is the
+    design's (`group_size`): a member that did not run, or has no p, counts at p = 1."""
+    groups = [family.group(t) for t in frame["tier"].to_list()]
     p = frame["p"].to_list()
-    slopes = dict(slopes or {}) if family == "experiment" else {}
+    slopes = dict(slopes or {})
     out: list[float | None] = [None] * frame.height
     adjusted_slopes: dict[str, float | None] = {}
-    for group in dict.fromkeys([*groups, *(["all"] if slopes else [])]):
+    for group in dict.fromkeys([*groups, *family.groups]):
         rows = [i for i, g in enumerate(groups) if g == group]
-        extra = list(slopes) if group == "all" else []
-        values = holm([p[i] for i in rows] + [slopes[q] for q in extra])
-        for row, value in zip(rows, values):
+        extra = list(family.group_slopes(group))
+        values = [p[i] for i in rows] + [slopes.get(q) for q in extra]
+        tested = sum(v is not None and not math.isnan(v) for v in values)
+        untested = max(0, group_size(frame, family, group) - tested)
+        adjusted = holm(values + [1.0] * untested)
+        for row, value in zip(rows, adjusted):
             out[row] = value
-        adjusted_slopes.update(zip(extra, values[len(rows):]))
+        adjusted_slopes.update(zip(extra, adjusted[len(rows):len(rows) + len(extra)]))
     return pl.Series("p_holm", out, dtype=pl.Float64), adjusted_slopes
 
 
@@ -271,14 +329,16 @@ def count_diverged(table: Table, runs: Runs) -> Table:
 
 
 def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str], bool]:
-    """(tier, minuend, subtrahend) → whether that declared comparison is supported: p_holm < α in a
-    fixed design, the design's decision "effect" in a sequential one; never in a pipeline-check tier."""
+    """(tier, minuend, subtrahend) → whether that declared comparison's decision is "supported": in a fixed
+    design `fixed_decision` (p_holm < α *and* Δ > 0, the direction declared; a significant Δ < 0 is a failed
+    prediction, never supported), in a sequential one the design's "effect" with Δ > 0; never in a
+    pipeline-check tier, nor when the better arm diverged on a seed. The report's list and the plots' `*` read it."""
     out = {}
     for row in family.frame.iter_rows(named=True):
         if "decision" in row:
-            verdict = row["decision"] == "effect"
+            verdict = row["decision"] == "effect" and (row["sign"] or 0) > 0
         else:
-            verdict = row["p_holm"] is not None and row["p_holm"] < alpha
+            verdict = fixed_decision(row, alpha) == "supported"
         better = row["subtrahend"] if (row["mean"] or 0) > 0 else row["minuend"]
         unstable = better in (row.get("diverged_arms") or "").split(",")  # its failed seeds left its mean
         out[(row["tier"], row["minuend"], row["subtrahend"])] = (verdict and not unstable
@@ -288,8 +348,11 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
 
 def fixed_decision(row: dict, alpha: float = ALPHA) -> str:
     """A declared comparison's decision in a fixed design: "supported" (p_holm < α and Δ > 0: the subtrahend
-    lowers the loss, as declared), "failed" (p_holm < α and Δ < 0: the opposite holds), else "not supported"
-    (no test, or p_holm ≥ α). A pipeline-check tier's comparison is never supported."""
+    lowers the loss, as declared), "failed" (p_holm < α and Δ < 0: the opposite holds), "not run" (no pair of
+    runs yet), else "not supported" (no test, or p_holm ≥ α). A pipeline-check tier's comparison is never
+    supported."""
+    if not row.get("n"):
+        return "not run"
     if row.get("p_holm") is None or row["p_holm"] >= alpha or is_pipeline_check(row["tier"]):
         return "not supported"
     return "supported" if row["mean"] > 0 else "failed"
@@ -339,7 +402,8 @@ def declared_for(experiment, folder) -> Declared | None:
         design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
                               str(Path(folder) / LEDGER))
     if design is not None:
-        return Declared.of(design.comparisons, design.family, design.boundaries)
+        members = experiment.declared_family(sequential=True) if experiment is not None else None
+        return Declared.of(design.comparisons, design.family, design.boundaries, members)
     if experiment is not None and experiment.hypotheses:
-        return Declared.of(experiment.hypotheses, experiment.family)
+        return Declared.of(experiment.hypotheses, experiment.family, members=experiment.declared_family())
     return None

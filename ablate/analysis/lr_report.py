@@ -1,5 +1,6 @@
 """The report's LR section: the LR table, its U-curves (lr.png), and the tuned paired table beside the shared-LR
-one with whether each declared comparison survives tuning. Empty when the experiment has no LR-sweep runs."""
+one with whether tuning changes each declared comparison (a difference-in-differences t over the seeds). Empty
+when the experiment has no LR-sweep runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from ablate.analysis.lr import lr_table, render_lr, stable
 from ablate.analysis.plots import _save, arm_colours, figure, tier_title
 from ablate.analysis.render import render
-from ablate.analysis.tuned import survival_text, tuned_tables
+from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
 from ablate.errors import AblateError
 from ablate.store import iter_lr_run_dirs
 
@@ -76,8 +77,8 @@ def lr_section(ctx) -> str:
     ctx.write("tuned.md", f"# Shared LR\n\n{render(shared, 'md')}\n\n# Each arm at its own best LR\n\n"
                           f"{render(tuned, 'md')}\n")
     lines += ["", "[tuned.md](tuned.md): the paired table at each arm's own best LR (the confirmatory runs, seeds the "
-              "sweep did not use) beside the shared-LR one. Does each comparison survive tuning?", "",
-              survival_text(survived, key).rstrip()]
+              "sweep did not use) beside the shared-LR one. " + TUNING_NOTE + ".", "",
+              tuning_text(survived, key).rstrip()]
     return "\n".join(lines)
 
 

@@ -59,10 +59,21 @@ def figure(**kwargs):
     return fig
 
 
-def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
+def starred_arms(paired: Table, supported: set[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
+    """(tier, arm) the forest plot marks `*`: `supported` when given (the declared comparisons whose decision is
+    "supported", as the report lists them), else the rows with p_holm < 0.05; never a pipeline-check tier."""
+    if supported is None:
+        supported = {(r["tier"], r["arm"]) for r in paired.frame.iter_rows(named=True)
+                     if r.get("p_holm") is not None and r["p_holm"] < 0.05}
+    return {(tier, arm) for tier, arm in supported if not is_pipeline_check(tier)}
+
+
+def plot_paired(paired: Table, arm_order: list[str], path: Path,
+                supported: set[tuple[str, str]] | None = None) -> None:
     """Forest plot of the paired table: one panel per tier, arms down the side, each seed's difference
     as a dot, the mean with its 95% interval (hollow mean, no bar, at n = 1), zero marked; a star
-    marks the arms supported after Holm's adjustment (p_holm < 0.05)."""
+    marks the arms supported (`starred_arms`: the report's decision, or p_holm < 0.05 without declarations)."""
+    starred = starred_arms(paired, supported)
     frame, diffs = paired.frame, paired.differences
     tiers = sorted(frame["tier"].unique().to_list(), key=lambda t: (tier_rank(t), t))
     arms = [a for a in arm_order if a in set(frame["arm"].to_list())]
@@ -82,7 +93,7 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
                             fmt="D", ms=5, color=colour, capsize=3)
             else:
                 ax.plot([row["mean"]], [y], "D", ms=5, mfc="white", color=colour)
-            if row.get("p_holm") is not None and row["p_holm"] < 0.05 and not is_pipeline_check(tier):
+            if (tier, row["arm"]) in starred:
                 ax.annotate("*", (1.0, y), xycoords=("axes fraction", "data"), ha="left", va="center", fontsize=12)
         ax.axvline(0.0, color="grey", lw=0.9)
         ax.set_title(tier_title(tier), fontsize=10)
@@ -93,7 +104,8 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
     axes[0].set_yticks(list(position.values()), labels=list(position))
     axes[0].set_ylim(-0.7, len(arms) - 0.3)
     fig.suptitle(f"{paired.name}: paired differences against {paired.reference}, positive = lower loss\n"
-                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05",
+                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: "
+                 + ("supported, as declared" if supported is not None else "p_holm < 0.05"),
                  fontsize=10, y=1.0 + 0.5 / fig.get_figheight())
     _save(fig, path)
 

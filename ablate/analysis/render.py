@@ -14,13 +14,13 @@ import json
 import math
 
 from ablate.errors import choice_error
+from ablate.analysis.figures import figure
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
 from ablate.analysis.kinds import DESCRIPTIONS, get_kind
 from ablate.analysis.tables import MARK_NOTES, Table
 from ablate.tiers import TIERS
 
 FORMATS = ("md", "csv", "latex", "json")
-DIGITS = 4  # reference figures are quoted to 1e-4 nats
 
 # val_loss's convention (docs/method.md §4), under every table of losses.
 PADDED_VOCAB, REAL_VOCAB = 50_304, 50_257
@@ -57,9 +57,11 @@ def render(table: Table, fmt: str) -> str:
 
 
 def _num(value, signed: bool = True) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:+.{DIGITS}f}" if signed else f"{value:.{DIGITS}f}"
+    return figure(value, signed)
+
+
+def _tex(value, signed: bool = True) -> str:
+    return figure(value, signed, latex=True)
 
 
 def format_p(value) -> str:
@@ -75,6 +77,8 @@ def _marks(row: dict) -> str:
 
 def effect_cells(row: dict) -> tuple[str, str]:
     """("mean ± sd", "[low, high]") — or ("mean (1 seed)", "–") when there is no spread."""
+    if row["n"] == 0:
+        return "not run", "–"
     if row["n"] < 2 or row["sd"] is None:
         return f"{_num(row['mean'])} (1 seed)", "–"
     return f"{_num(row['mean'])} ± {_num(row['sd'], signed=False)}", f"[{_num(row['ci_low'])}, {_num(row['ci_high'])}]"
@@ -264,18 +268,20 @@ def to_latex(table: Table) -> str:
     ]
     for row in table.frame.iter_rows(named=True):
         tier, label, marks = latex_text(row["tier"]), latex_text(row[key]), latex_text(_marks(row))
-        se = f"${_num(row['se'], signed=False)}$"
+        se = f"${_tex(row['se'], signed=False)}$"
         if table.kind == "losses":
-            effect = f"${_num(row['mean'], signed=False)}" + (f" \\pm {_num(row['sd'], signed=False)}$"
+            effect = f"${_tex(row['mean'], signed=False)}" + (f" \\pm {_tex(row['sd'], signed=False)}$"
                                                               if row["sd"] is not None else "$ (1 seed)")
             lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")
             continue
-        if row["n"] < 2 or row["sd"] is None:
-            effect, interval = f"${_num(row['mean'])}$ (1 seed)", "--"
+        if row["n"] == 0:
+            effect, interval = "not run", "--"
+        elif row["n"] < 2 or row["sd"] is None:
+            effect, interval = f"${_tex(row['mean'])}$ (1 seed)", "--"
         else:
-            effect = f"${_num(row['mean'])} \\pm {_num(row['sd'], signed=False)}$"
-            interval = f"$[{_num(row['ci_low'])}, {_num(row['ci_high'])}]$"
-        span = f"$[{_num(row['min'])}, {_num(row['max'])}]$"
+            effect = f"${_tex(row['mean'])} \\pm {_tex(row['sd'], signed=False)}$"
+            interval = f"$[{_tex(row['ci_low'])}, {_tex(row['ci_high'])}]$"
+        span = f"$[{_tex(row['min'])}, {_tex(row['max'])}]$"
         ps = [format_p(row["p"])] + ([format_p(row["p_holm"])] if "p_holm" in row else [])
         ps += sequential_cells(row)[:2] if "decision" in row else []
         lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {interval} & {span} & "

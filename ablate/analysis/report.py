@@ -23,7 +23,8 @@ from typing import Callable
 
 import polars as pl
 
-from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, row_pair, supported as declared_support
+from ablate.analysis.figures import figure
+from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, supported as declared_support
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.scale import ScaleTable, confounder_sentence
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
@@ -112,7 +113,7 @@ def tables_section(ctx: ReportContext) -> str:
         lines.append(f"- [{kind}.md]({kind}.md) ([csv]({kind}.csv)): {table.frame.height} rows")
         lines += [f"  - {note}" for note in table.notes]
     paired = ctx.tables["paired"]
-    plot_paired(paired, ctx.runs.arm_order, ctx.record("paired.png"))
+    plot_paired(paired, ctx.runs.arm_order, ctx.record("paired.png"), _starred(ctx, paired))
     lines += ["", f"Paired differences against {paired.reference}, one panel per tier (each seed a dot, the mean "
               "with its 95% interval):", "", "![paired](paired.png)"]
     return "\n".join(lines)
@@ -197,19 +198,18 @@ def flags_section(ctx: ReportContext) -> str:
             if row["n"] < 2 or row["ci_low"] is None:
                 single.append(f"- {what}: {effect}")
                 continue
-            stats = (f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
-                     f"n = {row['n']}")
+            stats = _stats(row, effect, interval)
             if is_pipeline_check(row["tier"]):
                 continue
             tested += row["p"] is not None
-            if verdicts is not None:  # declared comparisons only, by the design they follow
-                pair = row_pair(table, row)
-                if pair is not None and verdicts.get((row["tier"], *pair)):
-                    supported.append(f"- {what}: {stats}")
-            elif row["p_holm"] is not None and row["p_holm"] < ALPHA:
+            if verdicts is None and row["p_holm"] is not None and row["p_holm"] < ALPHA:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
                 contains_zero.append(f"- {what}: {stats}")
+    if verdicts is not None:  # the declared comparisons whose decision is "supported", each once, from its own row
+        supported = [f"- {row['tier']} {row['comparison']} ({row['minuend']} − {row['subtrahend']}): "
+                     + _stats(row, *effect_cells(row)) for row in family.frame.iter_rows(named=True)
+                     if verdicts.get((row["tier"], row["minuend"], row["subtrahend"]))]
     rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
     if supported:
@@ -236,6 +236,10 @@ def flags_section(ctx: ReportContext) -> str:
     return "\n".join(lines)
 
 
+def _stats(row: dict, effect: str, interval: str) -> str:
+    return f"{effect}, 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, n = {row['n']}"
+
+
 def declared_section(ctx: ReportContext) -> str:
     """The family p is adjusted over, its size, and (sequential) per comparison the look, decision and interval."""
     family = ctx.tables.get(DECLARED)
@@ -255,7 +259,8 @@ def declared_section(ctx: ReportContext) -> str:
         effect, interval = effect_cells(row)
         line = f"- {row['tier']} {row['comparison']} ({row['minuend']} − {row['subtrahend']}): {effect}"
         if sequential:
-            design = "–" if row["seq_ci_low"] is None else f"[{row['seq_ci_low']:+.4f}, {row['seq_ci_high']:+.4f}]"
+            design = ("–" if row["seq_ci_low"] is None
+                      else f"[{figure(row['seq_ci_low'])}, {figure(row['seq_ci_high'])}]")
             line += (f"; look {row['look']} ({row['seeds_used']} seeds), decision {decision_text(row)}, "
                      f"interval for the design {design}")
         else:
@@ -326,6 +331,17 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
                            flags_section,
                            curves_section,
                            downstream_section, probes_section, testbed_section, lr_section]
+
+
+def _starred(ctx: ReportContext, paired: Table) -> set[tuple[str, str]] | None:
+    """(tier, arm) of the paired rows the plot marks `*`: with declarations, the declared comparisons whose
+    decision is "supported" (`declared_support`, the report's own list); None without (p_holm < α)."""
+    family = ctx.tables.get(DECLARED)
+    if family is None:
+        return None
+    verdicts = declared_support(family, ALPHA)
+    return {(row["tier"], row["arm"]) for row in paired.frame.iter_rows(named=True)
+            if verdicts.get((row["tier"], paired.reference, row["arm"]))}
 
 
 def _kinds(ctx: ReportContext) -> list[str]:

@@ -14,7 +14,11 @@ with df = Σ_t (n_t − 1), from the tiers with two or more seeds only; the resi
 used, because the tier means need not lie on a line, and their lack of fit is not seed noise. With this s²
 the interval for b is exact (Student t, df) under normal, equal-variance seed noise *whatever the shape of
 the true tier means*: b̂ is then unbiased for the n_t-weighted least-squares slope through them, which is
-the slope when the truth is a line. b is reported per decade of parameters. Built here every slope is
+the slope when the truth is a line: the *recipe* interval ("across these tier recipes"). Read as a *law of
+N* (tiers as draws around a line in log N, their means scattering about it by a tier-level τ) it undercovers
+once the tiers scatter, so each row also has the *law* interval (`law_interval`: s² = max(pure error,
+lack-of-fit mean square), its df, never narrower), which a family's decision uses. b is reported per decade
+of parameters. Built here every slope is
 exploratory; `ablate.analysis.scale_family` puts the declared comparisons' and the gaps' slopes in the
 study-wide Holm family when the experiment declares `family="experiment"` (p_holm, decision, family).
 
@@ -43,13 +47,14 @@ from ablate.analysis.hypotheses import comparison_differences
 from ablate.analysis.stats import RESOLUTION
 from ablate.analysis.tables import increments_table, is_pipeline_check
 from ablate.increments import GAPS, INCREMENTS, ZERO_OPTION
+from ablate.power import law_error
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"
 CONFIDENCE = 0.95
 GAP_DESCRIPTIONS = {gap: f"{gap} ({form} − {ZERO_OPTION})" for gap, form in GAPS.items()}
-ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p", "p_holm", "decision",
-               "family")
+ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p", "law_low", "law_high",
+               "law_df", "law_p", "p_holm", "decision", "family")
 EXPLORATORY = "exploratory"  # a row's decision when its slope is in no family (`ablate.analysis.scale_family`)
 CROSSING_COLUMNS = ("quantity", "params", "ci_low", "ci_high", "identified")
 
@@ -98,6 +103,34 @@ def slope_interval(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         p = 2.0 * stdtr(max(fit.df, 1), -np.abs(fit.slope / se))
     p = np.where((se > 0) & np.isfinite(se), p, np.nan)
     return fit.slope - half, fit.slope + half, p
+
+
+def law_interval(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, df, two-sided p) of the slope *as a law of N*: the tiers as draws around a line in log N, the
+    tier means scattering about it by a tier-level τ besides the seeds' noise. The error term between tiers is
+    s² = max(pure error, lack-of-fit mean square Σ n_t (d̄_t − line_t)²/(T − 2)) with the df of the one taken;
+    the interval is never narrower than the recipe one (`slope_interval`), nor its p smaller. NaN with fewer
+    than three tiers (no lack-of-fit df: a law through two points has no error estimate). Vectorised like
+    `fit_lines` (means: (..., T))."""
+    x, n = np.asarray(log_sizes, float), np.asarray(counts, float)
+    tiers = x.size
+    recipe_low, recipe_high, recipe_p = slope_interval(fit)
+    if tiers < 3:
+        nan = np.full(np.shape(fit.slope), np.nan)
+        return nan, nan, nan, nan
+    line = fit.level[..., None] + fit.slope[..., None] * (x - fit.center)
+    lack = (n * (np.asarray(means, float) - line) ** 2).sum(-1) / (tiers - 2)
+    s2, df = law_error(fit.s2, fit.df, lack, tiers)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se = np.sqrt(s2 / fit.sxx)
+        half = stdtrit(df, 0.5 + CONFIDENCE / 2) * se
+        p = 2.0 * stdtr(df, -np.abs(fit.slope / se))
+    p = np.where((se > 0) & np.isfinite(se), p, np.nan)
+    recipe_half = (recipe_high - recipe_low) / 2
+    half = np.fmax(half, recipe_half)  # never narrower than the recipe interval (NaN where neither exists)
+    p = np.fmax(p, recipe_p)
+    return fit.slope - half, fit.slope + half, df, p
 
 
 def fieller(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -193,7 +226,8 @@ def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str
 
     tiers, counts, means, within, biggest = per_tier(per_seed)
     row = {"tiers": tiers, "seeds": [int(c) for c in counts], "slope_per_decade": None, "ci_low": None,
-           "ci_high": None, "df": int((counts - 1).sum()) if len(tiers) else 0, "p": None}
+           "ci_high": None, "df": int((counts - 1).sum()) if len(tiers) else 0, "p": None, "law_low": None,
+           "law_high": None, "law_df": None, "law_p": None}
     if len(tiers) < 2:
         return row, None, tiers, counts
     if within <= (RESOLUTION * max(biggest, 1.0)) ** 2 * max(row["df"], 1):
@@ -201,9 +235,13 @@ def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str
     fit = fit_lines(np.log10([tier_rank(t) for t in tiers]), counts, means, within)
     low, high, p = slope_interval(fit)
     row["slope_per_decade"] = float(fit.slope)
-    row["_lack_of_fit"] = lack_of_fit(fit, np.log10([tier_rank(t) for t in tiers]), counts, means)
+    sizes = np.log10([tier_rank(t) for t in tiers])
+    row["_lack_of_fit"] = lack_of_fit(fit, sizes, counts, means)
     if np.isfinite(p):
         row.update(ci_low=float(low), ci_high=float(high), p=float(p))
+    law_low, law_high, law_df, law_p = law_interval(fit, sizes, counts, means)
+    if np.isfinite(law_p):
+        row.update(law_low=float(law_low), law_high=float(law_high), law_df=int(law_df), law_p=float(law_p))
     return row, fit, tiers, counts
 
 
@@ -288,7 +326,8 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
         misfit = row.pop("_lack_of_fit", None)
         if misfit is not None and misfit < 0.05:
             why.append(f"{quantity}: the tier means depart from a line (lack-of-fit F test p {_p(misfit)}): the "
-                       "slope is the trend of the least-squares line through them, not a description of every tier")
+                       "slope is the trend of the least-squares line through them, not a description of every tier; "
+                       "the law interval takes that scatter as its error")
         rows.append({"quantity": quantity, **row, "p_holm": None, "decision": EXPLORATORY, "family": None})
         if row["p"] is None:
             why.append(f"{quantity}: no slope interval (" + ("fewer than two real tiers of known size; pipeline-check "
@@ -301,7 +340,8 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                 why.append(f"{quantity} crossing not identified: {reason}")
     row_schema = {"quantity": pl.String, "tiers": pl.List(pl.String), "seeds": pl.List(pl.Int64),
                   "slope_per_decade": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "df": pl.Int64,
-                  "p": pl.Float64, "p_holm": pl.Float64, "decision": pl.String, "family": pl.String}
+                  "p": pl.Float64, "law_low": pl.Float64, "law_high": pl.Float64, "law_df": pl.Int64,
+                  "law_p": pl.Float64, "p_holm": pl.Float64, "decision": pl.String, "family": pl.String}
     crossing_schema = {"quantity": pl.String, "params": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64,
                        "identified": pl.Boolean}
     return ScaleTable(name, pl.DataFrame(rows, schema=row_schema), pl.DataFrame(crossings, schema=crossing_schema),

@@ -19,9 +19,8 @@ import dataclasses
 import polars as pl
 
 from ablate.analysis.hypotheses import ALPHA, Declared, count_diverged, declared_table, study_holm
-from ablate.analysis.kinds import INCREMENTS
 from ablate.analysis.runs import Runs
-from ablate.analysis.scale import EXPLORATORY, GAPS, ScaleTable, scale_table
+from ablate.analysis.scale import EXPLORATORY, ScaleTable, scale_table
 from ablate.analysis.tables import Table
 
 SUPPORTED, NOT_SUPPORTED = "supported", "not supported"
@@ -36,14 +35,13 @@ SEQUENTIAL = ("a sequential design spends α over the declared comparisons only,
               "(unadjusted p, p_holm empty, never called supported)")
 
 
-def scale_members(scale: ScaleTable, declared: Declared | None) -> list[str]:
-    """The quantities whose slope is in the declared family: with `family="experiment"` in a fixed design, each
-    declared comparison's (a row of that name holding that comparison's arms) and each gap's; else none."""
+def scale_members(scale: ScaleTable, declared: Declared | None, runs: Runs) -> list[str]:
+    """The quantities whose slope is in the declared family (`Declared.family_of`: with `family="experiment"` in
+    a fixed design, each declared comparison's and each gap's the design can form), those the table has a row of."""
     if declared is None or not declared.comparisons or declared.family != "experiment" or declared.design:
         return []
-    arms = {name: (a, b) for name, a, b in declared.comparisons}
-    return [q for q in scale.rows["quantity"].to_list()
-            if q in GAPS or (q in arms and INCREMENTS.get(q, arms[q]) == arms[q])]
+    slopes = declared.family_of(runs).slopes
+    return [q for q in scale.rows["quantity"].to_list() if q in slopes]
 
 
 def _why_exploratory(runs: Runs, declared: Declared | None) -> str | None:
@@ -63,15 +61,17 @@ def study_family(runs: Runs, declared: Declared | None) -> tuple[Table | None, S
     why = _why_exploratory(runs, declared)
     if runs.metric is not None or declared is None or not declared.comparisons:
         return None, dataclasses.replace(scale, family=why)
-    members = scale_members(scale, declared)
-    slopes = {q: p for q, p in scale.rows.select("quantity", "p").iter_rows() if q in members}
+    members = scale_members(scale, declared, runs)
+    # a "shrinks/grows with scale" claim is about N, so the family tests each slope on its law interval's p
+    slopes = {q: p for q, p in scale.rows.select("quantity", "law_p").iter_rows() if q in members}
     family = count_diverged(declared_table(runs, declared, slopes if why is None else None), runs)
-    adjusted = study_holm(family.frame, declared.family, slopes)[1] if why is None else {}
+    adjusted = study_holm(family.frame, declared.family_of(runs), slopes)[1] if why is None else {}
     return family, adjust_scale(scale, adjusted, why or family.family)
 
 
 def slope_decision(p_holm: float | None, alpha: float = ALPHA) -> str:
-    """A family member's decision: "supported" (p_holm < α: the slope's sign is resolved), else "not supported"."""
+    """A family member's decision: "supported" (p_holm < α of its law-of-N p: the slope's sign is resolved as a
+    law of N), else "not supported"."""
     return SUPPORTED if p_holm is not None and p_holm < alpha else NOT_SUPPORTED
 
 

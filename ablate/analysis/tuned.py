@@ -8,11 +8,20 @@ they differ in the arm and in `lr` only, the one key the tuned table allows (and
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+from scipy.special import stdtr
 
 from ablate.analysis.build import build_table
+from ablate.analysis.figures import figure
+from ablate.analysis.hypotheses import ALPHA, study_holm
+from ablate.analysis.render import format_p
+from ablate.analysis.stats import holm_by
+from ablate.power import RESOLUTION
 from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, load_runs
 from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import Runs
@@ -69,9 +78,40 @@ def _row(run: Path, tier: str, arm: str, summary: dict, config: dict | None) -> 
     return row
 
 
-def survival(shared, tuned) -> list[dict]:
-    """Per row of the shared-LR table (tier and arm, quantity or comparison) found in the tuned one: both means,
-    whether the sign is kept, and whether each is significant (p_holm where the table adjusts, else p, < 0.05)."""
+CHANGED, NO_CHANGE = "changed by tuning", "no change detected"
+
+
+def did_statistics(shared: np.ndarray, tuned: np.ndarray, scale: float | None = None) -> dict[str, np.ndarray]:
+    """The paired difference-in-differences t over seeds, vectorised over leading axes: per seed
+    d_s = Δ_tuned,s − Δ_shared,s (the same seed's comparison at each arm's best LR and at the shared LR); n, mean,
+    se, df = n − 1, t and the two-sided p (NaN with fewer than two seeds or no spread). A spread at float
+    resolution of the losses behind it (`scale`: their largest |value|; RESOLUTION, as the tables' rule) is no
+    spread."""
+    d = np.asarray(tuned, float) - np.asarray(shared, float)
+    n = d.shape[-1]
+    mean = d.mean(axis=-1)
+    sd = d.std(axis=-1, ddof=1) if n >= 2 else np.full(mean.shape, np.nan)
+    sd = np.where(sd <= RESOLUTION * (scale if scale is not None else np.abs(d).max(axis=-1)), 0.0, sd)
+    se = sd / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = mean / se
+        p = np.where(se > 0, 2.0 * stdtr(max(n - 1, 1), -np.abs(t)), np.nan)
+    return {"n": np.full(mean.shape, n), "mean": mean, "se": se, "df": np.full(mean.shape, n - 1), "t": t, "p": p}
+
+
+def tuning_decision(p_holm: float | None, alpha: float = ALPHA) -> str:
+    """"changed by tuning" when the difference-in-differences is significant in the family (p_holm < α), else
+    "no change detected" (which is not evidence of no change: the interval says how large a change it allows)."""
+    return CHANGED if p_holm is not None and p_holm < alpha else NO_CHANGE
+
+
+def tuning_rows(shared, tuned, family=None) -> list[dict]:
+    """Per row of the shared-LR table (tier and arm, quantity or comparison) found in the tuned one: the
+    difference-in-differences test over the seeds both have (`did_statistics`), its p_holm (in the study's
+    family `family`, an `ablate.family.Family`, when the tables are declared comparisons: Holm's m is the study's
+    design m, whatever the sweep tuned; else Holm over the rows of each tier) and the decision from it. Beside it,
+    as description only: both means, whether the sign is kept and whether each is significant (p_holm where the
+    table adjusts, else p, < 0.05)."""
     key = shared.key
     column = "p_holm" if "p_holm" in shared.frame.columns else "p"
     tuned_rows = {(r["tier"], r[key]): r for r in tuned.frame.iter_rows(named=True)}
@@ -80,39 +120,97 @@ def survival(shared, tuned) -> list[dict]:
         other = tuned_rows.get((row["tier"], row[key]))
         if other is None or row["mean"] is None or other["mean"] is None:
             continue
+        paired = _per_seed(shared, row).join(_per_seed(tuned, row), on="seed", suffix="_tuned")
+        scale = max(paired["scale"].max() or 0.0, paired["scale_tuned"].max() or 0.0)
+        test = did_statistics(paired["diff"].to_numpy(), paired["diff_tuned"].to_numpy(), scale)
         significant = [r.get(column) is not None and r[column] < 0.05 for r in (row, other)]
-        sign_kept = (row["mean"] > 0) == (other["mean"] > 0)
-        found.append({"tier": row["tier"], key: row[key], "shared_mean": row["mean"], "tuned_mean": other["mean"],
-                      "sign_kept": sign_kept, "shared_significant": significant[0],
-                      "tuned_significant": significant[1], "survives": sign_kept and significant[0] == significant[1]})
+        found.append({"tier": row["tier"], key: row[key], "seeds": paired.height,
+                      "did_mean": _float(test["mean"]), "did_se": _float(test["se"]), "did_t": _float(test["t"]),
+                      "did_df": paired.height - 1, "did_p": _float(test["p"]),
+                      "shared_mean": row["mean"], "tuned_mean": other["mean"],
+                      "sign_kept": (row["mean"] > 0) == (other["mean"] > 0), "shared_significant": significant[0],
+                      "tuned_significant": significant[1]})
+    adjusted = _adjust(found, key, family)
+    for row, p_holm in zip(found, adjusted):
+        row.update(did_p_holm=p_holm, decision=tuning_decision(p_holm))
     return found
 
 
-def survival_text(rows: list[dict], key: str) -> str:
-    """One line per comparison: whether its sign and significance survive tuning."""
+def _per_seed(table, row: dict) -> pl.DataFrame:
+    diffs = table.differences
+    part = diffs.filter((pl.col("tier") == row["tier"]) & (pl.col(table.key) == row[table.key]))
+    scale = pl.col("scale") if "scale" in part.columns else pl.col("diff").abs()
+    return part.select("seed", "diff", scale.alias("scale"))
+
+
+def _float(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _adjust(rows: list[dict], key: str, family) -> list[float | None]:
+    if not rows:
+        return []
+    frame = pl.DataFrame({"tier": [r["tier"] for r in rows], key: [r[key] for r in rows],
+                          "p": [r["did_p"] for r in rows]}, schema={"tier": pl.String, key: pl.String,
+                                                                    "p": pl.Float64})
+    if family is not None and key == "comparison":
+        return study_holm(frame, family)[0].to_list()
+    return holm_by(frame).to_list()
+
+
+def tuning_text(rows: list[dict], key: str) -> str:
+    """One line per comparison: the difference-in-differences test and its decision, then the description."""
     if not rows:
         return "no comparison is in both the shared-LR and the tuned table yet\n"
     lines = []
+    sig = {True: "significant", False: "not significant"}
     for r in rows:
-        sig = lambda s: "significant" if s else "not significant"  # noqa: E731
-        verdict = "survives tuning" if r["survives"] else "does NOT survive tuning"
-        lines.append(f"- {r['tier']} {r[key]}: shared LR {r['shared_mean']:+.4f} ({sig(r['shared_significant'])}), "
-                     f"tuned {r['tuned_mean']:+.4f} ({sig(r['tuned_significant'])}); sign "
-                     f"{'kept' if r['sign_kept'] else 'FLIPPED'}: {verdict}")
+        test = ("no test (fewer than two seeds or no spread)" if r["did_p"] is None else
+                f"Δ_tuned − Δ_shared {figure(r['did_mean'])} ± {figure(r['did_se'], signed=False)} (se), "
+                f"t {r['did_t']:.2f} on {r['did_df']} df, p {format_p(r['did_p'])}, p_holm {format_p(r['did_p_holm'])}")
+        lines.append(f"- {r['tier']} {r[key]}: {test}: {r['decision']}; described: shared LR "
+                     f"{figure(r['shared_mean'])} ({sig[r['shared_significant']]}), tuned {figure(r['tuned_mean'])} "
+                     f"({sig[r['tuned_significant']]}), sign {'kept' if r['sign_kept'] else 'FLIPPED'}")
     return "\n".join(lines) + "\n"
+
+
+TUNING_NOTE = ("Does tuning change a comparison? The paired difference-in-differences t over the grid seeds "
+               "(Δ_tuned,s − Δ_shared,s), its p Holm-adjusted in the study's family; whether the sign and the "
+               "significance agree is description only")
 
 
 def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference: str | None = None, declared=None,
                  allow_unverified: bool = False):
-    """(the shared-LR table, the tuned table, the survival of each row of the declared comparisons — or, without
-    declared ones, of the table's rows) for the tiers the sweep tuned."""
-    shared_runs = load_runs(folder, allow_unverified=allow_unverified)
-    shared_runs = Runs(name=shared_runs.name, frame=shared_runs.frame.filter(pl.col("tier").is_in(list(best))),
-                       root=shared_runs.root, notes=shared_runs.notes)
+    """(the shared-LR table, the tuned table, the tuning test of each row of the declared comparisons — or, without
+    declared ones, of the table's rows — `tuning_rows`, and the key of those rows) for the tiers the sweep tuned.
+    The declared comparisons are judged in the study's family: the shared-LR ones in the table of every tier,
+    the tuned ones and the difference-in-differences with the same design m."""
+    all_runs = load_runs(folder, allow_unverified=allow_unverified)
+    shared_runs = Runs(name=all_runs.name, frame=all_runs.frame.filter(pl.col("tier").is_in(list(best))),
+                       root=all_runs.root, notes=all_runs.notes)
     tuned = tuned_runs(folder, best)
-    shared_table = build_table(shared_runs, kind, reference, declared)
-    tuned_table = build_table(tuned, kind, reference, declared)
     has_declared = declared is not None and declared.comparisons
-    judged = [build_table(r, "declared", None, declared) for r in (shared_runs, tuned)] if has_declared else \
-        [shared_table, tuned_table]
-    return shared_table, tuned_table, survival(*judged), judged[0].key
+    family = declared.family_of(all_runs) if has_declared else None
+    study = dataclasses.replace(declared, members=family) if has_declared else declared
+    shared_table = _swept(build_table(shared_runs, kind, reference, study), best)
+    tuned_table = _swept(build_table(tuned, kind, reference, study), best)
+    if not has_declared:
+        return shared_table, tuned_table, tuning_rows(shared_table, tuned_table), shared_table.key
+    rows, key = judge_tuning(all_runs, tuned, best, study)
+    return shared_table, tuned_table, rows, key
+
+
+def judge_tuning(all_runs: Runs, tuned: Runs, best: dict, declared) -> tuple[list[dict], str]:
+    """The tuning test of each declared comparison at the swept tiers (`best`'s): the shared-LR rows from the
+    declared table of *every* tier, the tuned rows with the same family (`Declared.family_of` the whole study),
+    so every p_holm, the shared, the tuned and the difference-in-differences one, has the study's design m."""
+    family = declared.family_of(all_runs)
+    study = dataclasses.replace(declared, members=family)
+    judged = [_swept(build_table(r, "declared", None, study), best) for r in (all_runs, tuned)]
+    return tuning_rows(*judged, family=family), judged[0].key
+
+
+def _swept(table, best: dict):
+    """A table's rows at the tiers the sweep tuned (a declared p_holm already in the study's family)."""
+    return dataclasses.replace(table, frame=table.frame.filter(pl.col("tier").is_in(list(best))))

@@ -33,13 +33,16 @@ def add_commands(subparsers) -> None:
                             "positive still means the arm is better")
     table.add_argument("--by-item", action="store_true",
                        help="with --metric: pair by item within each seed (the items both runs answered, from "
-                            "RUN/eval_items/), then over seeds, with a two-way seed × item bootstrap interval; "
+                            "RUN/eval_items/), then over seeds; its interval is the wider of a seed × item "
+                            "random-effects one (two-way ANOVA, Satterthwaite df) and the seed-level t interval; "
                             "METRIC may be gold_logprob")
     table.add_argument("--allow-unverified", action="store_true",
                        help="pair older runs that carry no fingerprints (the footer names them)")
     table.add_argument("--tuned", action="store_true",
                        help="each arm at its own best LR of the LR sweep (the confirmatory runs), beside the shared-LR "
-                            "table, and whether each declared comparison's sign and significance survive tuning")
+                            "table, and whether tuning changes each declared comparison: a paired difference-in-"
+                            "differences t over the seeds, its p in the study's family (sign and significance "
+                            "agreement shown as description)")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(
@@ -95,7 +98,7 @@ def _lr_command(args: argparse.Namespace) -> int:
     from ablate.analysis.lr import lr_table, render_lr
     from ablate.analysis.render import render
     from ablate.analysis.hypotheses import declared_for
-    from ablate.analysis.tuned import survival_text, tuned_tables
+    from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
     from ablate.errors import AblateError
     from ablate.experiment import named_experiment, results_of
 
@@ -114,11 +117,11 @@ def _lr_command(args: argparse.Namespace) -> int:
                                                 declared_for(experiment, folder), args.allow_unverified)
     if args.format == "json":
         text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
-                           "survival": survived}, indent=2) + "\n"
+                           "tuning": survived}, indent=2) + "\n"
     else:
         text = (f"shared LR (every arm at the tier's lr):\n\n{render(shared, args.format)}\n"
                 f"each arm at its own best LR (the confirmatory runs):\n\n{render(tuned, args.format)}\n"
-                f"does each comparison survive tuning?\n{survival_text(survived, key)}")
+                f"{TUNING_NOTE}:\n{tuning_text(survived, key)}")
     return _emit(args, text)
 
 

@@ -47,6 +47,12 @@ def add_commands(subparsers) -> None:
     power.add_argument("--pilot", metavar="SOURCE",
                        help="--power: a results folder, experiment or CSV of a few seeds whose sd per "
                             "comparison is used")
+    power.add_argument("--slope", type=float, metavar="B",
+                       help="--power: a scale slope to detect, nats per decade of parameters: each declared "
+                            "slope's power at the design, across these tier recipes and as a law of N (with --sd)")
+    power.add_argument("--tier-sd", type=float, metavar="T",
+                       help="--power --slope: the tier means' scatter about the line in log N, nats (default: "
+                            "half of --sd)")
     power.add_argument("--alpha", type=float, default=0.05, help="family-wise error (default 0.05)")
     power.add_argument("--target-power", type=float, default=0.8, help="--power: wanted power (default 0.8)")
     power.add_argument("--sequential", action="store_true",
@@ -77,7 +83,8 @@ def _power(args, experiment) -> int:
         raise AblateError("--power needs --sd S (an assumed seed sd of the paired differences, nats) or --pilot SOURCE")
     pilots = _pilots(args, experiment) if args.pilot else None
     plan = power_plan(experiment, args.effect, sd=args.sd, pilots=pilots, alpha=args.alpha,
-                      target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check))
+                      target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check),
+                      slope=args.slope, tier_sd=args.tier_sd)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -93,12 +100,22 @@ def _power(args, experiment) -> int:
         print(f"tier {t['tier']}: {_seeds(t['seeds'])} cover every declared comparison, {t['gpu_hours']:.1f} GPU-hours "
               f"(the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours); "
               f"sd from {t['sd_sources']}")
+    for r in plan["slopes"]:
+        level = (f"alpha {r['alpha_per_test']:.3g} (m = {r['family_size']})" if r["in_family"]
+                 else "alpha unadjusted (in no family: exploratory)")
+        print(f"slope {r['quantity']}: {r['slope']:g} nats per decade at {'/'.join(map(str, r['seeds']))} seeds, "
+              f"{level}: power across these tier recipes {_power_cell(r['recipe_power'])} ({r['recipe_df']} df), "
+              f"as a law of N {_power_cell(r['law_power'])} (tier sd {r['tier_sd']:g})")
     print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
     for note in plan["notes"]:
         print(f"note: {note}")
     for warning in plan["warnings"]:
         print(f"warning: {warning}")
     return 0
+
+
+def _power_cell(value) -> str:
+    return "– (not testable at this design)" if value is None else f"{value:.3f}"
 
 
 def _pilots(args, experiment) -> dict:

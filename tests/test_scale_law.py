@@ -1,0 +1,79 @@
+"""Scale has two estimands, each with its own interval. The recipe interval (pooled within-tier error) is exact
+for the weighted line through *these* tiers' means; read as a law of N (tiers as draws around a line in log N,
+with tier-level scatter τ) it undercovers. The law interval (s² = max(pure error, lack-of-fit mean square), its
+df) covers the law's slope. Simulated, vectorised, 20,000 studies per cell at the study's four tiers, τ ∈ {0, ½, 1}
+× the seed sd of a difference; the figures are those docs/method.md states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ablate.analysis.scale import fit_lines, law_interval, slope_interval
+from ablate.tiers import tier_rank
+
+TIERS = ("10M", "50M", "124M", "350M")
+LOG_SIZES = np.log10([tier_rank(t) for t in TIERS])
+STUDIES, SLOPE, SEED_SD = 20000, -0.01, 1.0
+SE = np.sqrt(0.95 * 0.05 / STUDIES)  # 0.0015
+DESIGNS = [(3, 3, 3, 1), (3, 3, 3, 3), (5, 5, 5, 5), (2, 2, 2, 2)]
+TAUS = (0.0, 0.5, 1.0)
+
+
+def coverages(seeds, tau: float) -> tuple[float, float]:
+    """(recipe, law) coverage of the law's slope when the tier means scatter about the line by τ."""
+    rng = np.random.default_rng(20261204)
+    counts = np.array(seeds)
+    scatter = rng.normal(0.0, tau, (STUDIES, len(seeds)))
+    groups = [0.02 + SLOPE * LOG_SIZES[k] + scatter[:, k:k + 1] + rng.normal(0.0, SEED_SD, (STUDIES, n))
+              for k, n in enumerate(seeds)]
+    means = np.stack([g.mean(axis=1) for g in groups], axis=-1)
+    within = sum(((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) for g in groups)
+    fit = fit_lines(LOG_SIZES, counts, means, within)
+    low, high, _ = slope_interval(fit)
+    law_low, law_high, _, _ = law_interval(fit, LOG_SIZES, counts, means)
+    assert np.all(law_high - law_low >= high - low - 1e-15)  # never narrower than the recipe interval
+    return (float(np.mean((low <= SLOPE) & (SLOPE <= high))),
+            float(np.mean((law_low <= SLOPE) & (SLOPE <= law_high))))
+
+
+@pytest.mark.parametrize("seeds", DESIGNS)
+def test_the_law_interval_covers_at_every_tier_scatter_and_the_recipe_one_only_without_it(seeds):
+    found = {tau: coverages(seeds, tau) for tau in TAUS}
+    assert all(law >= 0.93 for _, law in found.values()), found
+    assert abs(found[0.0][0] - 0.95) <= 3 * SE, found  # exact for the law when the tiers lie on it
+    assert found[1.0][0] < 0.93, found  # and it drops once they scatter: the estimands differ
+
+
+def test_method_states_the_measured_coverage():
+    method = " ".join((Path(__file__).resolve().parents[1] / "docs" / "method.md").read_text().split())
+    for tau, label in zip(TAUS, ("0", "½", "1")):
+        recipe, law = coverages((3, 3, 3, 1), tau)
+        assert f"τ = {label} × the seed sd: recipe {recipe:.3f}, law {law:.3f}" in method, (tau, recipe, law)
+
+
+def test_two_tiers_have_no_law_interval():
+    fit = fit_lines(LOG_SIZES[:2], np.array([3, 3]), np.array([0.01, 0.0]), np.array(0.001))
+    assert np.isnan(law_interval(fit, LOG_SIZES[:2], np.array([3, 3]), np.array([0.01, 0.0]))[0])
+
+
+def test_the_scale_json_and_every_headline_name_both_estimands(tmp_path):
+    import json
+
+    from ablate.analysis.report import make_report
+    from ablate.analysis.scale_text import crossing_sentence, trend_sentence
+    from analysis_fixtures import write_store
+
+    ctx = make_report(write_store(tmp_path / "results"))
+    rows = json.loads((ctx.out_dir / "scale.json").read_text())["rows"]
+    assert rows and all(r["law_low"] <= r["ci_low"] <= r["ci_high"] <= r["law_high"] and r["law_df"] == 2
+                        for r in rows)
+    for row in rows:
+        sentence = trend_sentence(row)
+        assert "as a law of N" in sentence and "across these 4 tier recipes" in sentence, sentence
+    for crossing in ctx.scale.crossings.iter_rows(named=True):
+        assert "across these tier recipes" in crossing_sentence(ctx.scale, crossing) or not crossing["identified"]
+    section = (ctx.out_dir / "summary.md").read_text().split("## Scale")[1].split("\n## ")[0]
+    assert section.count("as a law of N") >= len(rows)
