@@ -98,6 +98,18 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cos, sin, cache: LayerCache | None = None, offset: int = 0, record: bool = False,
                 shared: dict | None = None):
         B, T, C = x.shape
+        q, k, v = self.projected(x, cos, sin)
+        positions = torch.arange(offset, offset + T, device=x.device)
+        context = self.hook_context(x, positions, shared, decoding=cache is not None)
+        y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record and cache is None,
+                           context=context, cache=cache)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y), rec
+
+    def projected(self, x, cos, sin):
+        """q, k, v of x: (B, H, T, d), (B, Hkv, T, d), (B, Hkv, T, d), after the query-key slot, RoPE and the probes'
+        read hook."""
+        B, T, C = x.shape
         q, k, v = self.c_attn(x).split(
             [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
         )
@@ -109,15 +121,14 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.read_hook is not None:
             v = self.read_hook(v, self)
-        context = None
-        if self.arm.hooks():  # the per-forward context reaches the hooks only
-            positions = torch.arange(offset, offset + T, device=x.device)
-            context = AttentionContext(x, positions, positions, self.train_len, {} if shared is None else shared,
-                                       decoding=cache is not None)
-        y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record and cache is None,
-                           context=context, cache=cache)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.c_proj(y), rec
+        return q, k, v
+
+    def hook_context(self, x, positions, shared, decoding=False) -> AttentionContext | None:
+        """The per-forward context, for an arm with hooks only (the slots never see it)."""
+        if not self.arm.hooks():
+            return None
+        return AttentionContext(x, positions, positions, self.train_len, {} if shared is None else shared,
+                                decoding=decoding)
 
 
 class MLP(nn.Module):

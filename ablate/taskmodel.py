@@ -10,8 +10,8 @@ is zero; it predicts nothing). The parameters, their names and their initialisat
 of a seed share their common weights as on any tier. A sequence arm's prepended token (sink-token) is an
 earlier position of every real one, so it stays a place to park: what the positive control uses.
 Limits: an arm with an output gate is refused (its gate would see the key positions' hidden states), and a
-score-bias arm's bias is computed on the shifted indices (query i + 1 gets the bias of query i: its distances
-are one short).
+score-bias arm's bias, and a hook arm's context (x and positions), are those of the shifted problem (query i + 1
+gets the bias of query i: its distances are one short).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from ablate.arms import attention
-from ablate.model import GPT, CausalSelfAttention, GPTConfig, apply_rope
+from ablate.model import GPT, CausalSelfAttention, GPTConfig
 
 
 class StrictCausalAttention(CausalSelfAttention):
@@ -33,23 +33,17 @@ class StrictCausalAttention(CausalSelfAttention):
             raise ValueError(f"arm {config.arm!r} has an output gate, which the strict-causal task model does not "
                              "support; use an arm without an output slot on this tier")
 
-    def forward(self, x, cos, sin, cache=None, offset=0, record=False):
+    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None):
         if cache is not None:
             raise ValueError("the strict-causal task model has no KV-cache decoding")
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(
-            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, d)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if self.arm.has_slot("query-key"):
-            q, k = self.arm.query_key(q, k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # each at its own position
-        if self.read_hook is not None:
-            v = self.read_hook(v, self)
-        # Query i + 1 against keys 0..i: the causal kernel on the shifted sequences reads strictly earlier keys.
+        q, k, v = self.projected(x, cos, sin)  # each at its own position
+        # Query i + 1 against keys 0..i: the causal kernel on the shifted sequences reads strictly earlier keys. The
+        # hooks see that shifted problem (x and positions of 0..T−2), as a score bias does.
+        positions = torch.arange(T - 1, device=x.device)
+        context = self.hook_context(x[:, :-1], positions, shared)
         y, rec = attention(self.arm, q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], x[:, :-1],
-                           fused=self.fused and not record)
+                           fused=self.fused and not record, context=context)
         y = torch.cat([torch.zeros_like(y[:, :, :1]), y], dim=2)  # position 0 reads nothing
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), rec
 
