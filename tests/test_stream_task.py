@@ -55,8 +55,8 @@ def _attention_outputs(model, inputs):
     return block.attn(block.ln_1(x), cos, sin)[0]
 
 
-@pytest.mark.parametrize("arm", ["baseline", "sink-logit", "renorm", "softcap", "sigmoid", "forgetting", "ssmax", "diff",
-                                 "value-residual"])  # the slots and every hook kind
+@pytest.mark.parametrize("arm", ["baseline", "sink-logit", "renorm", "softcap", "sigmoid", "forgetting", "ssmax",
+                                 "diff", "value-residual"])  # the slots and every hook kind
 def test_a_position_reads_strictly_earlier_positions_and_the_fused_path_equals_the_reference(arm):
     """A change of the read at position 6 alone (what its key and value carry) leaves the outputs at positions ≤ 6
     unchanged and changes those after: no position reads itself, so its own token is no place to park.
