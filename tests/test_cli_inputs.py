@@ -135,6 +135,16 @@ def status_json(capsys, *args) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def test_an_option_typo_is_one_line_with_the_closest_option_of_the_command(capsys):
+    assert main(["submit", "demo", "--excutor", "local"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "usage:" not in err
+    assert "unrecognized arguments: --excutor local; --excutor: did you mean --executor?" in err
+    assert main(["table", "demo", "--kindd", "paired", "--zzzzzz"]) == 2
+    err = capsys.readouterr().err
+    assert "--kindd: did you mean --kind?" in err and "--zzzzzz: not an option of `ablate table`" in err
+
+
 def test_status_takes_the_filters_of_submit(tmp_path, capsys):
     (tmp_path / "demo").mkdir()  # the experiment's folder, before any of its runs
     rows = status_json(capsys, "demo", "--tier", "smoke", "--arms", "baseline", "sink-logit", "--seeds", "1",
