@@ -23,12 +23,10 @@ from ablate.analysis.kinds import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERL
 from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
 from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
-from ablate.tiers import TIERS, tier_rank
+from ablate.tiers import SMALLEST_REAL_TIER, TIERS, is_pipeline_check
 
 LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
 
-# The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
-SMALLEST_REAL_TIER = "10M"
 PIPELINE_CHECK = "pipeline-check"
 PARAMETER_MATCHED = "parameter-matched"
 EXPLORATORY = "exploratory"
@@ -99,13 +97,6 @@ class Table:
         """The marks that appear in the rows, in MARK_NOTES order (then any others by name)."""
         found = {m for cell in self.frame["marks"].drop_nulls().to_list() for m in cell.split(",") if m}
         return [m for m in MARK_NOTES if m in found] + sorted(found - set(MARK_NOTES))
-
-
-def is_pipeline_check(tier: str) -> bool:
-    """A tier below the smallest real tier (by nominal non-embedding parameters), e.g. `smoke`."""
-    if tier in TIERS and TIERS[tier].task is not None:  # a task tier's runs are evidence about the task
-        return False
-    return tier_rank(tier) < tier_rank(SMALLEST_REAL_TIER)
 
 
 def pipeline_check_text(tier: str) -> str:

@@ -37,6 +37,7 @@ import torch
 
 from ablate.modelio import final_weights_held, split_batch, validation_batches_for_run
 from ablate.store import HEATMAP_FILE, PROBE_FILE, atomic_write_json
+from ablate.tiers import evidence_note
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ def probe_run(run_dir: str | Path, *, n_batches: int = 8, batch_size: int = 8, b
     with final_weights_held(run_dir, device) as (model, config, identity, weights_sha256):
         if batches is None:
             batches = validation_batches_for_run(config, n_batches, batch_size)
-        probe = {"run": identity, "weights_sha256": weights_sha256, **probe_model(model, batches, progress=progress)}
+        probe = {"run": identity, "weights_sha256": weights_sha256, "evidence": evidence_note(identity["tier"]),
+                 **probe_model(model, batches, progress=progress)}
         atomic_write_json(run_dir / PROBE_FILE, probe)
         label = " / ".join(str(v) if k != "seed" else f"seed {v}" for k, v in identity.items() if v is not None)
         plot_first_key_mass(probe, run_dir / HEATMAP_FILE, title=f"first-key mass, {label}")
