@@ -255,7 +255,7 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
     if not tiers:
         axes[0][0].text(0.5, 0.5, "no validation curves in metrics.jsonl", ha="center", va="center")
     _one_legend(fig, axes, arm_order)
-    fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds; "
+    fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds;\n"
                  "top: the whole run, middle: its second half zoomed"
                  + (f"; bottom: gap to {reference}, positive = lower loss" if rows == 3 else ""), fontsize=10)
     _save(fig, path)
