@@ -78,22 +78,22 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
     frame, diffs = paired.frame, paired.differences
     tiers = sorted(frame["tier"].unique().to_list(), key=lambda t: (tier_rank(t), t))
     arms = [a for a in arm_order if a in set(frame["arm"].to_list())]
-    colours = arm_colours(arm_order)
+    styles = arm_styles(arm_order)
     fig = figure(figsize=(max(6.0, 4.2 * max(len(tiers), 1)), 1.2 + 0.42 * max(len(arms), 1)))
     axes = fig.subplots(1, max(len(tiers), 1), squeeze=False, sharey=True)[0]
     position = {arm: len(arms) - 1 - i for i, arm in enumerate(arms)}
     for ax, tier in zip(axes, tiers):
         for row in frame.filter(tier=tier).iter_rows(named=True):
-            y, colour = position[row["arm"]], colours[row["arm"]]
+            y, colour, marker = position[row["arm"]], styles[row["arm"]]["color"], styles[row["arm"]]["marker"]
             if diffs is not None:
                 seeds = diffs.filter(tier=tier, arm=row["arm"]).sort("seed")["diff"].to_list()
                 offsets = [0.18 * (k - (len(seeds) - 1) / 2) / max(len(seeds) - 1, 1) for k in range(len(seeds))]
                 ax.plot(seeds, [y + o for o in offsets], "o", ms=3.5, color=colour, alpha=0.45, mec="none")
             if row["ci_low"] is not None:
                 ax.errorbar([row["mean"]], [y], xerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
-                            fmt="D", ms=5, color=colour, capsize=3)
+                            fmt=marker, ms=6, color=colour, capsize=3)
             else:
-                ax.plot([row["mean"]], [y], "D", ms=5, mfc="white", color=colour)
+                ax.plot([row["mean"]], [y], marker, ms=6, mfc="white", color=colour)
             if row.get("p_holm") is not None and row["p_holm"] < 0.05 and not is_pipeline_check(tier):
                 ax.annotate("*", (1.0, y), xycoords=("axes fraction", "data"), ha="left", va="center", fontsize=12)
         ax.axvline(0.0, color="grey", lw=0.9)
@@ -105,7 +105,7 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path) -> None:
     axes[0].set_yticks(list(position.values()), labels=list(position))
     axes[0].set_ylim(-0.7, len(arms) - 0.3)
     fig.suptitle(f"{paired.name}: paired differences against {paired.reference}, positive = lower loss\n"
-                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05",
+                 "dots: seeds; the arm's marker and bar: mean, 95% t interval (hollow: 1 seed); *: p_holm < 0.05",
                  fontsize=10, y=1.0 + 0.5 / fig.get_figheight())
     _save(fig, path)
 
