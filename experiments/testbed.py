@@ -15,7 +15,7 @@ gates. Their predictions, declared before any gate ran on the task, are restrict
 `filter`: `ablate table testbed --metric filter/junk_weight`.
 
 Your own arm: `ablate testbed --arm my-arm --arm-file my_arms.py` (the file that registers it, loaded as an
-experiment file is), or an experiment file of your own (README, "The mechanism testbed").
+experiment file is), or an experiment file of your own (docs/testbed.md).
 """
 
 from ablate.experiment import Comparison, Experiment
