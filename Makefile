@@ -16,8 +16,9 @@ BASE := $(VENV)/.installed-base
 
 install: $(STAMP)
 
-# The demo needs the package and TensorBoard (the README's `--logger tensorboard`, `tensorboard --logdir`); the tests add
-# pytest, import-linter and lm-evaluation-harness (the `eval` extra, large: the README names it for `ablate eval`).
+# The demo needs the package and TensorBoard (`--logger tensorboard`, `tensorboard --logdir`: docs/run-options.md); the
+# tests add pytest, import-linter and lm-evaluation-harness (the `eval` extra, large: the README names it for
+# `ablate eval`).
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

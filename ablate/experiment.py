@@ -382,7 +382,14 @@ def results_of(source: str | os.PathLike, results: str | os.PathLike | None = No
     name = (experiment or load_experiment(text)).name  # refuses an unknown name, naming the valid experiments
     folder = results_dir / name
     if not folder.is_dir():
-        with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
-        raise AblateError(f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for {str(folder)!r}); "
-                          f"experiments with results there: {', '.join(with_runs) or '(none)'}")
+        raise no_runs_error(name, results_dir)
     return folder
+
+
+def no_runs_error(name: str, results_dir: Path) -> AblateError:
+    """The one line of `table` and `status` for a results folder that holds nothing of experiment `name`."""
+    results_dir = results_dir.resolve()
+    with_runs = sorted(p.name for p in results_dir.glob("*") if p.is_dir()) if results_dir.is_dir() else []
+    return AblateError(f"experiment {name!r} has no runs under {str(results_dir)!r} (looked for "
+                       f"{str(results_dir / name)!r}); experiments with results there: "
+                       f"{', '.join(with_runs) or '(none)'}; another folder? give --results DIR or set $ABLATE_RESULTS")

@@ -23,19 +23,11 @@ from dataclasses import dataclass
 from ablate.errors import AblateError
 from ablate.increments import INCREMENTS, gaps_of, increments_of
 from ablate.power import FAMILIES
-from ablate.tiers import TIERS, tier_rank
+from ablate.tiers import is_pipeline_check
 
 # The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
-SMALLEST_REAL_TIER = "10M"
 PIPELINE_GROUP = "pipeline-check"
 STUDY_GROUP = "all"
-
-
-def is_pipeline_check(tier: str) -> bool:
-    """A tier below the smallest real tier (by nominal non-embedding parameters), e.g. `smoke`."""
-    if tier in TIERS and TIERS[tier].task is not None:  # a task tier's runs are evidence about the task
-        return False
-    return tier_rank(tier) < tier_rank(SMALLEST_REAL_TIER)
 
 
 @dataclass(frozen=True)

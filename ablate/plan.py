@@ -18,8 +18,8 @@ from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
 from ablate.sizing import _meta_counts, model_config, run_micro_batch
-from ablate.family import Family, is_pipeline_check
-from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier, tier_rank
+from ablate.family import Family
+from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier, is_pipeline_check, tier_rank
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
 GPU_CHECK_FILE = "gpu_check.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -25,8 +26,7 @@ def load_profile(name: str) -> dict:
     if path is None:
         raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
                           " (files slurm/NAME.toml)")
-    with open(path, "rb") as handle:
-        profile = tomllib.load(handle)
+    profile = read_toml(path)
     for key, value in profile.items():
         if key not in PROFILE_KEYS:
             raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
@@ -37,6 +37,19 @@ def load_profile(name: str) -> dict:
                **profile, "name": path.stem}
     profile["processes_per_run"] = check_processes(path, profile)
     return profile
+
+
+def read_toml(path: Path) -> dict:
+    """The profile file's table; a syntax error is one line naming the file, its line and column."""
+    with open(path, "rb") as handle:
+        try:
+            return tomllib.load(handle)
+        except tomllib.TOMLDecodeError as err:
+            where = re.search(r"\(at line (\d+), column (\d+)\)$", str(err))  # tomllib says where in its message
+            reason = str(err)[:where.start()].strip() if where else str(err)
+            at = f", line {where[1]}, column {where[2]}" if where else ""
+            raise AblateError(f"profile {path}{at}: not valid TOML ({reason}); "
+                              "see slurm/example.toml for the syntax") from None
 
 
 def check_processes(path: Path, profile: dict) -> int:

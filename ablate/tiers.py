@@ -185,6 +185,27 @@ def tier_rank(name: str) -> float:
         return math.inf
 
 
+# The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
+SMALLEST_REAL_TIER = "10M"
+PIPELINE_CHECK_NOTE = "pipeline check: no evidence"  # what every table, plot and probe says of such a tier
+
+
+def is_pipeline_check(tier: str) -> bool:
+    """A tier below the smallest real tier (by nominal non-embedding parameters), e.g. `smoke`."""
+    if tier in TIERS and TIERS[tier].task is not None:  # a task tier's runs are evidence about the task
+        return False
+    return tier_rank(tier) < tier_rank(SMALLEST_REAL_TIER)
+
+
+def evidence_note(tier: str | None) -> str | None:
+    """`pipeline check: no evidence (...)` for a run of a pipeline-check tier (None for any other), said by the
+    measurements of one run (probe, inject) as the tables say it of their rows."""
+    if tier is None or not is_pipeline_check(tier):
+        return None
+    return (f"{PIPELINE_CHECK_NOTE} ({tier} is smaller than the smallest real tier, {SMALLEST_REAL_TIER}: "
+            "its numbers show the pipeline runs, not how the arm behaves)")
+
+
 # ---------------------------------------------------------------------------------------------- GPUs
 @dataclass(frozen=True)
 class GPU:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
 from ablate.store import RUN_LOG, experiment_dir, record_ledger
+
+log = logging.getLogger(__name__)
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -100,8 +103,10 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
-    if grid.stop.is_set():
+    if grid.stop.is_set() and (grid.interrupted or set(grid.codes) < {s.key for s in specs}):
         raise Interrupted(sorted(grid.interrupted))
+    if grid.stop.is_set():  # Ctrl-C after the last run ended: nothing was stopped, the grid completed
+        log.warning("Ctrl-C came after the last run ended: nothing to stop; every run finished")
     return {s.key: grid.codes[s.key] for s in specs}
 
 

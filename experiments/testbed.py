@@ -17,7 +17,8 @@ thing the task removes. A design that cannot detect it cannot test an arm.
 The signature (phantom mass and the mass on the first key, at absent against present keys; the norm of the
 head's read) is eval.json's task `abstain`: `ablate table testbed --metric abstain/phantom_absent`.
 The first testbed's tasks (Abstain with BOS, Filter) and their declarations: experiments/testbed_v1.py.
-Your own arm: `ablate testbed --arm my-arm --arm-file my_arms.py`.
+Your own arm: `ablate testbed --arm my-arm --arm-file my_arms.py` (the file that registers it, loaded as an
+experiment file is), or an experiment file of your own (docs/testbed.md).
 """
 
 from ablate.experiment import Comparison, Experiment

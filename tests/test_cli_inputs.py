@@ -135,7 +135,18 @@ def status_json(capsys, *args) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def test_an_option_typo_is_one_line_with_the_closest_option_of_the_command(capsys):
+    assert main(["submit", "demo", "--excutor", "local"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "usage:" not in err
+    assert "unrecognized arguments: --excutor local; --excutor: did you mean --executor?" in err
+    assert main(["table", "demo", "--kindd", "paired", "--zzzzzz"]) == 2
+    err = capsys.readouterr().err
+    assert "--kindd: did you mean --kind?" in err and "--zzzzzz: not an option of `ablate table`" in err
+
+
 def test_status_takes_the_filters_of_submit(tmp_path, capsys):
+    (tmp_path / "demo").mkdir()  # the experiment's folder, before any of its runs
     rows = status_json(capsys, "demo", "--tier", "smoke", "--arms", "baseline", "sink-logit", "--seeds", "1",
                        "--results", tmp_path)["runs"]
     assert [(r["tier"], r["arm"], r["seed"], r["state"]) for r in rows] == [
@@ -165,6 +176,18 @@ def test_status_adhoc_lists_the_run_folders_of_ablate_run(tmp_path, capsys):
     assert main(["status", "adhoc", "--results", str(tmp_path), "--tier", "124M"]) == 2
     err = capsys.readouterr().err
     assert "--tier 124M: no such run under" in err and "there: 10M, smoke" in err
+
+
+def test_status_on_a_folder_without_the_experiment_refuses_first_in_one_line_as_table_does(tmp_path, capsys):
+    (tmp_path / "sink_vs_filter").mkdir()
+    for command in ("status", "table"):
+        assert main([command, "demo", "--results", str(tmp_path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, (command, out, err)
+        assert (f"experiment 'demo' has no runs under {str(tmp_path.resolve())!r}" in err
+                and "experiments with results there: sink_vs_filter" in err and "--results DIR" in err)
+    assert main(["status", "demo", "--results", str(tmp_path), "--json"]) == 2
+    assert capsys.readouterr().out == ""
 
 
 def test_status_without_runs_or_experiment_says_so(tmp_path, capsys):

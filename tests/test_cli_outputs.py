@@ -220,5 +220,5 @@ def test_fineweb_offline_leaves_nothing_behind_and_suggests_what_the_readme_says
     errors = [line for line in err.splitlines() if line.startswith("ablate: error:")]
     assert len(errors) == 1 and "Traceback" not in err  # one line (beside the progress bar's)
     assert "--source parquet --path" in errors[0] and "--data-files" not in errors[0]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "--source parquet --path" in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()  # where FineWeb-Edu is prepared
+    assert "--source parquet --path" in page

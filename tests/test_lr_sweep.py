@@ -249,12 +249,12 @@ def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp
     assert os.path.isdir(tmp_path / "res" / "diverging" / "smoke" / "baseline" / "lr1")
 
 
-# ---------------------------------------------------------------------------------------------- the README
-def test_the_readme_s_lr_costs_are_those_plan_computes():
+# ---------------------------------------------------------------------------------------------- docs/lr-sweeps.md
+def test_the_lr_page_s_costs_are_those_plan_computes():
     from ablate.experiment import load_experiment
     from ablate.plan import sweep_plan
 
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "lr-sweeps.md").read_text().split())
     plan = sweep_plan(load_experiment("sink_vs_filter"))
     assert (f"**{plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours**" in text
             and f"**{plan['confirmatory_runs_at_most']} runs, {plan['confirmatory_gpu_hours_at_most']:.2f} GPU-hours**"
@@ -262,11 +262,12 @@ def test_the_readme_s_lr_costs_are_those_plan_computes():
     assert plan["factors"] == [0.25, 0.5, 1, 2, 4, 8] and plan["seeds"] == [1000]
 
 
-def test_the_readme_s_sweep_example_runs_as_written(tmp_path, sample_data):
+def test_the_lr_page_s_sweep_example_runs_as_written(tmp_path, sample_data):
     import re
     import subprocess
 
-    block = re.search(r"<!-- example: lr-sweep .*?-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    page = (REPO / "docs" / "lr-sweeps.md").read_text()
+    block = re.search(r"<!-- example: lr-sweep .*?-->\s*```bash\n(.*?)```", page, re.S)
     lines = [line.split("  #", 1)[0].strip() for line in block.group(1).strip().splitlines()]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sample").symlink_to(sample_data)

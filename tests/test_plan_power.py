@@ -129,12 +129,12 @@ def docs_table(path: Path) -> list[list[str]]:
 
 
 def test_the_docs_figures_are_what_plan_power_computes(per_seed):
-    """README and docs/method.md quote `plan sink_vs_filter --power` at two effects × two sds."""
+    """docs/power.md and docs/method.md quote `plan sink_vs_filter --power` at two effects × two sds."""
     study = load_experiment("sink_vs_filter")
     first = power_plan(study, 0.0013, sd=0.002)  # the command's own function once; power_rows for the rest
     assert {t["tier"]: t["gpu_hours_per_seed"] for t in first["tiers"]} == pytest.approx(per_seed)
     names = {t: ["zero_option", "filtering_norm", "filtering_proj"] for t in study.tiers}
-    for path in (REPO / "README.md", REPO / "docs" / "method.md"):
+    for path in (REPO / "docs" / "power.md", REPO / "docs" / "method.md"):
         rows = docs_table(path)
         assert len(rows) == 5, path
         for row in rows[:4]:

@@ -64,6 +64,25 @@ def test_cli_inject_prints_a_table_and_merges_cutoffs(tmp_path, capsys):
     assert [row["increase"] for row in rows if row["eps"] == 0.0] == [0.0, 0.0]
 
 
+def test_probe_and_inject_say_a_pipeline_check_carries_no_evidence_in_output_and_json(tmp_path, capsys):
+    common = ["--batches", "1", "--batch-size", "2", "--device", "cpu"]
+    for tier, said in (("smoke", True), ("10M", False)):
+        run_dir = make_run(tmp_path, "proj-gate", 0, tier=tier)
+        assert main(["probe", str(run_dir), *common]) == 0
+        probe_out = capsys.readouterr().out
+        assert main(["inject", str(run_dir), "--eps", "0.8", "--junk", "structural", *common]) == 0
+        inject_out = capsys.readouterr().out
+        probe = json.loads((run_dir / PROBE_FILE).read_text())
+        injected = json.loads((run_dir / INJECT_FILE).read_text())
+        notes = [probe["evidence"], injected["evidence"], injected["by_cutoff"]["p25"]["evidence"]]
+        if said:
+            assert all(n.startswith("pipeline check: no evidence (smoke is smaller") for n in notes), notes
+            assert probe_out.startswith("pipeline check: no evidence") and inject_out.startswith(
+                "pipeline check: no evidence")
+        else:
+            assert notes == [None, None, None] and "pipeline check" not in probe_out + inject_out
+
+
 def test_cli_errors_name_the_bad_value(tmp_path, capsys):
     run_dir = make_run(tmp_path, "baseline", 0)
     assert main(["inject", str(run_dir), "--cutoff", "p10", "--device", "cpu", "--batches", "1"]) == 2

@@ -98,3 +98,15 @@ def test_sbatch_s_own_refusal_is_one_line_naming_the_setting(tmp_path, slurm_clu
         map_array(executor, print, [1], profile)
     line = str(refused.value)
     assert "\n" not in line and "gres" in line and "check gpus_per_run = 1 in profile 'cpuonly'" in line
+
+
+def test_a_toml_syntax_error_in_a_profile_is_one_line_naming_the_file_line_and_column(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    profile = tmp_path / "slurm" / "half.toml"
+    profile.write_text('partition = "debug"\naccount = "lab\ncpus_per_run = 2\n')  # one unclosed quote
+    with pytest.raises(AblateError) as refused:
+        load_profile(str(profile))
+    assert str(refused.value).startswith(f"profile {profile}, line 2, column 15: not valid TOML (")
+    shown = ablate_cli("plan", "demo", "--profile", "half", cwd=tmp_path, check=False)  # ./slurm first
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr and len(shown.stderr.strip().splitlines()) == 1
+    assert "slurm/half.toml, line 2, column 15: not valid TOML" in shown.stderr

@@ -1,14 +1,44 @@
-"""The README runs as written: its custom-arm example, the submit preview, the task-data files; what `make demo`
-installs."""
+"""The README and the docs/ pages run as written: every command of their bash blocks parses (its experiment exists,
+its make target, file or extra too), the `plan` lines run, and the examples run where they landed (the custom arm
+and the submit preview here, the task-data files in docs/evals.md); the README's shape; what `make demo` installs."""
 
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
+
+import pytest
 
 from datafix import REPO, ablate_on_path
+
+PAGES = ("cluster", "trust", "power", "lr-sweeps", "testbed", "probes", "evals", "run-options", "results",
+         "architecture")  # the README's topics, one docs/ page each (docs/method.md beside them)
+
+
+def documents() -> list:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def example_block(name: str, language: str = "bash") -> str:
+    """The block marked `<!-- example: NAME ... -->`, in whichever document holds it (exactly one)."""
+    found = [m.group(1) for path in documents() for m in
+             re.finditer(rf"<!-- example: {name}\b.*?-->\s*```{language}\n(.*?)```", path.read_text(), re.S)]
+    assert len(found) == 1, f"the {name} example is in {len(found)} documents, not one"
+    return found[0]
+
+
+def bash_commands(path) -> list[str]:
+    """Each command of the page's bash blocks as a user types it: comments, heredoc bodies and `&&` chains split."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
+        block = re.sub(r"<<'EOF'\n.*?\nEOF", "<<'EOF'", block, flags=re.S)
+        for line in block.splitlines():
+            commands += [part.strip() for part in line.split("  #", 1)[0].split("&&") if part.strip()]
+    return commands
 
 
 def readme_example() -> str:
@@ -16,6 +46,72 @@ def readme_example() -> str:
     match = re.search(r"<!-- example: custom-arm.*?-->\s*```python\n(.*?)```", text, re.S)
     assert match, "the README lost its custom-arm example"
     return match.group(1)
+
+
+def test_the_readme_is_short_and_leads_with_the_three_jobs_then_one_line_per_topic():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sections[:4] == ["What it is for", "1. Submit a grid and watch it", "2. Paired tables",
+                            "3. Register a new arm"], sections
+    topics = text.split("## More, one page per topic", 1)[1].split("\n## ", 1)[0]
+    linked = re.findall(r"^- \[[^\]]+\]\(docs/([\w-]+)\.md\)", topics, re.M)
+    assert set(PAGES) <= set(linked) and len(linked) == len(set(linked)), linked
+    assert all((REPO / "docs" / f"{page}.md").is_file() for page in linked)
+    for block in ("submit", "custom-arm"):  # the jobs' worked examples stay in the README itself
+        assert f"<!-- example: {block}" in text
+
+
+def test_every_command_in_the_readme_and_docs_parses_as_written():
+    """Every `ablate` line of a bash block parses with the real parser, no argument left over, and the experiment
+    it names exists; every other line names a make target, a file, a command or an extra that exists."""
+    from ablate.cli import build_parser
+    from ablate.experiment import load_experiment
+
+    parser = build_parser()
+    makefile = (REPO / "Makefile").read_text()
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    checked = 0
+    for path in documents():
+        for command in bash_commands(path):
+            words = shlex.split(command.split("<<", 1)[0])
+            where = f"{path.relative_to(REPO)}: {command}"
+            if words[0] == "ablate":
+                try:
+                    args, extra = parser.parse_known_args(words[1:])
+                except SystemExit:
+                    pytest.fail(f"does not parse: {where}")
+                assert not extra and getattr(args, "func", None), where
+                named = next((getattr(args, k) for k in ("experiment", "source", "target") if getattr(args, k, None)),
+                             None)
+                grid = args.command in ("plan", "submit", "status", "table", "report", "clean", "eval", "arms")
+                if grid and isinstance(named, str) and not re.search(r"[/.]", named):
+                    load_experiment(named)  # an unknown name raises, naming the valid ones
+            elif words[0] == "make":
+                assert re.search(rf"^{re.escape(words[1])}:", makefile, re.M), where
+            elif words[0] == "cp":
+                assert (REPO / words[1]).is_file(), where
+            elif words[0] == "pip":
+                assert words[1:3] == ["install", "-e"] and re.fullmatch(r"\.\[(\w+)\]", words[3]), where
+                assert re.fullmatch(r"\.\[(\w+)\]", words[3]).group(1) in extras, where
+            else:
+                known = ("mkdir", "cat", "tensorboard", "wandb")
+                assert words[0] in known, "a command this test does not know: " + where
+            checked += 1
+    assert checked >= 40
+
+
+def test_the_plan_commands_of_the_readme_and_docs_run_as_written(capsys):
+    """`ablate plan` needs no data and no run: each such line (but a pilot's, which reads a results folder of
+    one's own) runs as written and exits 0."""
+    from ablate.cli import main
+
+    plans = [c for path in documents() for c in bash_commands(path) if c.startswith("ablate plan ")
+             and "--pilot" not in c]
+    assert len(plans) >= 4
+    for command in plans:
+        assert main(shlex.split(command)[1:]) == 0, (command, capsys.readouterr().err[-2000:])
+        capsys.readouterr()
 
 
 def test_readme_shows_the_two_commands_first():
@@ -41,10 +137,7 @@ def test_custom_arm_example_runs_as_written(tmp_path, sample_data):
 
 
 def readme_block(name: str) -> str:
-    text = (REPO / "README.md").read_text()
-    match = re.search(rf"<!-- example: {name} .*?-->\s*```bash\n(.*?)```", text, re.S)
-    assert match, f"the README lost its {name} example"
-    return match.group(1)
+    return example_block(name)
 
 
 def test_what_make_demo_installs_covers_the_readme_s_tensorboard_logger():
@@ -55,6 +148,7 @@ def test_what_make_demo_installs_covers_the_readme_s_tensorboard_logger():
     assert re.search(r"^demo: \$\(BASE\)", makefile, re.M)
     readme = (REPO / "README.md").read_text()
     assert "--logger tensorboard" in readme and "pip install -e '.[eval]'" in readme  # eval: the extra, named
+    assert "--logger tensorboard" in bash_commands(REPO / "docs" / "run-options.md")[0]
 
 
 def test_the_readme_s_task_data_example_has_the_columns_ablate_eval_reads():

@@ -76,15 +76,16 @@ def test_the_link_check_would_catch_a_broken_link():
     assert relative_links(text) == ["docs/method.md", "img/missing.png"]
 
 
-def test_readme_lists_exactly_the_run_options_resolve_config_accepts():
-    """The README's "Run options" section names every key `ablate.train.resolve_config` accepts, and no other."""
+def test_the_run_options_page_lists_exactly_the_run_options_resolve_config_accepts():
+    """docs/run-options.md's "Run options" section names every key `ablate.train.resolve_config` accepts, and no
+    other."""
     from ablate.experiment import RunSpec
     from ablate.train import resolve_config
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "run-options.md").read_text(encoding="utf-8")
     section = re.search(r"^## Run options\n(.*?)(?=^## )", text, re.S | re.M)
-    assert section, "the README lost its 'Run options' section"
+    assert section, "docs/run-options.md lost its 'Run options' section"
     listed = set(re.findall(r"^[-*] `([a-z_]+)`", section.group(1), re.M))
     accepted = set(resolve_config(RunSpec("adhoc", "smoke", "baseline", 0))) | {"max_steps"}
-    assert listed == accepted, (f"missing from the README: {sorted(accepted - listed)}; "
+    assert listed == accepted, (f"missing from docs/run-options.md: {sorted(accepted - listed)}; "
                                 f"not accepted: {sorted(listed - accepted)}")

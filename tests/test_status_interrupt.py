@@ -98,3 +98,31 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     again = ablate_cli(*command)
     assert json.loads(again.stdout)["status"] == "completed"
     assert f"resuming at step {steps} of 40" in (folder / "run.log").read_text()
+
+
+def test_ctrl_c_after_the_last_run_ended_exits_0_completed(tmp_path, sample_data, capsys, monkeypatch, caplog):
+    """A real SIGINT to this process once the grid's last run is recorded done: nothing is left to stop, so the
+    submit is not `interrupted` (130) but completed (0), and the ledger marks no run interrupted."""
+    from ablate.cli import main
+    from ablate.store import read_ledger
+    from ablate.workers import _LocalGrid
+
+    file = tmp_path / "late.py"
+    file.write_text("from ablate.experiment import Experiment\n"
+                    "EXPERIMENT = Experiment(name='late', tiers=['smoke'], arms=['baseline'], seeds=1,\n"
+                    f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
+    recorded = _LocalGrid.finished_run
+
+    def then_ctrl_c(self, bar, key, code, error, **extra):
+        recorded(self, bar, key, code, error, **extra)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler run_local installed (Ctrl-C from the terminal)
+        time.sleep(1)  # the main thread runs it while this worker thread is still alive
+
+    monkeypatch.setattr(_LocalGrid, "finished_run", then_ctrl_c)
+    code = main(["submit", str(file), "--executor", "local", "--parallel", "1", "--results", str(tmp_path / "r")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "interrupted" not in err, err
+    assert "late: completed: ran 1 runs here, 0 failed" in out
+    assert "Ctrl-C came after the last run ended" in caplog.text
+    entry = read_ledger(tmp_path / "r" / "late")["runs"]["smoke/baseline/seed0"]
+    assert entry["exit_code"] == 0 and not entry.get("interrupted")

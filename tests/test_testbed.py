@@ -117,11 +117,13 @@ def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path)
     assert {name for name in native_decisions if name not in ran} == {"stream_off_by_one"}  # counts in m, "not run"
 
 
-def test_the_readme_s_own_arm_testbed_runs_as_written(tmp_path, capsys):
-    """The README's recipe: an experiment file of one's own, the testbed with one's arm beside the baseline."""
-    text = (REPO / "README.md").read_text()
+def test_the_testbed_page_s_own_arm_recipe_runs_as_written(tmp_path, capsys):
+    """docs/testbed.md's recipe: an experiment file of one's own, the testbed with one's arm (the README's) beside
+    the baseline."""
+    text = (REPO / "docs" / "testbed.md").read_text()
     recipe = re.search(r"<!-- example: testbed-arm .*?-->\s*```python\n(.*?)```", text, re.S).group(1)
-    arm_module = re.search(r"<!-- example: custom-arm.*?-->\s*```python\n(.*?)```", text, re.S).group(1)
+    arm_module = re.search(r"<!-- example: custom-arm.*?-->\s*```python\n(.*?)```", (REPO / "README.md").read_text(),
+                           re.S).group(1)
     (tmp_path / "learned_alibi.py").write_text(arm_module.split('if __name__ == "__main__":')[0])
     fewer = 'EXPERIMENT = dataclasses.replace(EXPERIMENT, seeds=2, overrides={"steps": 20})\n'  # the test's budget
     (tmp_path / "my_testbed.py").write_text(recipe + fewer)

@@ -1,5 +1,5 @@
 """The report's figures: the forest plot of the paired table, the increments with their crossover, the
-validation curves; and the one colour per arm that all of them share.
+validation curves; and the one style per arm (colour, marker, line style) that all of them share.
 
 Figures are drawn on a bare `Figure` with the Agg canvas (no pyplot), so that drawing them changes
 no global matplotlib state and needs no display.
@@ -20,24 +20,36 @@ from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
 from ablate.tiers import tier_rank
 
-# One fixed colour per built-in arm in every figure of every report: baseline black, the others eleven
-# distinct hues (no two shades of one hue, unlike tab20's pairs). Custom arms take the extra colours in
-# their order of appearance.
-ARM_COLOURS = {
-    "baseline": "#000000", "sink-logit": "#1f77b4", "off-by-one": "#ff7f0e", "sink-token": "#2ca02c",
-    "norm-gate": "#d62728", "proj-gate": "#9467bd", "renorm": "#8c564b", "combo": "#e377c2", "combo2": "#17becf",
-    "g1-elementwise": "#bcbd22", "g1-headwise": "#7f7f7f", "g2-value": "#e6b800",
-}
-assert set(ARM_COLOURS) == set(BUILTIN_ARMS), "every built-in arm needs its fixed colour"
-EXTRA_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+# One fixed style per arm in every figure of every report, derived from the arm's place in BUILTIN_ARMS (a new
+# built-in arm is one edit there): baseline black, solid, drawn on top; the others a colour, a marker and a line
+# style, cycling at coprime lengths (8 colours, 7 markers) so that no two of the first 56 arms share colour and
+# marker, and arms that share a colour differ in line style. Custom arms follow the built-ins in their order.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+MARKERS = ("o", "s", "^", "v", "D", "P", "X")
+LINESTYLES = ("-", "--", ":")
+BASELINE_STYLE = {"color": "#000000", "marker": ".", "linestyle": "-", "zorder": 10, "lw": 2.0}
 QUANTITY_COLOURS = {"zero_option": "#1f77b4", "filtering_norm": "#d62728", "filtering_proj": "#9467bd"}
 
 
+def arm_styles(arm_order: list[str]) -> dict[str, dict]:
+    """Each arm's line style (matplotlib keywords: color, marker, linestyle, zorder, lw): the baseline's, else
+    the one of its index among the other arms (built-ins by their registry place, then the custom arms)."""
+    others = [a for a in BUILTIN_ARMS if a != "baseline"]
+    others += [a for a in dict.fromkeys(arm_order) if a not in BUILTIN_ARMS]
+    styles = {}
+    for arm in arm_order:
+        if arm == "baseline":
+            styles[arm] = dict(BASELINE_STYLE)
+            continue
+        i = others.index(arm)
+        styles[arm] = {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
+                       "linestyle": LINESTYLES[(i // len(COLOURS)) % len(LINESTYLES)], "zorder": 2, "lw": 1.1}
+    return styles
+
+
 def arm_colours(arm_order: list[str]) -> dict[str, str]:
-    """Each arm's colour: its fixed one if built in, else the next extra colour (cycling)."""
-    custom = [a for a in arm_order if a not in ARM_COLOURS]
-    return {**{a: ARM_COLOURS[a] for a in arm_order if a in ARM_COLOURS},
-            **{a: EXTRA_COLOURS[i % len(EXTRA_COLOURS)] for i, a in enumerate(custom)}}
+    """Each arm's colour (`arm_styles`), for the figures that mark an arm by colour alone (dots, bands)."""
+    return {arm: style["color"] for arm, style in arm_styles(arm_order).items()}
 
 
 def tier_title(tier: str) -> str:
@@ -77,22 +89,22 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path,
     frame, diffs = paired.frame, paired.differences
     tiers = sorted(frame["tier"].unique().to_list(), key=lambda t: (tier_rank(t), t))
     arms = [a for a in arm_order if a in set(frame["arm"].to_list())]
-    colours = arm_colours(arm_order)
+    styles = arm_styles(arm_order)
     fig = figure(figsize=(max(6.0, 4.2 * max(len(tiers), 1)), 1.2 + 0.42 * max(len(arms), 1)))
     axes = fig.subplots(1, max(len(tiers), 1), squeeze=False, sharey=True)[0]
     position = {arm: len(arms) - 1 - i for i, arm in enumerate(arms)}
     for ax, tier in zip(axes, tiers):
         for row in frame.filter(tier=tier).iter_rows(named=True):
-            y, colour = position[row["arm"]], colours[row["arm"]]
+            y, colour, marker = position[row["arm"]], styles[row["arm"]]["color"], styles[row["arm"]]["marker"]
             if diffs is not None:
                 seeds = diffs.filter(tier=tier, arm=row["arm"]).sort("seed")["diff"].to_list()
                 offsets = [0.18 * (k - (len(seeds) - 1) / 2) / max(len(seeds) - 1, 1) for k in range(len(seeds))]
                 ax.plot(seeds, [y + o for o in offsets], "o", ms=3.5, color=colour, alpha=0.45, mec="none")
             if row["ci_low"] is not None:
                 ax.errorbar([row["mean"]], [y], xerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
-                            fmt="D", ms=5, color=colour, capsize=3)
+                            fmt=marker, ms=6, color=colour, capsize=3)
             else:
-                ax.plot([row["mean"]], [y], "D", ms=5, mfc="white", color=colour)
+                ax.plot([row["mean"]], [y], marker, ms=6, mfc="white", color=colour)
             if (tier, row["arm"]) in starred:
                 ax.annotate("*", (1.0, y), xycoords=("axes fraction", "data"), ha="left", va="center", fontsize=12)
         ax.axvline(0.0, color="grey", lw=0.9)
@@ -104,7 +116,7 @@ def plot_paired(paired: Table, arm_order: list[str], path: Path,
     axes[0].set_yticks(list(position.values()), labels=list(position))
     axes[0].set_ylim(-0.7, len(arms) - 0.3)
     fig.suptitle(f"{paired.name}: paired differences against {paired.reference}, positive = lower loss\n"
-                 "dots: seeds; diamond and bar: mean, 95% t interval (hollow: 1 seed); *: "
+                 "dots: seeds; the arm's marker and bar: mean, 95% t interval (hollow: 1 seed); *: "
                  + ("supported, as declared" if supported is not None else "p_holm < 0.05"),
                  fontsize=10, y=1.0 + 0.5 / fig.get_figheight())
     _save(fig, path)
@@ -120,6 +132,10 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
         return False
     fig = figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
+    if frame["tier"].n_unique() == 1:  # no size axis to draw: the quantities side by side at the one tier
+        _increments_at_one_tier(ax, frame, increments.name)
+        _save(fig, path)
+        return True
     for k, quantity in enumerate(INCREMENTS):
         rows = frame.filter(pl.col("quantity") == quantity).to_dicts()
         if not rows:
@@ -164,6 +180,28 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
     return True
 
 
+def _increments_at_one_tier(ax, frame: pl.DataFrame, name: str) -> None:
+    """One tier's increments as points with their 95% t intervals (hollow: 1 seed), one per quantity."""
+    tier = frame["tier"][0]
+    shown = [q for q in INCREMENTS if q in set(frame["quantity"].to_list())]
+    for x, quantity in enumerate(shown):
+        row = frame.filter(pl.col("quantity") == quantity).row(0, named=True)
+        colour = QUANTITY_COLOURS[quantity]
+        if row["ci_low"] is not None:
+            ax.errorbar([x], [row["mean"]], yerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
+                        fmt="o", color=colour, capsize=4, ms=7)
+        else:
+            ax.plot([x], [row["mean"]], "o", mfc="white", color=colour, ms=7)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(shown)), labels=[f"{q}\n({DESCRIPTIONS[q]})" for q in shown], fontsize=8)
+    ax.set_xlim(-0.6, len(shown) - 0.4)
+    ax.set_xlabel(f"quantity, at the one tier {tier_title(tier)}")
+    ax.set_ylabel("increment, nats (positive: lowers the loss)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{name}: increments at {tier} with 95% t intervals (hollow: 1 seed); "
+                 "a crossover needs two tiers or more", fontsize=9)
+
+
 LATE_FRACTION = 0.5  # curves.png's second row: the tokens from this fraction of the run on, zoomed
 
 
@@ -206,30 +244,30 @@ def plot_curves(curves: pl.DataFrame, tiers: list[str], arm_order: list[str], pa
     fig = figure(figsize=(max(8.0, 4.0 * columns), 3.0 * rows + 1.0))
     axes = fig.subplots(rows, columns, squeeze=False)
     fig.subplots_adjust(left=0.07 if columns > 1 else 0.15, right=0.98, top=0.9, bottom=0.12, wspace=0.35, hspace=0.45)
-    colours = arm_colours(arm_order)
+    styles = arm_styles(arm_order)
     for column, tier in enumerate(tiers):
         whole, late_ax = axes[0][column], axes[1][column]
         panel = mean.filter(tier=tier)
-        _draw_lines(whole, panel, arm_order, colours)
+        _draw_lines(whole, panel, arm_order, styles)
         _fit(whole, panel)
         whole.set_title(f"{tier_title(tier)}: whole run")
         start = LATE_FRACTION * panel["tokens"].max()
         late = panel.filter(pl.col("tokens") >= start)
-        _draw_lines(late_ax, late, arm_order, colours)
+        _draw_lines(late_ax, late, arm_order, styles)
         _fit(late_ax, late)
         late_ax.set_title(f"second half (from {start:,.0f} tokens)", fontsize=9)
         for ax in (whole, late_ax):
             ax.set_ylabel("validation loss (nats)")
         if rows == 3:
             bottom = axes[2][column]
-            _draw_lines(bottom, gap.filter(tier=tier), arm_order, colours)
+            _draw_lines(bottom, gap.filter(tier=tier), arm_order, styles)
             bottom.axhline(0.0, color="grey", lw=0.8)
             bottom.set_ylabel(f"L_{reference} − L_arm (nats)")
         axes[-1][column].set_xlabel("tokens")
     if not tiers:
         axes[0][0].text(0.5, 0.5, "no validation curves in metrics.jsonl", ha="center", va="center")
     _one_legend(fig, axes, arm_order)
-    fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds; "
+    fig.suptitle(f"{name}: validation loss, line = mean over seeds, band = min to max over seeds;\n"
                  "top: the whole run, middle: its second half zoomed"
                  + (f"; bottom: gap to {reference}, positive = lower loss" if rows == 3 else ""), fontsize=10)
     _save(fig, path)
@@ -248,13 +286,15 @@ def _fit(ax, frame: pl.DataFrame) -> None:
         ax.set_xlim(first, last)
 
 
-def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], colours: dict) -> None:
+def _draw_lines(ax, frame: pl.DataFrame, arm_order: list[str], styles: dict) -> None:
+    """Each arm's mean as a line in its style (a marker at every evaluation), its band in its colour; the
+    baseline last and on top."""
     lines = frame.sort("step").partition_by("arm", as_dict=True)
-    for arm in arm_order:
+    for arm in sorted(arm_order, key=lambda a: a == "baseline"):
         line = lines.get((arm,))
         if line is not None:
-            tokens = line["tokens"].to_numpy()
-            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=colours[arm], alpha=0.15,
-                            lw=0)
-            ax.plot(tokens, line["mean"].to_numpy(), color=colours[arm], lw=1.1, label=arm)
+            tokens, style = line["tokens"].to_numpy(), styles[arm]
+            ax.fill_between(tokens, line["low"].to_numpy(), line["high"].to_numpy(), color=style["color"],
+                            alpha=0.12, lw=0, zorder=style["zorder"] - 1)
+            ax.plot(tokens, line["mean"].to_numpy(), ms=3.5, label=arm, **style)
     ax.grid(alpha=0.3)

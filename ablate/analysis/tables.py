@@ -18,13 +18,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from ablate.errors import AblateError
-from ablate.family import SMALLEST_REAL_TIER, is_pipeline_check
 from ablate.store import run_key
 from ablate.analysis.kinds import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
 from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
 from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise
-from ablate.tiers import TIERS
+from ablate.tiers import SMALLEST_REAL_TIER, TIERS, is_pipeline_check
 
 LOSS_COLUMNS = ("n", "mean", "sd", "se", "min", "max")
 

@@ -7,6 +7,7 @@ handler imports the library it drives when it runs.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -45,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # one line, with the option meant (argparse's own error is its usage text and no suggestion)
+        print(f"ablate: error: {unrecognized(parser, args, extras)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -70,6 +74,21 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"ablate: error: {disk_full(err.filename or 'a file', err)}", file=sys.stderr)  # a writer not wrapped
         return 2
+
+
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> str:
+    """argparse's `unrecognized arguments`, with the closest option of the command for each mistyped one."""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    command = commands.get(getattr(args, "command", None) or "", parser)
+    valid = sorted({s for a in command._actions for s in a.option_strings if s.startswith("--")})
+    guesses = []
+    for given in (e.split("=", 1)[0] for e in extras if e.startswith("-")):
+        close = difflib.get_close_matches(given, valid, n=1, cutoff=0.6)
+        guesses.append(f"{given}: did you mean {close[0]}?" if close else
+                       f"{given}: not an option of `ablate{' ' + args.command if args.command else ''}`")
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    return text + ("; " + "; ".join(guesses) if guesses else "") + (
+        f" (its options: `ablate {args.command} -h`)" if args.command else "")
 
 
 if __name__ == "__main__":

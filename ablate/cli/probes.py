@@ -64,7 +64,8 @@ def format_probe(probe: dict) -> str:
     """Markdown: the summary line, then one row per layer with its per-head first-key mass."""
     summary = probe["summary"]
     shown = ", ".join(f"{key} {value:.4g}" for key, value in summary.items() if value is not None)
-    lines = [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |",
+    lines = [probe["evidence"], ""] if probe.get("evidence") else []
+    lines += [f"{probe['arm']}: {shown}", "", "| layer | first-key mass per head | max abs residual |",
              "|---:|---|---:|"]
     for layer in probe["layers"]:
         masses = " ".join(f"{m:.3f}" for m in layer["first_key_mass"])

@@ -30,7 +30,7 @@ def _runs(args):
     """(the name, the specs) the arguments name: an experiment's grid, filtered as `submit` filters it, or the
     run folders of a name without an experiment file (`adhoc`)."""
     from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
-    from ablate.experiment import experiment_file, load_experiment
+    from ablate.experiment import experiment_file, load_experiment, no_runs_error
     from ablate.status import folder_runs
     from ablate.store import check_results_folder
 
@@ -48,7 +48,10 @@ def _runs(args):
     else:
         from ablate.status import with_queued_seeds
 
-        experiment = with_queued_seeds(load_experiment(file), results)
+        experiment = load_experiment(file)
+        if not (results / experiment.name).is_dir():  # `table`'s refusal, first and in one line
+            raise no_runs_error(experiment.name, results)
+        experiment = with_queued_seeds(experiment, results)
         if args.sweep:
             if args.seeds:
                 raise AblateError("--sweep lists the sweep's own seeds: drop --seeds")
@@ -92,9 +95,6 @@ def status_command(args) -> int:
     print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
     if any(r["val_loss"] is not None and not r["val_loss_final"] for r in rows):
         print("~ a mid-run val_loss (the run's last evaluation so far), not its final loss")
-    if not (results / name).is_dir():
-        print(f"nothing of {name!r} under the results folder {str(results.resolve())!r} (no {name}/ there); "
-              "another folder? give --results DIR or set $ABLATE_RESULTS")
     _hints(args, rows, results / name, counts, adhoc)
     return 0
 

@@ -184,6 +184,7 @@ def _submit_and_tell(args) -> int:
               f"follow with `{_hint(args)}`")
         return 0
     failed = [k for k, code in report["jobs"].items() if code != 0]
-    print(f"{experiment.name}: ran {len(report['jobs'])} runs here, {len(failed)} failed"
+    print(f"{experiment.name}: {'finished' if failed else 'completed'}: ran {len(report['jobs'])} runs here, "
+          f"{len(failed)} failed"
           + (f" ({', '.join(failed)}; see `{_hint(args)}`)" if failed else ""))
     return 1 if failed else 0

@@ -37,6 +37,7 @@ import torch
 
 from ablate.modelio import final_weights_held, split_batch, validation_batches_for_run
 from ablate.store import HEATMAP_FILE, PROBE_FILE, atomic_write_json
+from ablate.tiers import evidence_note
 
 log = logging.getLogger(__name__)
 
@@ -193,27 +194,37 @@ def summarise_layers(layers: list[dict]) -> dict:
     return summary
 
 
-def plot_first_key_mass(probe: dict, path: str | Path, title: str = "") -> None:
-    """Heatmap layer × head of first-key mass, on a fixed 0–1 scale so runs compare by eye."""
-    import matplotlib  # matplotlib loads only when a figure is drawn (a table needs none)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # matplotlib loads only when a figure is drawn (a table needs none)
+def plot_first_key_mass(probe: dict, path: str | Path, title: str = ""):
+    """Heatmap layer × head of first-key mass, its colour scale fitted to this run's values (a run whose masses
+    are all near 0.05 shows its heads apart, not one dark square) and said in the figure: the range under the
+    title, and each cell's value printed in it. Returns the figure (also written to `path`)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads only when a figure is drawn
+    from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn (a table needs none)
 
     grid = [layer["first_key_mass"] for layer in probe["layers"]]
     n_layer, n_head = len(grid), len(grid[0])
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 + 0.45 * n_head), max(2.6, 1.2 + 0.35 * n_layer)))
-    image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    low, high = min(min(row) for row in grid), max(max(row) for row in grid)
+    vmin, vmax = (low, high) if high > low else (low - 0.005, high + 0.005)  # one value: a scale around it
+    fig = Figure(figsize=(max(4.6, 1.8 + 0.55 * n_head), max(3.0, 1.6 + 0.4 * n_layer)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, vmin=vmin, vmax=vmax, cmap="viridis", aspect="auto")
+    for layer, row in enumerate(grid):
+        for head, value in enumerate(row):
+            dark = (value - vmin) / (vmax - vmin) < 0.6
+            ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(n_head))
     ax.set_yticks(range(n_layer))
-    ax.set_title(title or f"first-key mass ({probe['arm']})", fontsize=9)
+    ax.set_title((title or f"first-key mass ({probe['arm']})")
+                 + f"\ncolour scale {low:.3f} to {high:.3f} (this run's range, not 0 to 1)", fontsize=9)
     fig.colorbar(image, ax=ax, label="first-key mass")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the title whole, however few heads
+    return fig
 
 
 def probe_run(run_dir: str | Path, *, n_batches: int = 8, batch_size: int = 8, batches=None,
@@ -224,9 +235,11 @@ def probe_run(run_dir: str | Path, *, n_batches: int = 8, batch_size: int = 8, b
     with final_weights_held(run_dir, device) as (model, config, identity, weights_sha256):
         if batches is None:
             batches = validation_batches_for_run(config, n_batches, batch_size)
-        probe = {"run": identity, "weights_sha256": weights_sha256, **probe_model(model, batches, progress=progress)}
+        probe = {"run": identity, "weights_sha256": weights_sha256, "evidence": evidence_note(identity["tier"]),
+                 **probe_model(model, batches, progress=progress)}
         atomic_write_json(run_dir / PROBE_FILE, probe)
         label = " / ".join(str(v) if k != "seed" else f"seed {v}" for k, v in identity.items() if v is not None)
-        plot_first_key_mass(probe, run_dir / HEATMAP_FILE, title=f"first-key mass, {label}")
+        evidence = "\npipeline check: no evidence" if probe["evidence"] else ""
+        plot_first_key_mass(probe, run_dir / HEATMAP_FILE, title=f"first-key mass, {label}{evidence}")
     log.info("wrote %s and %s", run_dir / PROBE_FILE, run_dir / HEATMAP_FILE)
     return probe

@@ -41,6 +41,7 @@ from ablate.errors import AblateError, choice_error
 from ablate.modelio import final_weights_held, split_batch, validation_batches_for_run
 from ablate.sizing import loss_chunk_for
 from ablate.store import INJECT_FILE, atomic_write_json, read_json
+from ablate.tiers import evidence_note
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,8 @@ def injection_table(result: dict) -> str:
     eps = sorted({row["eps"] for row in result["rows"]})
     kinds = list(dict.fromkeys(row["junk"] for row in result["rows"]))
     cell = {(row["junk"], row["eps"]): row["increase"] for row in result["rows"]}
-    lines = [
+    lines = [f"{result['evidence']}", ""] if result.get("evidence") else []
+    lines += [
         f"loss increase over clean (nats); cutoff {result['cutoff']}, clean loss {result['clean_loss']:.4f}, "
         f"{result['injected_share']:.0%} of reads injected, {result['n_batches']} batches",
         "",
@@ -309,11 +311,12 @@ def inject_run(run_dir: str | Path, sweep: Sweep = Sweep(), *, n_batches: int = 
             batches = validation_batches_for_run(config, n_batches, batch_size)
         result = inject_model(model, batches, cutoff=sweep.cutoff, eps=sweep.eps, junk=sweep.junk, seed=sweep.seed,
                               progress=progress, loss_chunk=config.get("loss_chunk"))
+        result = {"evidence": evidence_note(identity["tier"]), **result}
         previous = read_json(path) if path.is_file() else {}
         previous = previous if isinstance(previous, dict) and previous.get("weights_sha256") == weights_sha256 else {}
         by_cutoff = dict(previous.get("by_cutoff", {}))  # entries of other weights than these are dropped
         by_cutoff[sweep.cutoff] = result
         atomic_write_json(path, {"run": identity, "arm": model.config.arm, "weights_sha256": weights_sha256,
-                                 "by_cutoff": by_cutoff})
+                                 "evidence": result["evidence"], "by_cutoff": by_cutoff})
     log.info("wrote %s", path)
     return result
