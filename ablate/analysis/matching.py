@@ -33,9 +33,11 @@ WAY_OUT = ("rerun one of them with the other's settings (`ablate run ... --force
            "move it out of the experiment folder")
 
 
-def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False) -> None:
+def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False,
+                  varied: tuple[str, ...] = ()) -> None:
     """Refuse a source in which two counted runs of one (tier, seed) differ in anything but the arm, or two
-    counted runs of one tier in anything but the arm and the seed."""
+    counted runs of one tier in anything but the arm and the seed (and the `varied` keys the source's
+    fingerprints leave out: an LR sweep's or a tuned table's `lr`)."""
     order = {arm: i for i, arm in enumerate(runs.arm_order)}
     completed = runs.completed
     if runs.root is not None and not allow_unverified:
@@ -46,7 +48,7 @@ def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = 
         for _, group in completed.group_by(by, maintain_order=True):
             rows = sorted(group.iter_rows(named=True), key=lambda r: (order.get(r["arm"], len(order)), r["seed"]))
             for row in rows[1:]:
-                _check_pair(rows[0], row, columns, across)
+                _check_pair(rows[0], row, columns, across, varied)
 
 
 def _refuse_unverified(completed) -> None:
@@ -64,13 +66,13 @@ def _refuse_unverified(completed) -> None:
                 "count it anyway (the table's footer then names it)")
 
 
-def _check_pair(a: dict, b: dict, columns, across_seeds: bool) -> None:
+def _check_pair(a: dict, b: dict, columns, across_seeds: bool, varied: tuple[str, ...] = ()) -> None:
     differing = [c for c in columns if a[c] is not None and b[c] is not None and a[c] != b[c]
                  and not (c == "init_fingerprint" and parameter_matched(a, b))]
     if not differing:
         return
     names = [_name(a), _name(b)]
-    settings = _settings_differences(a, b, across_seeds)
+    settings = [d for d in _settings_differences(a, b, across_seeds) if d[0] not in varied]
     if settings:
         what = ("the runs of one tier are averaged over seeds into one row, so they must differ only in the arm "
                 "and the seed" if across_seeds else "a paired difference needs runs that differ only in the arm")
