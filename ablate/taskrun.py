@@ -31,12 +31,12 @@ from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
 from ablate.identity import config_fingerprint
-from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
+from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
 from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, atomic_write_json, file_sha256, run_key
-from ablate.store_summary import write_summary
+from ablate.store_summary import update_summary, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,15 @@ def train_task_run(folder: Path, config: dict) -> dict:
             "status": "running", "val_loss": None, "steps": 0, "total_steps": config["steps"],
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
-        curve, data_fingerprint = _train(model, task, config, validation, metrics)
-        model.eval()
-        val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+        try:
+            curve, data_fingerprint = _train(model, task, config, validation, metrics)
+            model.eval()
+            val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+            if not math.isfinite(val_loss):
+                raise Diverged(config["steps"], val_loss)
+        except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
+            log.warning("%s: %s", folder, err)
+            return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
         signature = (filter_signature if isinstance(task, FilterTask) else answer_signature)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
@@ -99,7 +105,8 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
     fingerprint chained over every batch trained on, as the corpus runs' is."""
     optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
-                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]),
+                halt_on_nonfinite=True)
     data_fingerprint = "sha256:" + task_fingerprint(task)
     bar = progress_bar(config["steps"], 0, run_key(config['tier'], config['arm'], config['seed'])) if (
         config["progress"]) else None
@@ -116,8 +123,8 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
             row["val_loss"] = _evaluate(model, task, validation)[0]
             curve.append((k + 1, row["val_loss"]))
             model.train()
-        if not math.isfinite(row["train_loss"]):
-            raise FloatingPointError(f"non-finite training loss {row['train_loss']} at step {k + 1}")
+        if not math.isfinite(row["val_loss"] if "val_loss" in row else 0.0):
+            raise Diverged(k + 1, row["val_loss"])
         metrics.write(row)
         if bar is not None:
             bar.update(1)

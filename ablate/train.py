@@ -169,8 +169,7 @@ class Trainer:
             return self._fit(fabric)
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
-            self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
-                               val_loss=None, finished=now(), error=str(err))
+            self.write_summary(**err.summary_fields(), finished=now())
             return read_json(self.summary_path)
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
