@@ -43,6 +43,7 @@ class RunSummary:
     data_dir: str | None = None
     data_id: str | None = None
     weights_sha256: str | None = None  # of the final weights, kept so that readers need not hash them
+    arm_source: str | None = None  # sha256 of the arm's code: its class's files and the registering one
     # the model
     params_total: int | None = None
     params_non_embedding: int | None = None

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from ablate.arms.base import get_arm
+from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
@@ -48,6 +50,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
     """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
     started, clock = now(), time.time()
     task = task_from_fields(config[SYNTHETIC_KEY])
+    arm_source = arm_source_hash(get_arm(config["arm"]))  # the arm's code, as loaded: part of the run's identity
     threads = torch.get_num_threads()
     torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
     try:
@@ -60,7 +63,8 @@ def train_task_run(folder: Path, config: dict) -> dict:
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
             "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
             "status": "running", "val_loss": None, "steps": 0, "total_steps": config["steps"],
-            "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started})
+            "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
+            ARM_SOURCE: arm_source})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
         try:
             curve, data_fingerprint = _train(model, task, config, validation, metrics)
@@ -92,7 +96,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width,
         "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": run_versions,
         "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
-        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
+        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256, ARM_SOURCE: arm_source,
     }
     _write_signature_eval(folder, task, summary)
     write_summary(folder, summary)

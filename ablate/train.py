@@ -34,6 +34,8 @@ from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
 from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
+from ablate.arms.base import get_arm
+from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
@@ -283,7 +285,8 @@ class Trainer:
             mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
             git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
             wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
-            logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
+            logger_run_id=self.logger_run_id if config["logger"] != "none" else None,
+            **{ARM_SOURCE: arm_source_hash(get_arm(config["arm"]))})
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""

@@ -17,7 +17,7 @@ import polars as pl
 
 from ablate.errors import AblateError
 from ablate.analysis.numerics import NUMERICS, numerics_label
-from ablate.analysis.matching import DATA_ID, FINGERPRINTS, SETTINGS, check_matched
+from ablate.analysis.matching import ARM_SOURCE, DATA_ID, FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
@@ -40,6 +40,7 @@ RUN_SCHEMA = {
     SETTINGS: pl.String,  # of everything but arm and seed (ablate.identity.shared_config), from config.json
     "eval_fingerprint": pl.String,
     "init_fingerprint_common": pl.String,
+    ARM_SOURCE: pl.String,  # the arm's code (`ablate.arms.source`): equal for every seed of one row
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
     NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
@@ -151,7 +152,7 @@ def store_row(run: Path, tier: str, arm: str, seed: int, summary: dict, config: 
     row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.get("status"), "val_loss": summary.get("val_loss"),
            "mlp_hidden": summary.get("mlp_hidden"), "eval_fingerprint": None, DATA_ID: summary.get(DATA_ID),
            "init_fingerprint_common": summary.get("init_fingerprint_common"), "path": str(run),
-           NUMERICS: numerics_label(summary.get("versions"))}
+           ARM_SOURCE: summary.get(ARM_SOURCE), NUMERICS: numerics_label(summary.get("versions"))}
     row.update({key: summary.get(key) for key in FINGERPRINTS})
     if varied:
         row["config_fingerprint"], row[SETTINGS] = fingerprints_without(config, varied) if config else (None, None)
@@ -213,6 +214,7 @@ def _runs_from_table(path: Path) -> Runs:
         path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
                                mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
+        **{ARM_SOURCE: pl.lit(None, dtype=pl.String)},
         **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "

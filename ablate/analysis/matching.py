@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.analysis.runs import Runs
+from ablate.arms.source import ARM_SOURCE
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
 from ablate.store import CONFIG, read_json, run_key
@@ -28,6 +29,7 @@ DATA_ID = "data_id"  # the training data's identity: equal for every run of one 
 # Within a seed: the settings first, so that a different step count is named as such and not as other batches.
 PAIR_COLUMNS = ("config_fingerprint", "init_fingerprint", "data_fingerprint", "val_fingerprint")
 ROW_COLUMNS = (SETTINGS, DATA_ID, "val_fingerprint")
+ARM_COLUMNS = (ARM_SOURCE,)  # within one tier and arm: the seeds of a row trained the same arm's code
 EVAL = "eval_fingerprint"
 WAY_OUT = ("rerun one of them with the other's settings (`ablate run ... --force` keeps the old folder aside) or "
            "move it out of the experiment folder")
@@ -44,7 +46,7 @@ def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = 
         _refuse_unverified(completed)
     extra = (EVAL,) if with_eval else ()
     for by, columns, across in ((["tier", "seed"], PAIR_COLUMNS + extra, False),
-                                (["tier"], ROW_COLUMNS + extra, True)):
+                                (["tier"], ROW_COLUMNS + extra, True), (["tier", "arm"], ARM_COLUMNS, True)):
         for _, group in completed.group_by(by, maintain_order=True):
             rows = sorted(group.iter_rows(named=True), key=lambda r: (order.get(r["arm"], len(order)), r["seed"]))
             for row in rows[1:]:
@@ -113,6 +115,8 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         DATA_ID: ("; they were trained on different prepared data (data_id is the split's shard checksums, "
                   "whatever folder held them)"),
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
+        ARM_SOURCE: ("; the arm's code (the files of its class and the file that registers it) changed between "
+                     "them: two versions of an arm under one name"),
     }.get(column, "")
     if across_seeds:
         return text + (". The runs of one tier are averaged over seeds into one row, so they must differ only in the "

@@ -29,6 +29,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
+from ablate.arms.source import registering_file
 from ablate.errors import choice_error
 
 SLOTS = ("value", "routing", "denominator", "output", "query-key", "score-bias")
@@ -123,6 +124,7 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         if cls.sequence_token and cls.slots():
             raise TypeError(f"arm {name!r}: a sequence-token arm fills no attention slot")
         cls.name = name
+        cls.registered_in = registering_file()  # its code is part of each run's identity (ablate.arms.source)
         _REGISTRY[name] = cls
         return cls
 
