@@ -137,3 +137,23 @@ def test_an_arm_swept_on_extra_factors_is_refused_or_held_to_the_declared_grid(t
     assert any("outside the declared sweep (factors 0.5, 1, 2; seeds 1000) are not counted: "
                "smoke/sink-logit/lr0.7/seed1000, smoke/sink-logit/lr1.4/seed1000" in w for w in table.warnings)
     assert {r["factor"] for r in table.rows} == {0.5, 1.0, 2.0}
+
+
+def test_confirmatory_runs_reporting_on_the_sweeps_selection_tokens_are_refused(tmp_path):
+    """Item 12: final_val_tokens raised between the sweep and `--tuned` moved the confirmatory runs' validation
+    windows onto the tokens the sweep chose the LR on."""
+    experiment = a_sweep(tmp_path)
+    seq_len = 64  # the smoke tier's; windows of seq_len + 1 tokens
+    for folder in (tmp_path / "lrx" / "smoke").glob("*/lr*/seed*"):
+        edit_summary(folder, val_tokens_evaluated=8 * seq_len)  # selection split from token 8 × 65 = 520
+    best = with_confirmatory(tmp_path, experiment)
+    confirmatory = [p for p in (tmp_path / "lrx" / "smoke").glob("*/seed*")] + \
+        list((tmp_path / "lrx" / "smoke" / "sink-logit" / "lr2").glob("seed*"))
+    for folder in confirmatory:
+        edit_summary(folder, val_tokens_evaluated=8 * seq_len)
+    tuned_tables(tmp_path / "lrx", best)  # the same windows as the sweep's validation: disjoint from selection
+    for folder in confirmatory:
+        edit_summary(folder, val_tokens_evaluated=16 * seq_len)
+    with pytest.raises(AblateError, match=r"reports its loss on val-split tokens 0–1039, which reach the LR sweep's "
+                                          r"selection split \(from token 520"):
+        tuned_tables(tmp_path / "lrx", best)

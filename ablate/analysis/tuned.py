@@ -35,13 +35,14 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     folder = Path(folder)
     candidates = [run for run in iter_run_dirs(folder) if run.parent.parent.name in best] + [
         run for run in iter_lr_run_dirs(folder) if run.parent.parent.parent.name in best]
-    rows, seen, lrs = [], {}, []
+    rows, seen, lrs, selection_starts = [], {}, [], {}
     for run in candidates:
         factor = lr_factor_of(run)
         tier, arm = (run.parent.parent.parent if factor is not None else run.parent.parent).name, \
             (run.parent.parent if factor is not None else run.parent).name
         config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
         if config is not None and config.get("selection_tokens"):
+            _note_selection_start(selection_starts, tier, run, config, read_json_file(run / SUMMARY, WAY_OUT))
             continue  # a sweep run: it chose the LR, so it never confirms it
         if config is not None and isinstance(config.get("lr"), (int, float)):
             lrs.append(LRAt(str(run), tier, factor or 1.0, float(config["lr"])))
@@ -53,6 +54,7 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
         refuse_twice(seen, (tier, arm, seed), run_key(tier, arm, seed, factor), run)
         rows.append(store_row(run, tier, arm, seed, summary, config, ALLOWED))
     check_lr_factors(lrs)
+    _refuse_reaching_selection(rows, selection_starts)
     if not rows:
         raise AblateError(f"no confirmatory runs at the arms' best LRs under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --tuned` queues them")
@@ -64,6 +66,41 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     runs = Runs(name=f"{folder.name} [tuned]", frame=frame, root=folder, notes=(note,))
     check_matched(runs, allow_unverified, varied=ALLOWED)
     return runs
+
+
+def _validation_reach(config: dict | None, summary: dict) -> int | None:
+    """Where a run's final validation windows end in the val split (tokens from its start), from the tokens it
+    evaluated (windows × seq_len) and its windows of seq_len + 1; None when not recorded."""
+    evaluated, seq_len = summary.get("val_tokens_evaluated"), (config or {}).get("seq_len")
+    if not isinstance(evaluated, int) or not isinstance(seq_len, int) or seq_len <= 0:
+        return None
+    return evaluated // seq_len * (seq_len + 1)
+
+
+def _note_selection_start(starts: dict, tier: str, run: Path, config: dict, summary: dict) -> None:
+    """The first val-split token of the sweep's selection split (right after the sweep run's own validation
+    windows: `ablate.data.order.selection_windows`), the earliest over the tier's sweep runs."""
+    start = _validation_reach(config, summary)
+    if start is not None and (tier not in starts or start < starts[tier][0]):
+        starts[tier] = (start, str(run))
+
+
+def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
+    """A confirmatory run whose validation windows reach the sweep's selection split reports a loss on tokens
+    the LR was chosen on (final_val_tokens raised between the sweep and `--tuned`): refused, named."""
+    for row in rows:
+        if row["tier"] not in starts or row["reason"] is not None:
+            continue
+        run = Path(row["path"])
+        config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
+        reach = _validation_reach(config, read_json_file(run / SUMMARY, WAY_OUT))
+        start, sweep_run = starts[row["tier"]]
+        if reach is not None and reach > start:
+            raise AblateError(
+                f"confirmatory run {run} reports its loss on val-split tokens 0–{reach - 1}, which reach the LR "
+                f"sweep's selection split (from token {start}, after the validation windows of {sweep_run}): its "
+                f"loss would be measured on tokens its LR was chosen on (final_val_tokens raised after the sweep?); "
+                f"rerun it with the sweep's final_val_tokens (`ablate run ... --force` keeps the old folder aside)")
 
 
 def survival(shared, tuned) -> list[dict]:
