@@ -155,6 +155,7 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     assert "| synthetic | my-sink | 2 |" in out  # the paired table: baseline − my-sink over both seeds
     assert re.search(r"\| my-sink \| [012]/2 \|", out)  # the testbed section: seeds learned
     assert "abstain_sink_logit skipped" in out  # the testbed's declared comparisons, read as `ablate table` does
+    assert "a quick look at 20 steps: the testbed's predictions are declared at its budget of" in out  # exploratory
 
 
 def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):

@@ -260,10 +260,16 @@ METRIC_NOTE = ("the declared comparisons are on the validation loss, so no row o
 
 def exploratory_metric_table(table: Table) -> Table:
     """A downstream metric's table: no family (declarations are on the loss), so every row exploratory."""
+    return exploratory_table(table, METRIC_NOTE)
+
+
+def exploratory_table(table: Table, why: str) -> Table:
+    """`table` with every row exploratory (p_holm empty, never supported) and `why` among its notes: a table whose
+    rows no declared family covers (a downstream metric; a budget the predictions were not declared at)."""
     columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
     frame = table.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("p_holm"))
     frame = add_mark(frame, pl.lit(True), EXPLORATORY).select(*columns, "p_holm", "marks")
-    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
+    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (why,))
 
 
 DIVERGED = "diverged"

@@ -64,9 +64,25 @@ def _experiment(args):
     return testbed, dataclasses.replace(testbed, **changes)
 
 
+def _other_budget(testbed, experiment) -> str | None:
+    """Why a quick look's tables judge nothing (`--steps`): the predictions are declared at the testbed's own budget;
+    None at that budget."""
+    from ablate.config import resolve_config  # the library loads in the handler: see ablate.cli
+
+    def budgets(grid) -> set[int]:
+        return {resolve_config(s)["steps"] for s in grid.runs() if s.arm == "baseline" and s.seed == 0}
+
+    declared, looked = budgets(testbed), budgets(experiment)
+    if looked == declared:
+        return None
+    return (f"a quick look at {', '.join(map(str, sorted(looked)))} steps: the testbed's predictions are declared at "
+            f"its budget of {', '.join(map(str, sorted(declared)))} steps, so every row here is exploratory "
+            "(unadjusted p, p_holm empty, never called supported)")
+
+
 def testbed_command(args) -> int:
     from ablate.analysis.build import build_table  # the library loads in the handler: see ablate.cli
-    from ablate.analysis.hypotheses import Declared
+    from ablate.analysis.hypotheses import Declared, exploratory_table
     from ablate.analysis.kinds import KINDS
     from ablate.analysis.load import load_runs
     from ablate.analysis.testbed import task_runs, testbed_markdown
@@ -80,8 +96,10 @@ def testbed_command(args) -> int:
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
     runs = load_runs(results / experiment.name)
     declared = Declared.of(testbed.hypotheses)  # all of the testbed's, as `ablate table testbed` reads them
+    budget = _other_budget(testbed, experiment)
     for kind in ("declared", "paired"):
-        print(KINDS[kind].render(build_table(runs, kind, None, declared), "md"))
+        table = build_table(runs, kind, None, declared)
+        print(KINDS[kind].render(exploratory_table(table, budget) if budget else table, "md"))
     for tier, by_arm in task_runs(runs).items():
         print(testbed_markdown(tier, by_arm) + "\n")
     if failed:
