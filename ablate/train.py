@@ -46,7 +46,7 @@ from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_key, run_lock_path)
-from ablate.store_summary import update_summary
+from ablate.store_summary import numerics_history, update_summary
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -254,7 +254,7 @@ class Trainer:
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
-        self._write_running(run, init_common, counts, shards)
+        self._write_running(run, init_common, counts, shards, resumed)
 
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
         # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
@@ -270,9 +270,14 @@ class Trainer:
                                                    windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
         return self._finish(run, val_loss, final_windows, extra)
 
-    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards) -> None:
-        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far."""
+    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards,
+                       resumed: bool = False) -> None:
+        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far;
+        what computed it, this process and (resumed) every one before it (`numerics_history`)."""
         config = self.config
+        run_versions = versions()
+        previous = read_json(self.summary_path) if self.summary_path.is_file() else {}
+        history = numerics_history(previous if isinstance(previous, dict) else {}, run_versions["numerics"], resumed)
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
             status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
@@ -283,7 +288,8 @@ class Trainer:
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
-            git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
+            git_commit=git_commit(), versions=run_versions, numerics_history=history, started=self._started(),
+            finished=None,
             wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
             logger_run_id=self.logger_run_id if config["logger"] != "none" else None,
             **{ARM_SOURCE: arm_source_hash(get_arm(config["arm"]))})

@@ -152,7 +152,8 @@ def store_row(run: Path, tier: str, arm: str, seed: int, summary: dict, config: 
     row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.get("status"), "val_loss": summary.get("val_loss"),
            "mlp_hidden": summary.get("mlp_hidden"), "eval_fingerprint": None, DATA_ID: summary.get(DATA_ID),
            "init_fingerprint_common": summary.get("init_fingerprint_common"), "path": str(run),
-           ARM_SOURCE: summary.get(ARM_SOURCE), NUMERICS: numerics_label(summary.get("versions"))}
+           ARM_SOURCE: summary.get(ARM_SOURCE),
+           NUMERICS: numerics_label(summary.get("versions"), summary.get("numerics_history"))}
     row.update({key: summary.get(key) for key in FINGERPRINTS})
     if varied:
         row["config_fingerprint"], row[SETTINGS] = fingerprints_without(config, varied) if config else (None, None)
