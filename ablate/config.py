@@ -15,7 +15,7 @@ from pathlib import Path
 from ablate.arms import get_arm
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
-from ablate.identity import WATCH_KEYS
+from ablate.identity import IMPLIED, WATCH_KEYS
 from ablate.paths import default_data_dir
 from ablate.runconfig import RunConfig, device_defaults, settable_options, tier_options
 from ablate.sizing import model_config
@@ -64,8 +64,16 @@ def with_device_defaults(config: dict, cuda: bool) -> dict:
 
 
 def semantic(config: dict) -> dict:
-    """What a resumed run must share with the run it continues: all but how it is watched."""
-    return {k: v for k, v in config.items() if k not in WATCH_KEYS}
+    """What a resumed run must share with the run it continues: all but how it is watched. A key the older
+    config.json lacks reads as unset, as the fingerprints read it (`ablate.identity`): an option added since,
+    left unset (None) or at the value runs had before it existed (`IMPLIED`), is no difference."""
+    def unset(key, value) -> bool:
+        return value is None or IMPLIED.get(key, object()) == value
+
+    kept = {k: v for k, v in config.items() if k not in WATCH_KEYS and not unset(k, v)}
+    if isinstance(kept.get("model"), dict):
+        kept["model"] = {k: v for k, v in kept["model"].items() if v is not None}
+    return kept
 
 
 def lr_at(step: int, config: dict) -> float:

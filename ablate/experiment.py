@@ -21,7 +21,7 @@ from ablate.errors import AblateError
 from ablate.family import Family
 from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
-from ablate.store import check_name, run_dir, run_key
+from ablate.store import check_name, check_name_length, run_dir, run_key
 from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`
 from ablate.tiers import get_tier
 
@@ -292,6 +292,8 @@ def experiment_file(spec: str | os.PathLike) -> Path:
     """`demo` or `experiments/demo.py` → the absolute path of the experiment file. A name finds only a file that
     defines `EXPERIMENT` (`defines_experiment`); a file given by its path is loaded as asked (`load_experiment`)."""
     text = str(spec)
+    for part in Path(text).parts if text.endswith(".py") else (text,):
+        check_name_length("experiment", part)  # before a lookup ends in "File name too long"
     path = (Path(text) if Path(text).is_file()
             else None) if text.endswith(".py") else find_file("experiments", f"{text}.py")
     named = path is not None and not text.endswith(".py")

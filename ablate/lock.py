@@ -7,7 +7,11 @@ refreshes the file's mtime every `refresh_s` seconds from a background thread, s
 
 * its holder ran on this host and that process is gone (pid absent, or reused: the process start
   time recorded in the lock differs), or
-* its holder ran on another host and the lock has not been refreshed for `stale_after_s` seconds.
+* its holder ran on another host and the lock file has not changed (its mtime, inode) over `stale_after_s`
+  seconds of *this* host's clock (`unchanged_for`): the mtime itself is the holder's clock (or the file
+  server's), and comparing it with ours would call a live lock dead whenever the two clocks disagree by more
+  than `stale_after_s` (NFS clients' clocks do). So the first look at another host's lock finds it alive; a
+  look `stale_after_s` later that finds the very same file unchanged finds it dead.
 
 A stale lock is taken over under a short-lived guard file, and the breaker judges it again under the
 guard (the very same file, by inode and mtime, and still dead): a lock that another breaker already
@@ -68,7 +72,44 @@ def process_start_time(pid: int) -> str | None:
         return None
 
 
-def holder_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_S) -> bool:
+def seen_dir() -> Path:
+    """Where this host remembers when it first saw each lock file as it is (`unchanged_for`): a per-user cache
+    (ABLATE_LOCK_SEEN_DIR, else $XDG_CACHE_HOME/ablate/locks-seen, else ~/.cache/...). Files are per host, so
+    a home directory shared over NFS keeps each host's own observations."""
+    if os.environ.get("ABLATE_LOCK_SEEN_DIR"):
+        return Path(os.environ["ABLATE_LOCK_SEEN_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "ablate" / "locks-seen"
+
+
+def unchanged_for(path: Path, identity: tuple) -> float:
+    """Seconds of this host's clock since it first saw the lock file at `path` as it is now (`identity`: device,
+    inode, mtime in ns); 0 on the first look, or when the file changed since (a refresh, a new holder)."""
+    key = hashlib.sha256(f"{socket.gethostname()}|{Path(path).resolve()}".encode()).hexdigest()[:32]
+    record_path = seen_dir() / f"{socket.gethostname()[:64]}-{key}.json"
+    now = time.time()
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        if record.get("identity") == list(identity) and 0 <= now - float(record["first_seen"]):
+            return now - float(record["first_seen"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    try:
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = record_path.with_name(f"{record_path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"identity": list(identity), "first_seen": now, "lock": str(path)}))
+        os.replace(temporary, record_path)
+    except OSError as err:  # no cache: every look is a first look, so another host's lock is never broken
+        log.warning("cannot record when lock %s was seen (%s): another host's lock there is taken as alive", path,
+                    err)
+    return 0.0
+
+
+def holder_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_S, path: Path | None = None,
+                 identity: tuple | None = None) -> bool:
+    """Whether the holder lives: on this host by its pid and start time; on another, while its lock file at
+    `path` (as `identity`) has changed within `stale_after_s` seconds of this host's clock. `mtime` is not
+    compared with this host's clock (it is kept for the callers' sake)."""
     if holder.get("host") == socket.gethostname():
         pid = holder.get("pid")
         try:
@@ -81,7 +122,9 @@ def holder_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_
             return False
         recorded = holder.get("start_time")
         return recorded is None or process_start_time(int(pid)) in (None, recorded)
-    return time.time() - mtime < stale_after_s
+    if path is None or identity is None:
+        return True  # no file to watch: never judged dead on another host's clock
+    return unchanged_for(path, identity) < stale_after_s
 
 
 def damaged_lock(path: Path, what: str) -> AblateError:
@@ -139,20 +182,23 @@ def read_lock(path: str | os.PathLike) -> tuple[dict, float] | None:
     return None if found is None else found[:2]
 
 
-def lock_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_S) -> bool:
-    """Whether a lock read as (holder, mtime) still belongs to someone: a live holder, or a writer still writing."""
+def lock_alive(holder: dict, mtime: float, stale_after_s: float = STALE_AFTER_S, path: Path | None = None,
+               identity: tuple | None = None) -> bool:
+    """Whether a lock read as (holder, mtime) at `path` (as `identity`) still belongs to someone: a live holder
+    (`holder_alive`), or a writer still writing."""
     if not holder:
         return time.time() - mtime < TORN_AFTER_S
-    return holder_alive(holder, mtime, stale_after_s)
+    return holder_alive(holder, mtime, stale_after_s, path, identity)
 
 
 def live_holder(path: str | os.PathLike, stale_after_s: float = STALE_AFTER_S) -> dict | None:
     """The holder of the lock at `path` if it is alive, else None."""
-    found = read_lock(path)
+    found = read_lock_file(path)
     if found is None:
         return None
-    holder, mtime = found
-    return holder if lock_alive(holder, mtime, stale_after_s) else None  # a young torn lock is being written
+    holder, mtime, identity = found
+    alive = lock_alive(holder, mtime, stale_after_s, Path(path), identity)
+    return holder if alive else None  # a young torn lock is being written
 
 
 def token_digest(token: str) -> str:
@@ -216,8 +262,8 @@ class FileLock:
             found = read_lock_file(self.path)
             if found is None:
                 continue  # released between our attempt and the read
-            holder, mtime, _ = found
-            if lock_alive(holder, mtime, self.stale_after_s):
+            holder, mtime, identity = found
+            if lock_alive(holder, mtime, self.stale_after_s, self.path, identity):
                 raise LockHeld(self.path, holder or {"host": "?", "pid": "? (lock being written)"}, self.what)
             self._break_stale(found)
         raise LockHeld(self.path, (read_lock(self.path) or ({}, 0))[0], self.what)
@@ -261,7 +307,8 @@ class FileLock:
         os.close(fd)
         try:
             found = read_lock_file(self.path)
-            if found is None or found[2] != judged[2] or lock_alive(found[0], found[1], self.stale_after_s):
+            if found is None or found[2] != judged[2] or lock_alive(found[0], found[1], self.stale_after_s, self.path,
+                                                                    found[2]):
                 return  # gone, replaced, or alive after all: the caller looks again
             log.warning("taking over the lock of %s from a holder that is gone (%s)", self.what,
                         describe_holder(found[0]) if found[0] else "a torn lock file")

@@ -76,6 +76,12 @@ class Diverged(Exception):
         super().__init__(f"non-finite training loss {loss} at step {step}")
         self.step, self.loss, self.detected_at = step, loss, detected_at if detected_at is not None else step
 
+    def summary_fields(self) -> dict:
+        """What a diverged run's summary says (a corpus run's and a task run's alike): status `diverged`, the step,
+        no validation loss, the error; the tables show it as an outcome and `ablate status` never resubmits it."""
+        return {"status": "diverged", "diverged_step": self.step, "diverged_detected_at_step": self.detected_at,
+                "val_loss": None, "error": str(self)}
+
 
 def windows_fingerprint(windows, seq_len: int) -> str:
     """SHA-256 of the validation tokens actually evaluated (and the window length)."""

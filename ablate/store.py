@@ -78,6 +78,12 @@ def check_name(kind: str, name: object) -> str:
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(text) or ".." in text:
         raise AblateError(f"invalid {kind} name {text!r}: use letters, digits and . _ + - (no path separators, "
                           "no '..', not starting with '.')")
+    return check_name_length(kind, text)
+
+
+def check_name_length(kind: str, text: str) -> str:
+    """`text` if every file or folder name made of it fits the filesystem's limit, else one line saying so (before
+    any lookup that would end in `OSError: File name too long`)."""
     longest = name_max() - NAME_ROOM
     if len(text) > longest:
         raise AblateError(f"invalid {kind} name {text[:40]!r}… ({len(text)} characters): names are at most {longest} "

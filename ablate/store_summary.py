@@ -43,6 +43,7 @@ class RunSummary:
     data_dir: str | None = None
     data_id: str | None = None
     weights_sha256: str | None = None  # of the final weights, kept so that readers need not hash them
+    arm_source: str | None = None  # sha256 of the arm's code: its class's files and the registering one
     # the model
     params_total: int | None = None
     params_non_embedding: int | None = None
@@ -53,6 +54,7 @@ class RunSummary:
     loss_read_every: int | None = None  # steps between the host's read-backs of the training loss
     git_commit: str | None = None
     versions: dict | None = None
+    numerics_history: list | None = None  # every `versions["numerics"]` the run trained under, a resume's too
     started: str | None = None
     finished: str | None = None
     wall_seconds: float | None = None
@@ -74,6 +76,16 @@ class RunSummary:
 
 
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(RunSummary))
+
+
+def numerics_history(previous: dict, current: dict, resumed: bool) -> list:
+    """What computed a run so far: the numerics of every process that trained it, in order, each once. A resumed
+    run keeps those before it (an older summary without the list: its `versions`' numerics); a fresh one starts
+    again with its own."""
+    earlier = []
+    if resumed:
+        earlier = previous.get("numerics_history") or [((previous.get("versions") or {}).get("numerics"))]
+    return [n for i, n in enumerate([*earlier, current]) if isinstance(n, dict) and n not in [*earlier, current][:i]]
 
 
 def check_summary_fields(fields) -> None:

@@ -27,16 +27,18 @@ from pathlib import Path
 
 import torch
 
+from ablate.arms.base import get_arm
+from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
 from ablate.identity import config_fingerprint
-from ablate.loop import MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
+from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
 from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
 from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, atomic_write_json, file_sha256, run_key
-from ablate.store_summary import write_summary
+from ablate.store_summary import update_summary, write_summary
 from ablate.taskmodel import task_model
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
     """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
     started, clock = now(), time.time()
     task = task_from_fields(config[SYNTHETIC_KEY])
+    arm_source = arm_source_hash(get_arm(config["arm"]))  # the arm's code, as loaded: part of the run's identity
     threads = torch.get_num_threads()
     torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
     try:
@@ -61,11 +64,18 @@ def train_task_run(folder: Path, config: dict) -> dict:
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
             "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
             "status": "running", "val_loss": None, "steps": 0, "total_steps": config["steps"],
-            "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started})
+            "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
+            ARM_SOURCE: arm_source})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
-        curve, data_fingerprint = _train(model, task, config, validation, metrics)
-        model.eval()
-        val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+        try:
+            curve, data_fingerprint = _train(model, task, config, validation, metrics)
+            model.eval()
+            val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
+            if not math.isfinite(val_loss):
+                raise Diverged(config["steps"], val_loss)
+        except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
+            log.warning("%s: %s", folder, err)
+            return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
         signature = (filter_signature if isinstance(task, FilterTask) else answer_signature)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
@@ -87,7 +97,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width,
         "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": run_versions,
         "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
-        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256,
+        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256, ARM_SOURCE: arm_source,
     }
     _write_signature_eval(folder, task, summary)
     write_summary(folder, summary)
@@ -100,7 +110,8 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
     fingerprint chained over every batch trained on, as the corpus runs' is."""
     optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
-                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]),
+                halt_on_nonfinite=True)
     data_fingerprint = "sha256:" + task_fingerprint(task)
     bar = progress_bar(config["steps"], 0, run_key(config['tier'], config['arm'], config['seed'])) if (
         config["progress"]) else None
@@ -117,8 +128,8 @@ def _train(model, task: SyntheticTask, config: dict, validation, metrics: Metric
             row["val_loss"] = _evaluate(model, task, validation)[0]
             curve.append((k + 1, row["val_loss"]))
             model.train()
-        if not math.isfinite(row["train_loss"]):
-            raise FloatingPointError(f"non-finite training loss {row['train_loss']} at step {k + 1}")
+        if not math.isfinite(row["val_loss"] if "val_loss" in row else 0.0):
+            raise Diverged(k + 1, row["val_loss"])
         metrics.write(row)
         if bar is not None:
             bar.update(1)

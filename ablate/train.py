@@ -34,6 +34,8 @@ from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.identity import config_fingerprint
 from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
+from ablate.arms.base import get_arm
+from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
@@ -44,7 +46,7 @@ from ablate.sizing import loss_chunk_for
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
                           file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
                           run_key, run_lock_path)
-from ablate.store_summary import update_summary
+from ablate.store_summary import numerics_history, update_summary
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -169,8 +171,7 @@ class Trainer:
             return self._fit(fabric)
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
-            self.write_summary(status="diverged", diverged_step=err.step, diverged_detected_at_step=err.detected_at,
-                               val_loss=None, finished=now(), error=str(err))
+            self.write_summary(**err.summary_fields(), finished=now())
             return read_json(self.summary_path)
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
@@ -253,7 +254,7 @@ class Trainer:
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
-        self._write_running(run, init_common, counts, shards)
+        self._write_running(run, init_common, counts, shards, resumed)
 
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
         # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
@@ -269,9 +270,14 @@ class Trainer:
                                                    windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
         return self._finish(run, val_loss, final_windows, extra)
 
-    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards) -> None:
-        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far."""
+    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards,
+                       resumed: bool = False) -> None:
+        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far;
+        what computed it, this process and (resumed) every one before it (`numerics_history`)."""
         config = self.config
+        run_versions = versions()
+        previous = read_json(self.summary_path) if self.summary_path.is_file() else {}
+        history = numerics_history(previous if isinstance(previous, dict) else {}, run_versions["numerics"], resumed)
         self.write_summary(
             tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
             status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
@@ -282,9 +288,11 @@ class Trainer:
             val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
             mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
-            git_commit=git_commit(), versions=versions(), started=self._started(), finished=None,
+            git_commit=git_commit(), versions=run_versions, numerics_history=history, started=self._started(),
+            finished=None,
             wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
-            logger_run_id=self.logger_run_id if config["logger"] != "none" else None)
+            logger_run_id=self.logger_run_id if config["logger"] != "none" else None,
+            **{ARM_SOURCE: arm_source_hash(get_arm(config["arm"]))})
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""

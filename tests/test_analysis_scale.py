@@ -191,3 +191,18 @@ def test_confounders_stand_beside_every_scale_result(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "Scale is confounded" in captured.err
     assert pl.read_csv(source).height and "gap_proj,10M/50M/124M/350M,3/3/3/1" in captured.out
+
+
+def test_a_slope_spans_corpus_tiers_of_one_task_only(tmp_path, capsys):
+    """Item 7 (p-hack: add a tier): a synthetic task's tier beside 10M and 50M made a flat trend "supported"."""
+    rng = np.random.default_rng(11)
+    flat = {t: list(0.001 + rng.normal(0, 0.003, 3)) for t in ("10M", "50M")}
+    zero = {**flat, "synthetic": [0.9, 0.91, 0.92]}  # a toy task's large effect at 0.1M "parameters"
+    out = _scale_json(_losses_csv(tmp_path / "mixed.csv", zero, zero), capsys)
+    rows = {r["quantity"]: r for r in out["rows"]}
+    assert rows["zero_option"]["tiers"] == ["10M", "50M"]
+    alone = _scale_json(_losses_csv(tmp_path / "corpus.csv", flat, flat), capsys)
+    assert rows["zero_option"]["p"] == pytest.approx(next(r for r in alone["rows"]
+                                                          if r["quantity"] == "zero_option")["p"])
+    assert any("synthetic left out of every slope: a slope spans the corpus tiers of one task" in w
+               for w in out["notes"])

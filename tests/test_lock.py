@@ -150,3 +150,36 @@ def test_only_a_child_of_the_holder_with_its_token_is_taken_for_a_child(tmp_path
         assert ask() == "False"  # a child without the token
         assert ask(extra={TOKEN_ENV: "forged"}) == "False"
     assert ask(extra={TOKEN_ENV: lock.token}) == "False"  # released: nobody holds it
+
+
+def test_another_hosts_lock_is_dead_only_when_unchanged_over_the_contenders_own_clock(tmp_path, monkeypatch):
+    """Item 11: a contender whose clock runs 600 s ahead of a live holder's called its lock dead. Staleness is
+    the lock file unchanged over 300 s of the contender's own clock, never the file's mtime against it."""
+    import types
+
+    import ablate.lock as lock_module
+
+    monkeypatch.setenv("ABLATE_LOCK_SEEN_DIR", str(tmp_path / "seen"))
+    path = tmp_path / "run.lock"
+    path.write_text(json.dumps({"host": "node-b-elsewhere", "pid": 4242, "started": "2026-01-01T00:00:00"}))
+    behind = time.time() - 600  # the holder refreshed it just now, by a clock 600 s behind ours
+    os.utime(path, (behind, behind))
+    now = [time.time()]
+    monkeypatch.setattr(lock_module, "time", types.SimpleNamespace(time=lambda: now[0], strftime=time.strftime))
+    with pytest.raises(LockHeld, match="node-b-elsewhere"):
+        FileLock(path, "run X").acquire()  # the first look: alive, whatever the clocks say
+    now[0] += 299
+    assert live_holder(path) is not None  # unchanged for 299 s of our clock: still alive
+    os.utime(path, (behind + 300, behind + 300))  # the holder refreshes it
+    now[0] += 10
+    with pytest.raises(LockHeld):
+        FileLock(path, "run X").acquire()  # changed: its watch starts again
+    now[0] += 299
+    assert live_holder(path) is not None
+    now[0] += 2  # 301 s of our clock without a change: the holder is gone
+    assert live_holder(path) is None
+    taken = FileLock(path, "run X").acquire()
+    try:
+        assert taken.held()
+    finally:
+        taken.release()

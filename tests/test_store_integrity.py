@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
 
+import ablate.lock
 from ablate.analysis.load import load_runs
 from ablate.analysis.build import build_table
 from ablate.errors import AblateError
@@ -144,7 +146,7 @@ def test_a_second_process_on_a_running_run_is_refused_and_touches_nothing(tmp_pa
     assert not run_lock_path(folder).exists()  # released at the end
 
 
-def test_a_dead_holders_lock_is_taken_over_and_a_live_one_is_not(tmp_path):
+def test_a_dead_holders_lock_is_taken_over_and_a_live_one_is_not(tmp_path, monkeypatch):
     path = tmp_path / ".seed0.lock"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -154,13 +156,16 @@ def test_a_dead_holders_lock_is_taken_over_and_a_live_one_is_not(tmp_path):
         with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
             FileLock(path, "run").acquire()
     assert not path.exists()
-    # another host: judged by how recently the holder refreshed the file
+    # another host: judged by whether the holder refreshed the file over 300 s of this host's own clock
+    monkeypatch.setenv("ABLATE_LOCK_SEEN_DIR", str(tmp_path / "seen"))
     path.write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "token": "remote"}))
+    old = time.time() - 3600
+    os.utime(path, (old, old))  # an old mtime is the holder's clock, not ours: the first look finds it alive
     with pytest.raises(LockHeld, match="node-elsewhere"):
         FileLock(path, "run").acquire()
-    old = time.time() - 3600
-    os.utime(path, (old, old))
-    with FileLock(path, "run") as lock:
+    later = time.time() + 301
+    monkeypatch.setattr(ablate.lock, "time", types.SimpleNamespace(time=lambda: later, strftime=time.strftime))
+    with FileLock(path, "run") as lock:  # unchanged for 301 s of our clock: its holder is gone
         assert lock.held()
 
 

@@ -162,6 +162,7 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     # No declared comparison names my-sink: one line says so, no empty declared table, no "Holm's m per tier = ;"
     assert "no declared comparison of the testbed names my-sink at tier(s) abstain-stream" in out
     assert "Holm's m per tier = ;" not in out and "| comparison |" not in out
+    assert "a quick look at 20 steps: the testbed's predictions are declared at its budget of" in out  # exploratory
 
 
 def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):

@@ -56,18 +56,20 @@ class Declared:
     design: dict | None = None
     tiers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name, tiers) of a comparison declared at those only
     members: Family | None = None  # the design's family (`ablate.family.Family`); None: built from the runs' tiers
+    seeds: tuple[tuple[str, int], ...] = ()  # (tier, n): a fixed design's seeds 0..n-1 (none: every seed counts)
 
     @classmethod
     def of(cls, comparisons, family: str = "tier", design: dict | None = None,
-           members: Family | None = None) -> Declared:
+           members: Family | None = None, seeds: Mapping[str, int] | None = None) -> Declared:
         """From `Comparison`s (anything with name, minuend, subtrahend, and maybe tiers) or triples; `members`:
-        the experiment's `declared_family()` (None: every declared comparison at every tier the runs have)."""
+        the experiment's `declared_family()` (None: every declared comparison at every tier the runs have);
+        `seeds`: {tier: the fixed design's seed count} (a sequential `design` fixes its own: its last look's)."""
         triples = tuple(tuple(c) if isinstance(c, (tuple, list)) else (c.name, c.minuend, c.subtrahend)
                         for c in comparisons)
         if family not in FAMILIES:
             raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         where = tuple((c.name, tuple(c.tiers)) for c in comparisons if getattr(c, "tiers", ()))
-        return cls(triples, family, design, where, members)
+        return cls(triples, family, design, where, members, tuple(sorted((seeds or {}).items())))
 
     def family_of(self, runs: Runs) -> Family:
         """The family Holm adjusts over: the design's when given, else every declared comparison at every tier of
@@ -77,6 +79,13 @@ class Declared:
         tiers = sorted(set(runs.frame["tier"].to_list()) | set(runs.missing["tier"].to_list()), key=tier_rank)
         return Family.of(self.comparisons, tiers, self.family, at=dict(self.tiers), arms=runs.arm_order,
                          sequential=self.design is not None)
+
+    def seed_count(self, tier: str) -> int | None:
+        """How many seeds (0..n-1) of `tier` the design counts: a sequential design's last look, else the fixed
+        design's; None when nothing fixes it (declarations read without their experiment)."""
+        if self.design is not None:
+            return int(self.design["looks"][-1]["seeds"])
+        return dict(self.seeds).get(tier)
 
     @property
     def pairs(self) -> dict[tuple[str, str], str]:
@@ -160,7 +169,28 @@ def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame
         parts.append(diffs.select("tier", pl.lit(name).alias("comparison"), "seed", "diff", "scale"))
     schema = {"tier": pl.String, "comparison": pl.String, "seed": pl.Int64, "diff": pl.Float64, "scale": pl.Float64}
     frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
-    return frame.cast(schema), notes
+    frame, outside = within_design(frame.cast(schema), declared)
+    return frame, notes + outside
+
+
+def within_design(diffs: pl.DataFrame, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
+    """The differences of the design's seeds only, and a note per tier naming the seeds left outside it.
+
+    Seeds added beyond a fixed design (by hand, `ablate run --seed 3`, `submit --seeds 5`) are optional stopping:
+    adding seeds until p crosses α makes a false "supported" far likelier than α. A sequential design
+    (`submit --sequential`) is the way to add seeds with α held."""
+    limits = {tier: declared.seed_count(tier) for tier in diffs["tier"].unique().to_list()}
+    beyond = pl.col("seed") >= pl.col("tier").replace_strict(
+        {t: n if n is not None else 2**62 for t, n in limits.items()}, return_dtype=pl.Int64)
+    notes = []
+    for tier in sorted(limits):
+        seeds = sorted(set(diffs.filter(beyond & (pl.col("tier") == tier))["seed"].to_list()))
+        if seeds:
+            what = "the sequential design's last look" if declared.design is not None else "the experiment's seeds"
+            notes.append(f"{tier}: seed(s) {', '.join(map(str, seeds))} lie outside the design ({what}: seeds "
+                         f"0–{limits[tier] - 1}) and are not counted in the declared family (seeds added after "
+                         "the fact are optional stopping; `submit --sequential` adds seeds with α held)")
+    return (diffs.filter(~beyond) if diffs.height else diffs), notes
 
 
 def declared_table(runs: Runs, declared: Declared, slopes: Mapping[str, float | None] | None = None) -> Table:
@@ -287,10 +317,16 @@ METRIC_NOTE = ("the declared comparisons are on the validation loss, so no row o
 
 def exploratory_metric_table(table: Table) -> Table:
     """A downstream metric's table: no family (declarations are on the loss), so every row exploratory."""
+    return exploratory_table(table, METRIC_NOTE)
+
+
+def exploratory_table(table: Table, why: str) -> Table:
+    """`table` with every row exploratory (p_holm empty, never supported) and `why` among its notes: a table whose
+    rows no declared family covers (a downstream metric; a budget the predictions were not declared at)."""
     columns = [c for c in table.frame.columns if c not in ("p_holm", "marks")]
     frame = table.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("p_holm"))
     frame = add_mark(frame, pl.lit(True), EXPLORATORY).select(*columns, "p_holm", "marks")
-    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (METRIC_NOTE,))
+    return dataclasses.replace(table, frame=frame, family=None, notes=table.notes + (why,))
 
 
 DIVERGED = "diverged"
@@ -405,5 +441,6 @@ def declared_for(experiment, folder) -> Declared | None:
         members = experiment.declared_family(sequential=True) if experiment is not None else None
         return Declared.of(design.comparisons, design.family, design.boundaries, members)
     if experiment is not None and experiment.hypotheses:
-        return Declared.of(experiment.hypotheses, experiment.family, members=experiment.declared_family())
+        return Declared.of(experiment.hypotheses, experiment.family, members=experiment.declared_family(),
+                           seeds={tier: experiment.seed_count(tier) for tier in experiment.tiers})
     return None

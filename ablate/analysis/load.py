@@ -17,11 +17,11 @@ import polars as pl
 
 from ablate.errors import AblateError
 from ablate.analysis.numerics import NUMERICS, numerics_label
-from ablate.analysis.matching import DATA_ID, FINGERPRINTS, SETTINGS, check_matched
+from ablate.analysis.matching import ARM_SOURCE, DATA_ID, FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
-from ablate.identity import shared_fingerprint
+from ablate.identity import fingerprints_without, shared_fingerprint
 from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, refuse_damaged_config,
                           read_json_file, read_metrics, run_key)
 
@@ -40,6 +40,7 @@ RUN_SCHEMA = {
     SETTINGS: pl.String,  # of everything but arm and seed (ablate.identity.shared_config), from config.json
     "eval_fingerprint": pl.String,
     "init_fingerprint_common": pl.String,
+    ARM_SOURCE: pl.String,  # the arm's code (`ablate.arms.source`): equal for every seed of one row
     "mlp_hidden": pl.Int64,
     "verified": pl.Boolean,
     NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
@@ -117,26 +118,8 @@ def _runs_from_store(folder: Path) -> Runs:
                     f"{run} holds a run of {key} {summary[key]!r}, but its folder says {expected!r} (a copied or "
                     "moved run folder?); move it out of the experiment folder")
         refuse_damaged_config(run, summary)
-        key = (tier, arm, where["seed"])
-        if key in seen:
-            raise AblateError(f"run {run_key(tier, arm, where['seed'])} appears twice: {seen[key]} and {run}")
-        seen[key] = run
-        row = {
-            "tier": tier, "arm": arm, "seed": where["seed"],
-            "status": summary.get("status"),
-            "val_loss": summary.get("val_loss"),
-            "mlp_hidden": summary.get("mlp_hidden"),
-            "eval_fingerprint": None,
-            DATA_ID: summary.get(DATA_ID),
-            "init_fingerprint_common": summary.get("init_fingerprint_common"),
-            "path": str(run),
-            NUMERICS: numerics_label(summary.get("versions")),
-        }
-        row.update({key: summary.get(key) for key in FINGERPRINTS})
-        row[SETTINGS] = _settings_fingerprint(run)
-        row["verified"] = all(row[key] is not None for key in (*FINGERPRINTS, SETTINGS))
-        row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
-        rows.append(row)
+        refuse_twice(seen, (tier, arm, where["seed"]), run_key(tier, arm, where["seed"]), run)
+        rows.append(store_row(run, tier, arm, where["seed"], summary, _read_config(run)))
     if not rows:
         raise AblateError(f"no runs (no */*/seed<k>/{SUMMARY}) under {str(folder)!r}")
     frame = pl.DataFrame(rows, schema=RUN_SCHEMA)
@@ -152,14 +135,42 @@ def _check_folder_names(run: Path, tier: str, arm: str) -> None:
             raise AblateError(f"{run}: {err}; move that folder out of the experiment folder") from None
 
 
-def _settings_fingerprint(run: Path) -> str | None:
-    """The fingerprint of the run's settings but arm and seed; None when it has no config.json."""
+def refuse_twice(seen: dict, key: tuple, name: str, run: Path) -> None:
+    """One run per key (the grid's (tier, arm, seed); a sweep's (tier, arm, factor, seed)): a second folder of
+    it (a copy, or `lr1` beside `lr1.0`) is refused, both named, so that no run counts twice."""
+    if key in seen:
+        raise AblateError(f"run {name} appears twice: {seen[key]} and {run}; move one of them out of the "
+                          "experiment folder")
+    seen[key] = run
+
+
+def store_row(run: Path, tier: str, arm: str, seed: int, summary: dict, config: dict | None,
+              varied: tuple[str, ...] = ()) -> dict:
+    """One run's row of RUN_SCHEMA, carrying every identity the grid's tables check (the fingerprints, data_id,
+    the settings, the arm's code, what computed it). `varied`: the config keys the runs of this source may
+    differ in (an LR sweep's or a tuned table's `lr`), left out of its config and settings fingerprints."""
+    row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.get("status"), "val_loss": summary.get("val_loss"),
+           "mlp_hidden": summary.get("mlp_hidden"), "eval_fingerprint": None, DATA_ID: summary.get(DATA_ID),
+           "init_fingerprint_common": summary.get("init_fingerprint_common"), "path": str(run),
+           ARM_SOURCE: summary.get(ARM_SOURCE),
+           NUMERICS: numerics_label(summary.get("versions"), summary.get("numerics_history"))}
+    row.update({key: summary.get(key) for key in FINGERPRINTS})
+    if varied:
+        row["config_fingerprint"], row[SETTINGS] = fingerprints_without(config, varied) if config else (None, None)
+    else:
+        row[SETTINGS] = shared_fingerprint(config) if config is not None else None
+    row["verified"] = all(row[key] is not None for key in (*FINGERPRINTS, SETTINGS))
+    row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
+    return row
+
+
+def _read_config(run: Path) -> dict | None:
+    """The run's config.json; None when it has none (an older run)."""
     try:
-        config = read_json_file(run / CONFIG, "rerun that run (`ablate run ... --force` keeps the damaged folder "
-                                              "aside) or move the folder out of the experiment")
+        return read_json_file(run / CONFIG, "rerun that run (`ablate run ... --force` keeps the damaged folder "
+                                            "aside) or move the folder out of the experiment")
     except FileNotFoundError:
         return None
-    return shared_fingerprint(config)
 
 
 def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
@@ -204,6 +215,7 @@ def _runs_from_table(path: Path) -> Runs:
         path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
                                mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
+        **{ARM_SOURCE: pl.lit(None, dtype=pl.String)},
         **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},
     ).select(list(RUN_SCHEMA))
     note = (f"pairing NOT verified: {path.name} is a table of losses, not run folders, so nothing shows that its "

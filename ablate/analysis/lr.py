@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from ablate.analysis.load import _exclusion_reason
+from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, refuse_twice, store_row
+from ablate.analysis.matching import check_matched
+from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
-from ablate.store import CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config
+from ablate.store import (CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config,
+                          run_key)
+from ablate.sweep import LRSweep
 from ablate.tiers import tier_rank
 
 VARIED = "lr"  # the one setting the runs of an LR sweep may differ in (besides the arm and the seed)
@@ -82,9 +87,40 @@ def _finite(value) -> float | None:
     return float(value) if ok else None
 
 
+@dataclass(frozen=True)
+class LRAt:
+    """Where a run lies (`path`, its folder's lr `factor`) and the lr its config trained at."""
+    path: str
+    tier: str
+    factor: float
+    lr: float
+
+
+def check_lr_factors(runs: list[LRAt]) -> None:
+    """Every run's lr is its folder's factor × its tier's lr (a grid run's factor being 1): the tables read a
+    run's LR from its folder, so a swapped or renamed `lr0.5`/`lr2` folder would move an arm's best LR. The tier's
+    lr is the one most of its runs imply (lr / factor); a run that implies another is refused, named."""
+    for tier in sorted({r.tier for r in runs}):
+        group = [r for r in runs if r.tier == tier]
+        implied = Counter(_rounded(r.lr / r.factor) for r in group)
+        base, _ = implied.most_common(1)[0]
+        odd = [r for r in group if _rounded(r.lr / r.factor) != base]
+        if odd:
+            agree = next(r for r in group if _rounded(r.lr / r.factor) == base)
+            raise AblateError(f"run {odd[0].path} lies in the folder of lr factor {odd[0].factor:g} but its {CONFIG} "
+                              f"trained at lr {odd[0].lr:g}, ×{odd[0].lr / base:g} of tier {tier}'s lr {base:g} (what "
+                              f"its other runs imply, e.g. {agree.path}); a run's lr must be its folder's factor × "
+                              f"the tier's lr (a swapped or renamed folder?): move it out or rerun it")
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.9g}")
+
+
 def sweep_runs(folder: str | Path) -> list[SweepRun]:
-    """Every LR-sweep run of an experiment folder (runs at an lr factor whose config has a selection split)."""
-    found = []
+    """Every LR-sweep run of an experiment folder (runs at an lr factor whose config has a selection split):
+    one per (tier, arm, factor, seed), each at its folder's factor × the tier's lr."""
+    found, seen = [], {}
     for run in iter_lr_run_dirs(folder):
         way_out = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
         summary = read_json_file(run / SUMMARY, way_out)
@@ -103,18 +139,22 @@ def sweep_runs(folder: str | Path) -> list[SweepRun]:
         selection = _finite(summary.get("selection_loss"))
         if reason is None and selection is None:
             reason = "completed without a selection loss"
-        found.append(SweepRun(tier, arm, int(run.name.removeprefix("seed")), lr_factor_of(run), float(config["lr"]),
-                              summary.get("status"), selection, _finite(summary.get("val_loss")), reason, str(run),
-                              config, summary))
+        seed, factor = int(run.name.removeprefix("seed")), lr_factor_of(run)
+        refuse_twice(seen, (tier, arm, factor, seed), run_key(tier, arm, seed, factor), run)
+        found.append(SweepRun(tier, arm, seed, factor, float(config["lr"]), summary.get("status"), selection,
+                              _finite(summary.get("val_loss")), reason, str(run), config, summary))
     if not found:
         raise AblateError(f"no LR-sweep runs (<tier>/<arm>/lr<f>/seed<k>) under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --sweep` makes them")
+    check_lr_factors([LRAt(r.path, r.tier, r.factor, r.lr) for r in found])
     return found
 
 
-def check_sweep_matched(runs: list[SweepRun]) -> None:
+def check_sweep_matched(runs: list[SweepRun], allow_unverified: bool = False) -> None:
     """Every run of a tier shares everything but lr, the arm and the seed; runs of one seed share the initial
-    weights (their common parameters) and, when both completed, the batches; all share the evaluation tokens."""
+    weights (their common parameters) and, when both completed, the batches; all share the evaluation tokens.
+    Then the grid's own rules (`ablate.analysis.matching.check_matched`), with lr left out of the settings: one
+    data_id per tier, and fingerprints on every counted run unless `allow_unverified`."""
     for tier in sorted({r.tier for r in runs}):
         group = [r for r in runs if r.tier == tier]
         first = group[0]
@@ -130,6 +170,64 @@ def check_sweep_matched(runs: list[SweepRun]) -> None:
             of_seed = [r for r in group if r.seed == seed]
             _same(of_seed, "init_fingerprint_common", False, "did not start from the same initial weights")
             _same(of_seed, "data_fingerprint", True, "were not trained on the same batches")
+    rows = [{**store_row(Path(r.path), r.tier, r.arm, r.seed, r.summary, r.config, (VARIED,)), "reason": r.reason}
+            for r in runs]
+    root = Path(runs[0].path).parents[3]
+    check_matched(Runs(name=root.name, frame=pl.DataFrame(rows, schema=RUN_SCHEMA), root=root), allow_unverified,
+                  varied=(VARIED,))
+
+
+def declared_only(runs: list[SweepRun], sweep: LRSweep | None) -> tuple[list[SweepRun], list[str]]:
+    """(the runs every arm's best LR is chosen from, a warning per thing left out or missing).
+
+    Every arm of a tier is tuned on one grid, so that no arm is tuned harder than another (extra factors, extra
+    seeds): with the experiment's `sweep`, only its tiers × factors × seeds count, and the runs outside it are named
+    and left out; without it (a folder read alone), a tier whose arms were swept on different grids is refused,
+    its extra runs named."""
+    if sweep is None:
+        check_one_grid(runs)
+        return runs, []
+    inside = [r for r in runs if r.tier in sweep.tiers and r.factor in sweep.factors and r.seed in sweep.seed_list]
+    outside = [r for r in runs if r not in inside]
+    if not inside:
+        raise AblateError(f"no LR-sweep run under {Path(runs[0].path).parents[3]} lies in the declared sweep "
+                          f"({_grid_text(sweep.factors, sweep.seed_list)}); outside it: {_paths(outside)}")
+    notes = [f"{len(outside)} sweep run(s) outside the declared sweep ({_grid_text(sweep.factors, sweep.seed_list)}) "
+             f"are not counted: {_paths(outside)}"] if outside else []
+    for tier in sorted({r.tier for r in inside}):
+        arms = sorted({r.arm for r in inside if r.tier == tier})
+        for arm in arms:
+            have = {(r.factor, r.seed) for r in inside if (r.tier, r.arm) == (tier, arm)}
+            lacking = [run_key(tier, arm, s, f) for f in sweep.factors for s in sweep.seed_list if (f, s) not in have]
+            if lacking:
+                notes.append(f"{tier}/{arm}: the declared sweep's runs {', '.join(lacking)} are not in the store "
+                             "(not started yet?): its best LR is chosen without them")
+    return inside, notes
+
+
+def check_one_grid(runs: list[SweepRun]) -> None:
+    """Refuse a tier whose arms were swept on different (factor, seed) grids, naming the runs beyond the grid
+    every arm of it shares."""
+    for tier in sorted({r.tier for r in runs}):
+        group = [r for r in runs if r.tier == tier]
+        grids = {arm: {(r.factor, r.seed) for r in group if r.arm == arm} for arm in {r.arm for r in group}}
+        common = set.intersection(*grids.values())
+        extra = [r for r in group if (r.factor, r.seed) not in common]
+        if extra:
+            factors, seeds = sorted({f for f, _ in common}), sorted({s for _, s in common})
+            raise AblateError(f"the arms of tier {tier} were swept on different grids: {_paths(extra)} lie outside "
+                              f"the grid every arm shares ({_grid_text(factors, seeds)}); one arm tuned on more LRs "
+                              "or seeds than another is not a fair comparison: move them out, or read the table "
+                              "with its experiment (whose LRSweep declares the grid)")
+
+
+def _grid_text(factors, seeds) -> str:
+    return f"factors {', '.join(f'{f:g}' for f in factors)}; seeds {', '.join(str(s) for s in seeds)}"
+
+
+def _paths(runs: list[SweepRun]) -> str:
+    names = [run_key(r.tier, r.arm, r.seed, r.factor) for r in runs]
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def _same(group: list[SweepRun], key: str, only_completed: bool, what: str) -> None:
@@ -140,12 +238,14 @@ def _same(group: list[SweepRun], key: str, only_completed: bool, what: str) -> N
             raise AblateError(f"sweep runs {values[0][0].path} and {run.path} {what} ({key} differs); {WAY_OUT}")
 
 
-def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA) -> LRTable:
+def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA, *, sweep: LRSweep | None = None,
+             allow_unverified: bool = False) -> LRTable:
     """Per tier and arm the loss at each LR, the best LR (on the selection loss), the vertex of a parabola
-    in log2(lr) through the minimum and its neighbours, the largest stable LR and the δ-range's width."""
-    runs = sweep_runs(folder)
-    check_sweep_matched(runs)
-    rows, best, curvature, warnings = [], [], {}, []
+    in log2(lr) through the minimum and its neighbours, the largest stable LR and the δ-range's width.
+    `sweep`: the experiment's declared LRSweep (only its factors × seeds count: `declared_only`)."""
+    runs, outside = declared_only(sweep_runs(folder), sweep)
+    check_sweep_matched(runs, allow_unverified)
+    rows, best, curvature, warnings = [], [], {}, list(outside)
     keys = sorted({(r.tier, r.arm) for r in runs}, key=lambda k: (tier_rank(k[0]), k[0], k[1]))
     for tier, arm in keys:
         of_arm = [r for r in runs if (r.tier, r.arm) == (tier, arm)]

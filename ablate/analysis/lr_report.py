@@ -51,7 +51,8 @@ def lr_section(ctx) -> str:
     if root is None or next(iter_lr_run_dirs(root), None) is None:
         return ""
     try:
-        table = lr_table(root)
+        table = lr_table(root, *((ctx.lr_sweep.margin, ctx.lr_sweep.delta) if ctx.lr_sweep else ()),
+                         sweep=ctx.lr_sweep, allow_unverified=ctx.allow_unverified)
     except AblateError as err:  # runs at an lr factor but no sweep among them, or unmatched: say so, go on
         return f"## Learning rates\n\nNo LR table: {err}"
     ctx.write("lr.md", render_lr(table, "md"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.analysis.runs import Runs
+from ablate.arms.source import ARM_SOURCE
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
 from ablate.store import CONFIG, read_json, run_key
@@ -28,25 +29,28 @@ DATA_ID = "data_id"  # the training data's identity: equal for every run of one 
 # Within a seed: the settings first, so that a different step count is named as such and not as other batches.
 PAIR_COLUMNS = ("config_fingerprint", "init_fingerprint", "data_fingerprint", "val_fingerprint")
 ROW_COLUMNS = (SETTINGS, DATA_ID, "val_fingerprint")
+ARM_COLUMNS = (ARM_SOURCE,)  # within one tier and arm: the seeds of a row trained the same arm's code
 EVAL = "eval_fingerprint"
 WAY_OUT = ("rerun one of them with the other's settings (`ablate run ... --force` keeps the old folder aside) or "
            "move it out of the experiment folder")
 
 
-def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False) -> None:
+def check_matched(runs: Runs, allow_unverified: bool = False, with_eval: bool = False,
+                  varied: tuple[str, ...] = ()) -> None:
     """Refuse a source in which two counted runs of one (tier, seed) differ in anything but the arm, or two
-    counted runs of one tier in anything but the arm and the seed."""
+    counted runs of one tier in anything but the arm and the seed (and the `varied` keys the source's
+    fingerprints leave out: an LR sweep's or a tuned table's `lr`)."""
     order = {arm: i for i, arm in enumerate(runs.arm_order)}
     completed = runs.completed
     if runs.root is not None and not allow_unverified:
         _refuse_unverified(completed)
     extra = (EVAL,) if with_eval else ()
     for by, columns, across in ((["tier", "seed"], PAIR_COLUMNS + extra, False),
-                                (["tier"], ROW_COLUMNS + extra, True)):
+                                (["tier"], ROW_COLUMNS + extra, True), (["tier", "arm"], ARM_COLUMNS, True)):
         for _, group in completed.group_by(by, maintain_order=True):
             rows = sorted(group.iter_rows(named=True), key=lambda r: (order.get(r["arm"], len(order)), r["seed"]))
             for row in rows[1:]:
-                _check_pair(rows[0], row, columns, across)
+                _check_pair(rows[0], row, columns, across, varied)
 
 
 def _refuse_unverified(completed) -> None:
@@ -64,13 +68,13 @@ def _refuse_unverified(completed) -> None:
                 "count it anyway (the table's footer then names it)")
 
 
-def _check_pair(a: dict, b: dict, columns, across_seeds: bool) -> None:
+def _check_pair(a: dict, b: dict, columns, across_seeds: bool, varied: tuple[str, ...] = ()) -> None:
     differing = [c for c in columns if a[c] is not None and b[c] is not None and a[c] != b[c]
                  and not (c == "init_fingerprint" and parameter_matched(a, b))]
     if not differing:
         return
     names = [_name(a), _name(b)]
-    settings = _settings_differences(a, b, across_seeds)
+    settings = [d for d in _settings_differences(a, b, across_seeds) if d[0] not in varied]
     if settings:
         what = ("the runs of one tier are averaged over seeds into one row, so they must differ only in the arm "
                 "and the seed" if across_seeds else "a paired difference needs runs that differ only in the arm")
@@ -111,6 +115,8 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         DATA_ID: ("; they were trained on different prepared data (data_id is the split's shard checksums, "
                   "whatever folder held them)"),
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
+        ARM_SOURCE: ("; the arm's code (the files of its class and the file that registers it) changed between "
+                     "them: two versions of an arm under one name"),
     }.get(column, "")
     if across_seeds:
         return text + (". The runs of one tier are averaged over seeds into one row, so they must differ only in the "

@@ -16,13 +16,21 @@ MIXED_NUMERICS_NOTE = ("the row pairs or averages runs computed on different CPU
 NUMERICS = "numerics"  # the Runs column: `numerics_label` of each run, null when not recorded
 
 
-def numerics_label(versions_of_run: dict | None) -> str | None:
+def numerics_label(versions_of_run: dict | None, history: list | None = None) -> str | None:
     """One short name for what computed a run, for a table to compare: "cuda NVIDIA H100 (sm 9.0)" or
-    "cpu AVX512"; None for a run recorded before provenance had `numerics`. Here, not in ablate.provenance: the analysis
-    stays torch-free."""
+    "cpu AVX512"; None for a run recorded before provenance had `numerics`. A run resumed under another kernel set
+    (`history`: every numerics it trained under) is named by all of them: "cpu AVX2 + cpu AVX512". Here, not in
+    ablate.provenance: the analysis stays torch-free."""
+    labels = sorted({_label(n) for n in history or [] if isinstance(n, dict)})
+    if len(labels) > 1:
+        return " + ".join(labels)
     found = (versions_of_run or {}).get("numerics")
     if not isinstance(found, dict):
-        return None
+        return labels[0] if labels else None
+    return _label(found)
+
+
+def _label(found: dict) -> str:
     device = found.get("gpu")
     if isinstance(device, dict) and device.get("name"):
         return f"cuda {device['name']} (sm {device.get('capability')})"

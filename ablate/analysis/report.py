@@ -43,6 +43,7 @@ from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
 from ablate.store import REPORT_DIR, atomic_write_bytes
+from ablate.sweep import LRSweep
 
 ALPHA = 0.05
 
@@ -60,6 +61,7 @@ class ReportContext:
     allow_unverified: bool = False
     declared: Declared | None = None  # the experiment's declared comparisons (the LR section's tuned table uses them)
     left_out: dict[str, str] = field(default_factory=dict)  # section → why this experiment's arms cannot give it
+    lr_sweep: LRSweep | None = None  # the experiment's declared LR sweep: only its factors × seeds count
 
     def write(self, name: str, data: str | bytes) -> Path:
         path = self.out_dir / name
@@ -384,7 +386,8 @@ def write_report(source: str | os.PathLike, sections: list[Section] | None = Non
 
 
 def make_report(source: str | os.PathLike, sections: list[Section] | None = None,
-                allow_unverified: bool = False, declared: Declared | None = None) -> ReportContext:
+                allow_unverified: bool = False, declared: Declared | None = None,
+                lr_sweep: LRSweep | None = None) -> ReportContext:
     """Build the report of an experiment's folder of runs; its context says what was written and left out.
 
     `declared`: the experiment's declared comparisons (and sequential design), which decide the family
@@ -404,7 +407,8 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
                         scale=build_table(runs, "scale", declared=declared), allow_unverified=allow_unverified,
-                        declared=declared, left_out=cannot_have(runs.arm_order, declared is not None))
+                        declared=declared, left_out=cannot_have(runs.arm_order, declared is not None),
+                        lr_sweep=lr_sweep)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")

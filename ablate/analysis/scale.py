@@ -195,8 +195,7 @@ def per_tier(per_seed: pl.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray,
     """(tiers by size, seeds per tier, tier means, within-tier sum of squares, the largest |diff|) of one
     quantity's per-seed rows (tier, diff), real tiers of known size only."""
     kept = per_seed.filter(pl.col("diff").is_not_null() & pl.col("diff").is_finite())
-    tiers = sorted({t for t in kept["tier"].to_list() if math.isfinite(tier_rank(t)) and not is_pipeline_check(t)},
-                   key=tier_rank)
+    tiers = slope_tiers(kept["tier"].to_list())[0]
     counts, means, within = [], [], 0.0
     for tier in tiers:
         values = np.sort(kept.filter(tier=tier)["diff"].to_numpy().astype(float))
@@ -205,6 +204,20 @@ def per_tier(per_seed: pl.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray,
         within += float(((values - values.mean()) ** 2).sum())
     biggest = float(kept["diff"].abs().max() or 0.0) if kept.height else 0.0
     return tiers, np.array(counts), np.array(means), within, biggest
+
+
+def slope_tiers(names) -> tuple[list[str], list[str]]:
+    """(the tiers a slope spans, by size; the real tiers left out because they are of another task).
+
+    A slope is a trend over model size within one task: a toy task's tier next to corpus tiers adds a point of
+    another experiment (its loss, its effect), and one such tier can make a flat corpus trend "supported". So a
+    slope spans the corpus tiers of known size when there are any, else the task tiers when all are of one task,
+    else nothing; pipeline-check tiers never enter."""
+    real = sorted({t for t in names if math.isfinite(tier_rank(t)) and not is_pipeline_check(t)}, key=tier_rank)
+    tasks = {t: TIERS[t].task if t in TIERS else None for t in real}
+    corpus = [t for t in real if tasks[t] is None]
+    kept = corpus if corpus else (real if len(set(tasks.values())) == 1 else [])
+    return kept, [t for t in real if t not in kept]
 
 
 def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray) -> float | None:
@@ -320,6 +333,11 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
     """The table from per-seed rows: increments (tier, quantity, seed, diff), comparisons (tier, comparison,
     seed, diff) or None."""
     rows, crossings, why, used = [], [], list(notes), set()
+    left_out = slope_tiers(increments["tier"].to_list() + (comparisons["tier"].to_list() if comparisons is not None
+                                                          else []))[1]
+    if left_out:
+        why.append(f"{', '.join(left_out)} left out of every slope: a slope spans the corpus tiers of one task "
+                   f"(the tiers of a synthetic task are another experiment, not another model size)")
     for quantity, per_seed in quantities(increments, comparisons).items():
         row, fit, tiers, counts = fit_quantity(per_seed)
         used.update(tiers)

@@ -22,37 +22,48 @@ from ablate.analysis.hypotheses import ALPHA, study_holm
 from ablate.analysis.render import format_p
 from ablate.analysis.stats import holm_by
 from ablate.power import RESOLUTION
-from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, load_runs
-from ablate.analysis.matching import FINGERPRINTS, SETTINGS, check_matched
+from ablate.analysis.load import RUN_SCHEMA, load_runs, refuse_twice, store_row
+from ablate.analysis.lr import LRAt, check_lr_factors
+from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
-from ablate.identity import fingerprints_without
 from ablate.store import (CONFIG, SUMMARY, iter_lr_run_dirs, iter_run_dirs, lr_factor_of, read_json_file,
-                          refuse_damaged_config)
+                          refuse_damaged_config, run_key)
 
 ALLOWED = ("lr",)
 WAY_OUT = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
 
 
-def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]]) -> Runs:
+def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unverified: bool = False) -> Runs:
     """The runs of each tier of `best` ({tier: {arm: best factor}}) at every arm's own best LR, as one source
-    the paired tables read; the confirmatory runs a sweep has not reached yet are `missing` as usual."""
+    the paired tables read; the confirmatory runs a sweep has not reached yet are `missing` as usual.
+
+    The grid's rules hold here too (`ablate.analysis.load`, `ablate.analysis.matching`): one run per (tier, arm,
+    seed) — a copied `lr2.0` beside `lr2` is refused —, every identity the grid's rows carry (data_id, the
+    fingerprints, what computed it), and each run's lr is its folder's factor × the tier's lr."""
     folder = Path(folder)
     candidates = [run for run in iter_run_dirs(folder) if run.parent.parent.name in best] + [
         run for run in iter_lr_run_dirs(folder) if run.parent.parent.parent.name in best]
-    rows = []
+    rows, seen, lrs, selection_starts = [], {}, [], {}
     for run in candidates:
-        factor = lr_factor_of(run) if run.parent.name.startswith("lr") else None
+        factor = lr_factor_of(run)
         tier, arm = (run.parent.parent.parent if factor is not None else run.parent.parent).name, \
             (run.parent.parent if factor is not None else run.parent).name
-        if arm not in best[tier] or (factor or 1.0) != float(best[tier][arm]):
-            continue
         config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
         if config is not None and config.get("selection_tokens"):
+            _note_selection_start(selection_starts, tier, run, config, read_json_file(run / SUMMARY, WAY_OUT))
             continue  # a sweep run: it chose the LR, so it never confirms it
+        if config is not None and isinstance(config.get("lr"), (int, float)):
+            lrs.append(LRAt(str(run), tier, factor or 1.0, float(config["lr"])))
+        if arm not in best[tier] or (factor or 1.0) != float(best[tier][arm]):
+            continue
         summary = read_json_file(run / SUMMARY, WAY_OUT)
         refuse_damaged_config(run, summary)
-        rows.append(_row(run, tier, arm, summary, config))
+        seed = int(run.name.removeprefix("seed"))
+        refuse_twice(seen, (tier, arm, seed), run_key(tier, arm, seed, factor), run)
+        rows.append(store_row(run, tier, arm, seed, summary, config, ALLOWED))
+    check_lr_factors(lrs)
+    _refuse_reaching_selection(rows, selection_starts)
     if not rows:
         raise AblateError(f"no confirmatory runs at the arms' best LRs under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --tuned` queues them")
@@ -62,20 +73,43 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]]) -> Runs:
             f"the confirmatory runs use the grid's seeds, which the sweep did not; pairs differ in the arm and in "
             f"{', '.join(ALLOWED)} only")
     runs = Runs(name=f"{folder.name} [tuned]", frame=frame, root=folder, notes=(note,))
-    check_matched(runs)
+    check_matched(runs, allow_unverified, varied=ALLOWED)
     return runs
 
 
-def _row(run: Path, tier: str, arm: str, summary: dict, config: dict | None) -> dict:
-    seed = int(run.name.removeprefix("seed"))
-    row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.get("status"), "val_loss": summary.get("val_loss"),
-           "mlp_hidden": summary.get("mlp_hidden"), "eval_fingerprint": None,
-           "init_fingerprint_common": summary.get("init_fingerprint_common"), "path": str(run)}
-    row.update({key: summary.get(key) for key in FINGERPRINTS})
-    row["config_fingerprint"], row[SETTINGS] = fingerprints_without(config, ALLOWED) if config else (None, None)
-    row["verified"] = all(row[key] is not None for key in (*FINGERPRINTS, SETTINGS))
-    row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
-    return row
+def _validation_reach(config: dict | None, summary: dict) -> int | None:
+    """Where a run's final validation windows end in the val split (tokens from its start), from the tokens it
+    evaluated (windows × seq_len) and its windows of seq_len + 1; None when not recorded."""
+    evaluated, seq_len = summary.get("val_tokens_evaluated"), (config or {}).get("seq_len")
+    if not isinstance(evaluated, int) or not isinstance(seq_len, int) or seq_len <= 0:
+        return None
+    return evaluated // seq_len * (seq_len + 1)
+
+
+def _note_selection_start(starts: dict, tier: str, run: Path, config: dict, summary: dict) -> None:
+    """The first val-split token of the sweep's selection split (right after the sweep run's own validation
+    windows: `ablate.data.order.selection_windows`), the earliest over the tier's sweep runs."""
+    start = _validation_reach(config, summary)
+    if start is not None and (tier not in starts or start < starts[tier][0]):
+        starts[tier] = (start, str(run))
+
+
+def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
+    """A confirmatory run whose validation windows reach the sweep's selection split reports a loss on tokens
+    the LR was chosen on (final_val_tokens raised between the sweep and `--tuned`): refused, named."""
+    for row in rows:
+        if row["tier"] not in starts or row["reason"] is not None:
+            continue
+        run = Path(row["path"])
+        config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
+        reach = _validation_reach(config, read_json_file(run / SUMMARY, WAY_OUT))
+        start, sweep_run = starts[row["tier"]]
+        if reach is not None and reach > start:
+            raise AblateError(
+                f"confirmatory run {run} reports its loss on val-split tokens 0–{reach - 1}, which reach the LR "
+                f"sweep's selection split (from token {start}, after the validation windows of {sweep_run}): its "
+                f"loss would be measured on tokens its LR was chosen on (final_val_tokens raised after the sweep?); "
+                f"rerun it with the sweep's final_val_tokens (`ablate run ... --force` keeps the old folder aside)")
 
 
 CHANGED, NO_CHANGE = "changed by tuning", "no change detected"
@@ -189,7 +223,7 @@ def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference
     all_runs = load_runs(folder, allow_unverified=allow_unverified)
     shared_runs = Runs(name=all_runs.name, frame=all_runs.frame.filter(pl.col("tier").is_in(list(best))),
                        root=all_runs.root, notes=all_runs.notes)
-    tuned = tuned_runs(folder, best)
+    tuned = tuned_runs(folder, best, allow_unverified)
     has_declared = declared is not None and declared.comparisons
     family = declared.family_of(all_runs) if has_declared else None
     study = dataclasses.replace(declared, members=family) if has_declared else declared

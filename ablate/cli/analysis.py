@@ -110,7 +110,8 @@ def _lr_command(args: argparse.Namespace) -> int:
                           f"overlap or declared, not {args.kind}")
     experiment = named_experiment(args.source)
     folder = results_of(args.source, args.results, experiment)
-    table = lr_table(folder, *lr_settings(experiment))
+    sweep = experiment.lr_sweep if experiment is not None else None
+    table = lr_table(folder, *lr_settings(experiment), sweep=sweep, allow_unverified=args.allow_unverified)
     if args.kind == "lr":
         return _emit(args, render_lr(table, args.format))
     shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), args.kind, args.reference,
@@ -165,7 +166,8 @@ def report_command(args: argparse.Namespace) -> int:
 
     experiment = named_experiment(args.experiment)  # its file is executed once, here
     source = results_of(args.experiment, args.results, experiment)
-    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_for(experiment, source))
+    report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_for(experiment, source),
+                         lr_sweep=experiment.lr_sweep if experiment is not None else None)
     names = [path.name for path in report.written]
     texts = [n for n in names if n.endswith(".md")]
     others = [n for n in names if not n.endswith(".md")]

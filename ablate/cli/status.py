@@ -32,10 +32,11 @@ def _runs(args):
     from ablate.errors import AblateError  # the library loads in the handler: see ablate.cli
     from ablate.experiment import experiment_file, load_experiment, no_runs_error
     from ablate.status import folder_runs
-    from ablate.store import check_results_folder
+    from ablate.store import check_name_length, check_results_folder
 
     results = check_results_folder(results_folder(args.results))
-    text = str(args.experiment)
+    text = check_name_length("experiment", str(args.experiment)) if not str(args.experiment).endswith(".py") \
+        else str(args.experiment)
     folder = results / text
     try:
         file = experiment_file(text)

@@ -103,7 +103,7 @@ def lr_runs(args, experiment, results):
 
     sweep = experiment.declared_sweep()
     folder = results / experiment.name
-    table = lr_table(folder, sweep.margin, sweep.delta)
+    table = lr_table(folder, sweep.margin, sweep.delta, sweep=sweep)
     best = table.best_factors()
     wanted = {tier: list(dict.fromkeys(args.arms or experiment.arm_names())) for tier in args.tiers or sweep.tiers}
     done = {(r.tier, r.arm, r.factor, r.seed) for r in sweep_runs(folder) if r.status in ("completed", "diverged")}

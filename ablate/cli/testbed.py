@@ -62,9 +62,25 @@ def named_comparisons(testbed, arms, tiers) -> tuple:
                  if {h.minuend, h.subtrahend} <= set(arms) and any(h.at(tier) for tier in tiers))
 
 
+def _other_budget(testbed, experiment) -> str | None:
+    """Why a quick look's tables judge nothing (`--steps`): the predictions are declared at the testbed's own budget;
+    None at that budget."""
+    from ablate.config import resolve_config  # the library loads in the handler: see ablate.cli
+
+    def budgets(grid) -> set[int]:
+        return {resolve_config(s)["steps"] for s in grid.runs() if s.arm == "baseline" and s.seed == 0}
+
+    declared, looked = budgets(testbed), budgets(experiment)
+    if looked == declared:
+        return None
+    return (f"a quick look at {', '.join(map(str, sorted(looked)))} steps: the testbed's predictions are declared at "
+            f"its budget of {', '.join(map(str, sorted(declared)))} steps, so every row here is exploratory "
+            "(unadjusted p, p_holm empty, never called supported)")
+
+
 def testbed_command(args) -> int:
     from ablate.analysis.build import build_table  # the library loads in the handler: see ablate.cli
-    from ablate.analysis.hypotheses import Declared
+    from ablate.analysis.hypotheses import Declared, exploratory_table
     from ablate.analysis.kinds import KINDS
     from ablate.analysis.load import load_runs
     from ablate.analysis.testbed import task_runs, testbed_markdown
@@ -77,16 +93,19 @@ def testbed_command(args) -> int:
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel))
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
     runs = load_runs(results / experiment.name)
-    if experiment.hypotheses:  # the testbed's comparisons whose arms ran, in the testbed's own family
-        print(KINDS["declared"].render(build_table(runs, "declared", None, Declared.of(experiment.hypotheses)), "md"))
+    # The testbed's own declarations and family (m is the design's, whatever ran), as `ablate table testbed` reads them.
+    declared = Declared.of(testbed.hypotheses, testbed.family, members=testbed.declared_family(),
+                           seeds={tier: testbed.seed_count(tier) for tier in testbed.tiers})
     unnamed = [arm for arm in args.arm if arm != "baseline" and not any(
         arm in (h.minuend, h.subtrahend) for h in experiment.hypotheses)]
     if unnamed:
         print(f"no declared comparison of the testbed names {', '.join(unnamed)} at tier(s) "
               f"{', '.join(experiment.tiers)}: its rows in the paired table below are exploratory (unadjusted p, "
               "never called supported)")
-    declared = Declared.of(experiment.hypotheses) if experiment.hypotheses else None
-    print(KINDS["paired"].render(build_table(runs, "paired", None, declared), "md"))
+    budget = _other_budget(testbed, experiment)
+    for kind in ("declared", "paired") if experiment.hypotheses else ("paired",):
+        table = build_table(runs, kind, None, declared)
+        print(KINDS[kind].render(exploratory_table(table, budget) if budget else table, "md"))
     for tier, by_arm in task_runs(runs).items():
         print(testbed_markdown(tier, by_arm) + "\n")
     if failed:
