@@ -98,8 +98,10 @@ def test_a_failed_prediction_is_never_listed_as_supported_nor_starred(tmp_path):
     family = ctx.tables["declared"].frame.row(0, named=True)
     assert family["mean"] < 0 and family["p_holm"] < 0.05 and fixed_decision(family) == "failed"
     summary = (ctx.out_dir / "summary.md").read_text()
-    assert not [line for line in _supported_lines(summary) if "sink-logit" in line or "zero_option" in line]
+    listed = [line for line in _supported_lines(summary) if not line.startswith("- none")]
+    assert not [line for line in listed if "sink-logit" in line or "zero_option" in line]
     assert "decision failed" in summary
+    assert "- none: no declared comparison's decision is supported (zero_option: failed, p_holm < 0.05" in summary
     paired = ctx.tables["paired"]
     assert ("10M", "sink-logit") in starred_arms(paired)  # p_holm < 0.05 alone would star it
     assert _starred(ctx, paired) == set() and starred_arms(paired, _starred(ctx, paired)) == set()

@@ -219,6 +219,11 @@ def flags_section(ctx: ReportContext) -> str:
     elif verdicts is not None and "decision" in family.columns:  # the design decides, never a fixed-sample p
         lines.append("- none: the sequential design has decided effect for no declared comparison yet (its look and "
                      "decision are listed under the declared comparisons)")
+    elif verdicts is not None:
+        failed = [r["comparison"] for r in family.frame.iter_rows(named=True) if fixed_decision(r) == "failed"]
+        lines.append("- none: no declared comparison's decision is supported"
+                     + (f" ({', '.join(failed)}: failed, p_holm < {ALPHA} against the declared direction, never "
+                        "supported)" if failed else ""))
     elif tested:
         lines.append(f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}")
     else:
