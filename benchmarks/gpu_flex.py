@@ -39,6 +39,8 @@ def declared_path(cls: type) -> str | None:
             raw = inspect.getattr_static(cls, name)
         except AttributeError:
             continue
+        if raw is inspect.getattr_static(Arm, name, None):  # the base's own answer (`Arm.path`): nothing declared
+            continue
         if isinstance(raw, (classmethod, staticmethod)):
             method = getattr(cls, name)
             for call in (lambda: method("cuda"), method):

@@ -214,21 +214,7 @@ def flags_section(ctx: ReportContext) -> str:
                      if verdicts.get((row["tier"], row["minuend"], row["subtrahend"]))]
     rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
-    if supported:
-        lines += supported
-    elif verdicts is not None and "decision" in family.columns:  # the design decides, never a fixed-sample p
-        lines.append("- none: the sequential design has decided effect for no declared comparison yet (its look and "
-                     "decision are listed under the declared comparisons)")
-    elif verdicts is not None:
-        failed = [r["comparison"] for r in family.frame.iter_rows(named=True) if fixed_decision(r) == "failed"]
-        lines.append("- none: no declared comparison's decision is supported"
-                     + (f" ({', '.join(failed)}: failed, p_holm < {ALPHA} against the declared direction, never "
-                        "supported)" if failed else ""))
-    elif tested:
-        lines.append(f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}")
-    else:
-        lines.append("- none: no effect outside a pipeline-check tier has two seeds with a spread, so none "
-                     "could be tested")
+    lines += supported or [_none_supported(family, verdicts, tested)]
     lines += ["", "## Effects whose 95% interval contains zero", ""]
     if contains_zero:
         lines += contains_zero
@@ -241,6 +227,22 @@ def flags_section(ctx: ReportContext) -> str:
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)
+
+
+def _none_supported(family, verdicts, tested: int) -> str:
+    """Why the Supported list is empty, in one line."""
+    if verdicts is not None and "decision" in family.columns:  # the design decides, never a fixed-sample p
+        return ("- none: the sequential design has decided effect for no declared comparison yet (its look and "
+                "decision are listed under the declared comparisons)")
+    if verdicts is not None:
+        failed = [r["comparison"] for r in family.frame.iter_rows(named=True) if fixed_decision(r) == "failed"]
+        return ("- none: no declared comparison's decision is supported"
+                + (f" ({', '.join(failed)}: failed, p_holm < {ALPHA} against the declared direction, never "
+                   "supported)" if failed else ""))
+    if tested:
+        return f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}"
+    return ("- none: no effect outside a pipeline-check tier has two seeds with a spread, so none "
+            "could be tested")
 
 
 def _stats(row: dict, effect: str, interval: str) -> str:
