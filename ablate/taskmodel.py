@@ -19,8 +19,10 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 from ablate.arms import attention
+from ablate.data.valuejunk import JunkPlan, ValueJunkTask, fixed_directions, junk_plan
 from ablate.model import GPT, CausalSelfAttention, GPTConfig
 
 
@@ -48,8 +50,77 @@ class StrictCausalAttention(CausalSelfAttention):
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), rec
 
 
+class ValueJunkAttention(StrictCausalAttention):
+    """Strictly-earlier attention whose junk reads (the batch's `JunkPlan`, set by `ValueJunkGPT`) are replaced,
+    after the value projection and before any gate sees them, by the decoy's read plus the marker ε·median·u.
+    Queries and keys are computed from the real tokens: routing never sees the junk."""
+
+    def __init__(self, config: GPTConfig, layer: int, dose: float):
+        super().__init__(config, layer)
+        self.dose = dose
+        self.plan: JunkPlan | None = None  # this forward's junk
+        self.decoy_x: torch.Tensor | None = None  # (B, T, C) the decoys' pre-normed hidden states
+        self.directions: torch.Tensor | None = None  # (Hkv, d) junk "direction"'s fixed markers
+
+    def projected(self, x, cos, sin):
+        q, k, v = super().projected(x, cos, sin)
+        if self.plan is None:
+            raise ValueError("the value-junk attention needs its batch's junk plan (ValueJunkGPT.forward sets it)")
+        B, T = x.shape[:2]
+        pad = T - self.plan.mask.shape[1]  # a prepended sink token is never junk
+        mask = F.pad(self.plan.mask, (pad, 0))
+        rows = self.c_attn.weight[(self.n_head + self.n_kv_head) * self.head_dim:]  # W_v
+        decoy = F.linear(F.pad(self.decoy_x, (0, 0, pad, 0)), rows).view(B, T, self.n_kv_head, self.head_dim)
+        if self.plan.directions is not None:  # junk "norm": a random unit direction per read and head
+            directions = F.pad(self.plan.directions, (0, 0, 0, 0, pad, 0)).transpose(1, 2)  # (B, Hkv, T, d)
+        else:
+            directions = self.directions.view(1, self.n_kv_head, 1, self.head_dim)
+        median = v.detach().norm(dim=-1).transpose(0, 1).reshape(self.n_kv_head, -1).median(dim=1).values
+        marker = self.dose * median.view(1, -1, 1, 1) * directions.to(v.dtype)
+        junk = mask[:, None, :, None]
+        if hasattr(self.arm, "junk_mask"):  # the testbed's oracle gate reads the same mask (`ablate.arms.testbed`)
+            self.arm.junk_mask = mask
+        return q, k, torch.where(junk, decoy.transpose(1, 2) + marker, v)
+
+
+class ValueJunkGPT(GPT):
+    """The one-layer, strictly-earlier GPT of the value-junk task (`ablate.data.valuejunk`): each forward draws
+    the batch's junk plan from its tokens and hands it to the attention layer. Its parameters are the GPT's, so
+    its saved weights load as the strict-causal model (without the task's junk, which is the data's, not the
+    weights')."""
+
+    def __init__(self, config: GPTConfig, task):
+        if config.n_layer != 1:  # a decoy's read is defined at the first layer only (its token's embedding)
+            raise ValueError(f"the value-junk task model has one attention layer, not n_layer={config.n_layer}")
+        super().__init__(config)
+        self.task = task
+        self.blocks[0].attn = ValueJunkAttention(config, 0, task.dose)
+        self.init_weights(0)
+
+    def init_weights(self, seed: int) -> None:
+        """As the GPT's, and junk "direction"'s fixed markers from the run seed (the same for every arm)."""
+        super().init_weights(seed)
+        attn = self.blocks[0].attn
+        if isinstance(attn, ValueJunkAttention):
+            attn.directions = fixed_directions(seed, attn.n_kv_head, attn.head_dim).to(self.wte.weight.device)
+
+    def forward(self, idx, targets=None, **kwargs):
+        attn = self.blocks[0].attn
+        attn.plan = junk_plan(self.task, idx, attn.n_kv_head, attn.head_dim)
+        attn.decoy_x = self.blocks[0].ln_1(self.wte(attn.plan.decoys))
+        try:
+            return super().forward(idx, targets, **kwargs)
+        finally:
+            attn.plan = attn.decoy_x = None
+
+
 def task_model(config: GPTConfig, task) -> GPT:
-    """The GPT of `config` for `task`: with strictly-earlier attention when the task asks for it."""
+    """The GPT of `config` for `task`: with strictly-earlier attention when the task asks for it, and the value
+    junk of the value-junk task."""
+    if isinstance(task, ValueJunkTask):
+        with warnings.catch_warnings():  # an attention-only model (mlp_ratio 0) has MLP matrices of no elements
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
+            return ValueJunkGPT(config, task)
     return built_model(config, strict_causal=getattr(task, "strict_causal", False))
 
 

@@ -32,6 +32,7 @@ from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
+from ablate.data.valuejunk import ValueJunkTask, value_junk_signature
 from ablate.identity import config_fingerprint
 from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
 from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters
@@ -76,7 +77,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
         except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
             log.warning("%s: %s", folder, err)
             return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
-        signature = (filter_signature if isinstance(task, FilterTask) else answer_signature)(model, task, validation)
+        signature = _signature_of(task)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
         torch.set_num_threads(threads)
@@ -224,7 +225,14 @@ def _write_signature_eval(folder: Path, task: SyntheticTask, summary: dict) -> N
 
 
 def task_name(task) -> str:
-    return "filter" if isinstance(task, FilterTask) else "abstain"
+    return "filter" if isinstance(task, (FilterTask, ValueJunkTask)) else "abstain"
+
+
+def _signature_of(task):
+    """The task's signature: Filter's (both tasks), else Abstain's."""
+    if isinstance(task, ValueJunkTask):
+        return value_junk_signature
+    return filter_signature if isinstance(task, FilterTask) else answer_signature
 
 
 @torch.no_grad()

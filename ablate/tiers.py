@@ -162,6 +162,31 @@ TIERS["abstain-stream"] = replace(
     global_batch=STREAM_BATCH, tokens=STREAM_STEPS * STREAM_BATCH * TASKS["abstain-stream"]["window"], lr=2e-3,
     warmup_steps=50, vocab_size=1 + TASKS["abstain-stream"]["n_values"] * (1 + TASKS["abstain-stream"]["n_keys"]),
     task="abstain-stream", seeds=12)
+# value-junk, the testbed's Filter task with the junk in the value path only (`ablate.data.valuejunk`): a pair
+# twice, then its query; one copy's read replaced after the value projection by a decoy's plus a marker of ε × the
+# head's median read norm, a random direction per read (norm, ε = 2) or one fixed direction (direction, ε = 1); the
+# abstain-stream model (one layer, no MLP, strictly earlier reads). Dose, budget, batch and learning rate chosen on
+# the baseline alone (benchmarks/testbed_design.py; docs/method.md, "The mechanism testbed").
+VALUE_JUNK_SIZES = {"n_keys": 8, "n_values": 4}
+TASKS["value-junk-norm"] = {**VALUE_JUNK_SIZES, "junk": "norm", "dose": 2.0}
+TASKS["value-junk-direction"] = {**VALUE_JUNK_SIZES, "junk": "direction", "dose": 1.0}
+
+
+def value_junk_vocab_size(fields: dict) -> int:
+    """Values, query keys, pairs (as `ValueJunkTask.vocab_size`; a test holds them equal)."""
+    return fields["n_values"] + fields["n_keys"] * (1 + fields["n_values"])
+
+
+def value_junk_seq_len(fields: dict) -> int:
+    return 3  # the pair twice, then the query
+
+
+VALUE_JUNK_STEPS, VALUE_JUNK_BATCH = 600, 64
+for _name in ("value-junk-norm", "value-junk-direction"):
+    TIERS[_name] = replace(
+        TIERS["abstain-stream"], name=_name, seq_len=value_junk_seq_len(TASKS[_name]), global_batch=VALUE_JUNK_BATCH,
+        tokens=VALUE_JUNK_STEPS * VALUE_JUNK_BATCH * value_junk_seq_len(TASKS[_name]), lr=2e-3, warmup_steps=50,
+        vocab_size=value_junk_vocab_size(TASKS[_name]), task=_name, seeds=8)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)

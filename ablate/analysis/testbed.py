@@ -33,7 +33,7 @@ FILTER_CASES = ("junk reads", "clean reads")
 
 def _panels(tier: str) -> tuple[tuple, tuple[str, ...]]:
     """The tier's task's signature as ((title, (key per case, …)), …) and its case labels."""
-    if "mark" in TASKS.get(TIERS[tier].task, {}):
+    if {"mark", "junk"} & set(TASKS.get(TIERS[tier].task, {})):  # the first Filter task, or the value-junk one
         return FILTER_PANELS, FILTER_CASES
     return tuple((title, tuple(f"{key}_{case}" for case in CASES)) for key, title in SIGNATURE), (
         "key absent", "key present")

@@ -42,6 +42,7 @@ import torch
 from ablate.data.stream import StreamTask, stream_batch, stream_validation
 from ablate.data.synthetic import (IGNORE, VALIDATION_SEED_OFFSET, PairTokens, SyntheticTask, synthetic_batch,
                                    synthetic_validation)
+from ablate.data.valuejunk import ValueJunkTask, value_junk_batch, value_junk_validation
 
 MARKS = ("norm", "direction")
 
@@ -131,14 +132,17 @@ def filter_validation(task: FilterTask, batch_size: int, n_batches: int, seed: i
 
 def task_from_fields(fields: dict):
     """A task tier's task from its config.json fields (`ablate.tiers.TASKS`): Filter's carry a `mark`, the stream
-    task's a `window`."""
+    task's a `window`, the value-junk task's a `junk`."""
+    if "junk" in fields:
+        return ValueJunkTask(**fields)
     if "mark" in fields:
         return FilterTask(**fields)
     return StreamTask(**fields) if "window" in fields else SyntheticTask(**fields)
 
 
 _BATCHES = {FilterTask: (filter_batch, filter_validation), StreamTask: (stream_batch, stream_validation),
-            SyntheticTask: (synthetic_batch, synthetic_validation)}
+            SyntheticTask: (synthetic_batch, synthetic_validation),
+            ValueJunkTask: (value_junk_batch, value_junk_validation)}
 
 
 def task_batch(task, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
