@@ -16,25 +16,42 @@ thing the task removes. A design that cannot detect it cannot test an arm.
 
 The signature (phantom mass and the mass on the first key, at absent against present keys; the norm of the
 head's read) is eval.json's task `abstain`: `ablate table testbed --metric abstain/phantom_absent`.
+Task value-junk (`ablate.data.valuejunk`, tiers value-junk-norm and value-junk-direction): Filter with the junk in
+the value path only. A pair p(k, v) twice, then its query q(k); one copy, drawn from the batch and marked by no
+token, has its read replaced after the value projection by a decoy's read plus a marker of ε × the head's median
+read norm: a random direction per read (norm) or one fixed direction per run (direction). Routing cannot tell
+the copies apart, so a softmax head reads the decoy with the value; a value gate that closes the junk read does
+not. `control_junk_oracle` is the positive control: oracle-gate (`ablate.arms.testbed`) zeroes the junk reads by
+the task's own mask. Declared on the baseline alone, as the Abstain half was (docs/method.md, with the date and
+the declaring commit); the signature (gate on junk and clean reads, junk's weight) is eval.json's task `filter`:
+`ablate table testbed --metric filter/gate_junk`.
 The first testbed's tasks (Abstain with BOS, Filter) and their declarations: experiments/testbed_v1.py.
 Your own arm: `ablate testbed --arm my-arm --arm-file my_arms.py` (the file that registers it, loaded as an
 experiment file is), or an experiment file of your own (docs/testbed.md).
 """
 
+import ablate.arms.testbed  # noqa: F401 (registers oracle-gate, the value-junk task's positive control)
 from ablate.experiment import Comparison, Experiment
 
 STREAM = ("abstain-stream",)
+VALUE_JUNK = ("value-junk-norm", "value-junk-direction")
+DIRECTION = ("value-junk-direction",)
+JUNK_ARMS = ("baseline", "oracle-gate", "norm-gate", "proj-gate")
 
 EXPERIMENT = Experiment(
     name="testbed",
-    description="does an arm abstain where every read is content: the abstain-stream task, a positive control and "
-                "two phantom-key arms (CPU)",
-    tiers=STREAM,
-    arms=("baseline", "sink-token", "sink-logit", "off-by-one"),
-    seeds=12,
+    description="does an arm abstain where every read is content, does a gate filter junk routing cannot see: the "
+                "abstain-stream and value-junk tasks, each with a positive control (CPU)",
+    tiers=STREAM + VALUE_JUNK,
+    arms={"abstain-stream": ("baseline", "sink-token", "sink-logit", "off-by-one"),
+          "value-junk-norm": JUNK_ARMS, "value-junk-direction": JUNK_ARMS},
+    seeds={"abstain-stream": 12, "value-junk-norm": 8, "value-junk-direction": 8},
     hypotheses=(
         Comparison("control_park_position", "baseline", "sink-token", tiers=STREAM),
         Comparison("stream_sink_logit", "baseline", "sink-logit", tiers=STREAM),
         Comparison("stream_off_by_one", "baseline", "off-by-one", tiers=STREAM),
+        Comparison("control_junk_oracle", "baseline", "oracle-gate", tiers=VALUE_JUNK),
+        Comparison("junk_direction_proj_gate", "baseline", "proj-gate", tiers=DIRECTION),
+        Comparison("junk_direction_proj_over_norm", "norm-gate", "proj-gate", tiers=DIRECTION),
     ),
 )
