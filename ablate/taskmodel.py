@@ -76,7 +76,7 @@ class ValueJunkAttention(StrictCausalAttention):
         else:
             directions = self.directions.view(1, self.n_kv_head, 1, self.head_dim)
         median = v.detach().norm(dim=-1).transpose(0, 1).reshape(self.n_kv_head, -1).median(dim=1).values
-        marker = self.dose * median.view(1, -1, 1, 1) * directions.to(v.dtype)
+        marker = self.dose * median.view(1, -1, 1, 1) * directions.to(device=v.device, dtype=v.dtype)
         junk = mask[:, None, :, None]
         if hasattr(self.arm, "junk_mask"):  # the testbed's oracle gate reads the same mask (`ablate.arms.testbed`)
             self.arm.junk_mask = mask

@@ -4,6 +4,7 @@
                                         [--set global_batch=256 ...]
 
 Trains the baseline of a task tier (`synthetic`, Abstain, by default; `filter-norm`, `filter-direction`: Filter;
+`abstain-stream`; `value-junk-norm`, `value-junk-direction`: Filter with the junk in the value path only;
 its config as `ablate submit` resolves it, with `--set` tier or task fields replaced: the design being tried)
 for each seed, one subprocess per kernel set (`ATEN_CPU_CAPABILITY`; native:
 unset, the machine's own), and prints per seed the first checked step at which its answer accuracy on the fixed
@@ -117,7 +118,8 @@ def _parse_set(text: str) -> tuple[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tier", default="synthetic", help="a task tier: synthetic, filter-norm, filter-direction")
+    parser.add_argument("--tier", default="synthetic", help="a task tier: synthetic, filter-norm, filter-direction, "
+                        "abstain-stream, value-junk-norm, value-junk-direction")
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--kernels", nargs="+", default=["avx2", "native"], help="ATEN_CPU_CAPABILITY values")

@@ -219,3 +219,31 @@ def test_the_testbed_figure_shows_the_loss_per_seed_and_the_gate_on_junk_against
     gate = next(ax for ax in axes if ax.get_title() == "value gate on the read")
     assert [t.get_text() for t in gate.get_xticklabels()] == ["junk reads", "clean reads"]
     assert "gate_junk" in testbed.testbed_markdown("value-junk-norm", by_arm)
+
+
+def test_a_sink_token_is_never_junk_and_the_junk_moves_with_the_tokens():
+    """A sequence arm's prepended token shifts the positions by one: the junk read is the same copy, one later."""
+    task, model = _model("value-junk-norm", "sink-token")
+    inputs = value_junk_batch(task, 32, seed=4)[0]
+    record = model(inputs, record=True).records[0]
+    mask = junk_plan(task, inputs, 2, 32).mask
+    _, _, v = _projected(model, inputs)
+    with torch.no_grad():
+        x = model.blocks[0].ln_1(torch.cat([model.sink_token.expand(32, 1, -1), model.wte(inputs)], 1))
+        cos, sin = model.rope(0, 4, x.dtype)
+        clean = StrictCausalAttention.projected(model.blocks[0].attn, x, cos, sin)[2]
+    differs = (v != clean).any(-1).all(1)  # (B, 1 + T)
+    assert not bool(differs[:, 0].any()) and torch.equal(differs[:, 1:], mask)
+    assert record.weights.shape[-2:] == (3, 3)
+
+
+def test_saved_weights_of_a_value_junk_run_load_as_the_strict_causal_model(tmp_path):
+    """The junk is the task's, not the weights': a run's saved weights load as the plain strict-causal GPT with the
+    same parameters (what probes of a run see is its model without the task's junk)."""
+    from ablate.modelio import load_model, save_model
+
+    task, model = _model("value-junk-direction", "proj-gate")
+    save_model(model.float(), tmp_path / "w.pt")
+    loaded = load_model(tmp_path / "w.pt")
+    assert type(loaded) is GPT and isinstance(loaded.blocks[0].attn, StrictCausalAttention)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))

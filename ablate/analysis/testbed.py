@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ablate.analysis.plots import _save, arm_colours, figure
+from ablate.analysis.plots import _save, arm_styles, figure
 from ablate.store import SUMMARY, read_json
 from ablate.tiers import TASKS, TIERS
 
@@ -84,7 +84,9 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
 def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
     """The declared quantity (the loss at the budget), then one panel per signature quantity; per arm its seeds
     as dots (at absent and present keys, or at junk and clean reads)."""
-    colours = arm_colours(list(by_arm))
+    # Colour and marker: a custom arm (oracle-gate) may share a built-in arm's colour, never both
+    styles = {arm: {"color": style["color"], "marker": "o" if arm == "baseline" else style["marker"]}
+              for arm, style in arm_styles(list(by_arm)).items()}
     panels, labels = _panels(tier)
     fig = figure(figsize=(4 * (len(panels) + 1), 4))
     axes = fig.subplots(1, len(panels) + 1)
@@ -92,7 +94,7 @@ def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
     declared = axes[0]
     for k, (arm, summaries) in enumerate(by_arm.items()):
         losses = [s["val_loss"] for s in summaries if s.get("val_loss") is not None]
-        declared.scatter([k] * len(losses), losses, s=14, color=colours[arm])
+        declared.scatter([k] * len(losses), losses, s=14, **styles[arm])
     declared.set_xticks(range(len(by_arm)), labels=list(by_arm), rotation=30, fontsize=8)
     declared.set_title("declared quantity: val_loss at the budget", fontsize=10)
     declared.grid(axis="y", alpha=0.3)
@@ -102,7 +104,7 @@ def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
             for i, key in enumerate(per_case):
                 x = i + (k - (len(by_arm) - 1) / 2) * width
                 values = [v for v in (s["signature"].get(key) for s in summaries) if key and v is not None]
-                ax.scatter([x] * len(values), values, s=14, color=colours[arm], label=arm if i == 0 else None)
+                ax.scatter([x] * len(values), values, s=14, **styles[arm], label=arm if i == 0 else None)
         shown = [label for label, key in zip(labels, per_case) if key is not None]
         ax.set_xticks(range(len(shown)), labels=shown)
         ax.set_title(title, fontsize=10)
