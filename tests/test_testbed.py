@@ -78,13 +78,14 @@ def decisions(folder: Path, tiers=("abstain-stream",)) -> dict[str, str]:
     return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True) if row["tier"] in tiers}
 
 
-SUBSET = {"abstain-stream": ("baseline", "sink-token", "sink-logit")}
+SUBSET = {"abstain-stream": ("baseline", "sink-token", "sink-logit"),
+          "value-junk-direction": ("baseline", "oracle-gate", "proj-gate")}
 
 
 def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
     """A subset of the testbed at the default budget under one kernel set (None: the machine's own): the demo's
-    arms, the positive control's and the headline prediction's, every seed. Returns the kernel set every run
-    recorded and the declared decisions."""
+    arms, the positive control's and the headline prediction's, every seed; and value-junk-direction's control and
+    proj-gate. Returns the kernel set every run recorded and the declared decisions at those tiers."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability.lower()
@@ -94,18 +95,19 @@ def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[st
                        env=env, check=True, capture_output=True)
     folder = results / "testbed"
     summaries = [json.loads(p.read_text()) for p in folder.glob("*/*/seed*/summary.json")]
-    seeds = load_experiment(TESTBED).seed_count("abstain-stream")
-    assert len(summaries) == 3 * seeds and all(s["status"] == "completed" for s in summaries)
+    testbed = load_experiment(TESTBED)
+    assert len(summaries) == sum(len(arms) * testbed.seed_count(tier) for tier, arms in SUBSET.items())
+    assert all(s["status"] == "completed" for s in summaries)
     kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
     assert len(kernels) == 1 and (capability is None or kernels == {capability})
-    return kernels.pop(), decisions(folder)
+    return kernels.pop(), decisions(folder, tiers=tuple(SUBSET))
 
 
 @pytest.mark.slow
 def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path):
     """The declared decisions are the same under the machine's own kernels and AVX2; where the machine's own are
     AVX2 (no AVX-512), under AVX2 and the scalar DEFAULT set, so two kernel sets are always compared. The kernel
-    set is what each run recorded. The demo's subset (the control and the headline prediction);
+    set is what each run recorded. The demo's subset (the control and the headline prediction) and value-junk's;
     `benchmarks/testbed_kernels.py` compares every prediction over the whole grid. (Whether every seed learned is
     reported by the report's testbed section, not asserted here; see docs/method.md.)"""
     native, native_decisions = decisions_under(None, tmp_path / "native")
@@ -114,8 +116,9 @@ def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path)
     assert kernels != native, f"both runs used the same kernel set: {native}"
     assert native_decisions == other_decisions
     ran = {name for name, decision in native_decisions.items() if decision != "not run"}
-    assert ran == {"control_park_position", "stream_sink_logit"}
-    assert {name for name in native_decisions if name not in ran} == {"stream_off_by_one"}  # counts in m, "not run"
+    assert ran == {"control_park_position", "stream_sink_logit", "control_junk_oracle", "junk_direction_proj_gate"}
+    not_run = {name for name in native_decisions if name not in ran}  # each counts in m, "not run"
+    assert not_run == {"stream_off_by_one", "junk_direction_proj_over_norm"}
 
 
 def test_the_testbed_page_s_own_arm_recipe_runs_as_written(tmp_path, capsys):
