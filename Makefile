@@ -49,7 +49,7 @@ demo: $(BASE)
 	$(BIN)/ablate submit demo --executor local
 	$(BIN)/ablate report demo
 	$(BIN)/ablate table demo --kind paired
-	$(BIN)/ablate submit testbed --arms baseline sink-logit --seeds 0 1 2 3 4 5 --executor local
+	$(BIN)/ablate submit testbed --tier abstain-stream --arms baseline sink-logit --seeds 0 1 2 3 4 5 --executor local
 	$(BIN)/ablate report testbed
 	$(BIN)/ablate table testbed --kind declared
 
