@@ -9,7 +9,6 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import ablate.arms.testbed  # noqa: F401 (registers oracle-gate, as experiments/testbed.py does)
 from ablate.data.filter import task_batch, task_from_fields
 from ablate.data.stream import StreamTask, stream_batch
 from ablate.data.synthetic import IGNORE
@@ -74,6 +73,8 @@ def test_the_tiers_are_the_task_s_one_layer_attention_only_model():
 
 
 def _model(tier: str, arm: str, seed: int = 5):
+    import ablate.arms.testbed  # noqa: F401 (registers oracle-gate, as experiments/testbed.py does; not at collection)
+
     task = task_from_fields(TASKS[tier])
     model = task_model(model_config(TIERS[tier], arm), task).double()
     model.init_weights(seed)
