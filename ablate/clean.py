@@ -2,7 +2,7 @@
 
 Why a command and not `rm`: what is safe to delete depends on each run's state. The resume state
 (`checkpoints/state.pt`, the largest file of a run) is only dead weight once the run is finished
-(`ablate.store.finished`: diverged, or completed with its final loss) and its final weights
+(`RunSummary.done`: diverged, or completed with its final loss) and its final weights
 (`checkpoints/model.pt`) exist; a run that is still running may be writing any of its files. So:
 
 removed
@@ -40,8 +40,9 @@ from typing import Sequence
 
 from ablate.errors import AblateError
 from ablate.lock import FileLock, LockHeld, describe_holder, live_holder
-from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, SEED_DIR, STATE, SUMMARY, finished, iter_lr_run_dirs,
-                          iter_run_dirs, lr_factor_of, read_json_file, run_lock_path)
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, REPORT_DIR, STATE, Status, iter_lr_run_dirs,
+                          iter_run_dirs, run_lock_path, run_of)
+from ablate.store_summary import read_summary
 
 log = logging.getLogger(__name__)
 ASIDE_DIR = re.compile(r"(seed(?:0|[1-9][0-9]*))\.old-.+")  # what `ablate run --force` moves a run to
@@ -134,10 +135,10 @@ def run_items(folder: Path) -> tuple[list[Item], list[tuple[Path, str]]]:
     if len(where) == 2 and state.is_symlink():
         links.append((state, link_reason(state)))
     elif len(where) == 2 and state.is_file():
-        summary = read_json_file(folder / SUMMARY, f"fix or move aside {folder} (clean left it alone)")
-        if summary.get("status") == "diverged":
+        summary = read_summary(folder, f"fix or move aside {folder} (clean left it alone)")
+        if summary.status == Status.DIVERGED:
             items.append(Item(state, size_of(state), "resume state of a diverged run"))
-        elif finished(summary) and _plain_file(checkpoints / FINAL_WEIGHTS):
+        elif summary.done and _plain_file(checkpoints / FINAL_WEIGHTS):
             items.append(Item(state, size_of(state), "resume state of a completed run"))
     return items, links
 
@@ -212,10 +213,8 @@ class _Cleaner:
         """The selected run folders (the grid's, then those at an lr factor): what each can lose (`run_items`),
         its final weights kept and listed."""
         for folder in [*iter_run_dirs(self.root), *iter_lr_run_dirs(self.root)]:
-            seed = int(SEED_DIR.fullmatch(folder.name).group(1))
-            arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
-            if (not _selected(arm_dir.parent.name, arm_dir.name, seed, *self.selection)
-                    or self.behind_link(folder)):
+            run = run_of(folder)
+            if not _selected(run.tier, run.arm, run.seed, *self.selection) or self.behind_link(folder):
                 continue
             try:
                 self.act(folder, run_lock_path(folder), lambda folder=folder: run_items(folder))
@@ -231,9 +230,9 @@ class _Cleaner:
         grid, at_lr = self.root.glob("*/*/seed*.old-*"), self.root.glob("*/*/lr*/seed*.old-*")
         for folder in sorted(p for p in [*grid, *at_lr] if p.is_dir()):
             match = ASIDE_DIR.fullmatch(folder.name)
-            arm_dir = folder.parent.parent if lr_factor_of(folder) is not None else folder.parent
-            if (not match or arm_dir.name.startswith(".") or arm_dir.parent.name.startswith(".")
-                    or not _selected(arm_dir.parent.name, arm_dir.name, int(match.group(1)[4:]), *self.selection)):
+            run = run_of(folder.with_name(match.group(1))) if match else None  # the run it was kept aside from
+            if (run is None or run.arm.startswith(".") or run.tier.startswith(".")
+                    or not _selected(run.tier, run.arm, run.seed, *self.selection)):
                 continue
             if self.behind_link(folder):
                 continue

@@ -17,19 +17,21 @@ from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import IMPLIED, WATCH_KEYS
 from ablate.paths import default_data_dir
-from ablate.runconfig import RunConfig, device_defaults, settable_options, tier_options
+from ablate.runconfig import (RunConfig, chosen_options, device_defaults, settable_options, stored,
+                              tier_options)
 from ablate.sizing import model_config
 from ablate.tiers import TASK_CONFIG_KEY, TASKS, get_tier
 
 # ---------------------------------------------------------------------------------------------- config
-def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dict:
+def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> RunConfig:
     """The full, explicit configuration of a run (written to config.json and compared on reruns): the tier's
     values, then the spec's overrides, then the options; every option's name, range and default is a field
     of `RunConfig`. Device-dependent options stay None here ("the device's default"), filled in by the run
-    (`with_device_defaults`) before its config.json is written, so the file says what the run did."""
+    (`RunConfig.with_device_defaults`) before its config.json is written, so the file says what the run did.
+    Every reader takes its attributes: the dict (`to_dict`) is what config.json holds."""
     tier = get_tier(spec.tier)
     get_arm(spec.arm)
-    chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}  # options win
+    chosen = chosen_options(spec.overrides, options)
     model_overrides = dict(chosen.pop("model", {}))
     for key in chosen:
         if key not in valid_options():
@@ -49,7 +51,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> dic
         data_dir = str(Path(data_dir or run.data_dir or default_data_dir(tier.data_dir)).resolve())
     steps = run.steps if run.max_steps is None else min(int(run.max_steps), run.steps)
     return dataclasses.replace(run, steps=steps, max_steps=None, model=model, data_dir=data_dir,
-                               betas=list(run.betas), **{TASK_CONFIG_KEY: task}).to_dict()
+                               betas=list(run.betas), **{TASK_CONFIG_KEY: task})
 
 
 def valid_options() -> list[str]:
@@ -58,15 +60,18 @@ def valid_options() -> list[str]:
 
 
 def with_device_defaults(config: dict, cuda: bool) -> dict:
-    """The config with every device-dependent option that is unset (None, or absent from a config.json
-    written before the option existed, when the device chose it) set to the device's default."""
+    """A config.json's contents with every device-dependent option that is unset (None, or absent from a config.json
+    written before the option existed, when the device chose it) set to the device's default (a run's own
+    config: `RunConfig.with_device_defaults`)."""
     return {**config, **{k: v for k, v in device_defaults(cuda).items() if config.get(k) is None}}
 
 
-def semantic(config: dict) -> dict:
+def semantic(config: RunConfig | dict) -> dict:
     """What a resumed run must share with the run it continues: all but how it is watched. A key the older
     config.json lacks reads as unset, as the fingerprints read it (`ablate.identity`): an option added since,
-    left unset (None) or at the value runs had before it existed (`IMPLIED`), is no difference."""
+    left unset (None) or at the value runs had before it existed (`IMPLIED`), is no difference. Compared as
+    config.json holds it: a run's config is taken as its config.json would be written (`to_dict`)."""
+    config = stored(config)
     def unset(key, value) -> bool:
         return value is None or IMPLIED.get(key, object()) == value
 
@@ -76,11 +81,11 @@ def semantic(config: dict) -> dict:
     return kept
 
 
-def lr_at(step: int, config: dict) -> float:
+def lr_at(step: int, config: RunConfig) -> float:
     """Linear warm-up over `warmup_steps`, then cosine decay to min_lr_ratio × lr at the last step (steps − 1)."""
-    peak, warmup, total = config["lr"], config["warmup_steps"], config["steps"]
+    peak, warmup, total = config.lr, config.warmup_steps, config.steps
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - 1 - warmup))  # the last step (total − 1) is at the floor
-    floor = peak * config["min_lr_ratio"]
+    floor = peak * config.min_lr_ratio
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))

@@ -35,9 +35,10 @@ from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sequential import recorded_design
+from ablate.runconfig import chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
-from ablate.store import SUBMIT_LOCK, experiment_dir, record_ledger
+from ablate.store import SUBMIT_LOCK, Status, experiment_dir, record_ledger
 from ablate.tiers import get_gpu, get_tier
 from ablate.workers import RunJob, run_local
 
@@ -72,21 +73,21 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
     checked = set()
     for spec in specs:
         config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
-        key = (spec.tier, config["data_dir"])
-        if key in checked or config["data_dir"] is None:  # None: a task tier, its batches drawn from the task
+        key = (spec.tier, config.data_dir)
+        if key in checked or config.data_dir is None:  # None: a task tier, its batches drawn from the task
             continue
         checked.add(key)
         tier = get_tier(spec.tier)
         try:
-            manifest = read_manifest(config["data_dir"])
+            manifest = read_manifest(config.data_dir)
         except AblateError as err:
             raise AblateError(f"tier {spec.tier}: {err}; prepare it with `ablate data prepare` "
                               "(or give another folder with `data_dir` in the experiment's overrides)") from None
-        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config["model"]["vocab_size"]:
+        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config.model["vocab_size"]:
             raise AblateError(
-                f"tier {spec.tier}: data folder {config['data_dir']} holds {manifest.get('tokenizer')!r} tokens "
+                f"tier {spec.tier}: data folder {config.data_dir} holds {manifest.get('tokenizer')!r} tokens "
                 f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
-                f"(vocabulary {config['model']['vocab_size']})")
+                f"(vocabulary {config.model['vocab_size']})")
     return check_slurm() if executor == "slurm" else {}
 
 
@@ -192,7 +193,7 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
     states = {s.key: row["state"] for s, row in zip(specs, status(experiment, results, specs))}
     outcomes = {}
     if executor == "local":  # the grid has run: evaluate what completed
-        for spec in [s for s in specs if states[s.key] == "completed"]:
+        for spec in [s for s in specs if states[s.key] == Status.COMPLETED]:
             try:
                 job(spec)
                 outcomes[spec.key] = "evaluated"
@@ -202,7 +203,7 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
                       {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
         return outcomes
 
-    chosen = [s for s in specs if states[s.key] == "completed" or s.key in training_jobs]
+    chosen = [s for s in specs if states[s.key] == Status.COMPLETED or s.key in training_jobs]
 
     def after_training(tier_specs) -> dict:  # after the training array: runs that failed are refused by the evaluation
         after = sorted({training_jobs[s.key].split("_")[0] for s in tier_specs if s.key in training_jobs})
@@ -221,7 +222,7 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
 
 
 
-LEFT_ALONE = ("completed", "diverged", "damaged")  # never queued again (damaged: `ablate run --force` decides)
+LEFT_ALONE = (Status.COMPLETED, Status.DIVERGED, "damaged")  # never queued again (damaged: `run --force` decides)
 
 
 def _plan_submission(experiment, specs, results, resources) -> dict:
@@ -301,6 +302,6 @@ def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
     """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
     gives for the run's own options (the experiment's overrides, these options on top) and its arm, as `ablate plan`
     prints it."""
-    chosen = {**spec.overrides, **{k: v for k, v in options.items() if v is not None}}
-    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen,
+    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb,
+                                                      chosen_options(spec.overrides, options),
                                                       world_size=profile.get("processes_per_run") or 1, arm=spec.arm)}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ablate.runconfig import implied_values, keys_with
+from ablate.runconfig import RunConfig, implied_values, keys_with, stored
 
 # Each key's role is its field's metadata in `RunConfig`.
 IDENTITY_KEYS = keys_with("name")  # which run it is: experiment, arm
@@ -44,9 +44,10 @@ SEED_KEYS = keys_with("seed")  # differ between the seeds of one row, and only t
 IMPLIED = implied_values()  # the value of a key absent from a config, left out of the fingerprints
 
 
-def matching_config(config: dict) -> dict:
-    """The part of a resolved run configuration that two paired runs must share, flattened (`model.d_model`)."""
-    shared = {}
+def matching_config(config: RunConfig | dict) -> dict:
+    """The part of a resolved run configuration that two paired runs must share, flattened (`model.d_model`):
+    of what its config.json holds (`stored`), so that a run's config and an earlier run's file agree."""
+    config, shared = stored(config), {}
     for key, value in config.items():
         if key in IDENTITY_KEYS or key in WATCH_KEYS or key in EXECUTION_KEYS:
             continue
@@ -67,20 +68,21 @@ def _fingerprint(shared: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def config_fingerprint(config: dict) -> str:
+def config_fingerprint(config: RunConfig | dict) -> str:
     return _fingerprint(matching_config(config))
 
 
-def shared_config(config: dict) -> dict:
+def shared_config(config: RunConfig | dict) -> dict:
     """What every run of one tier shares, whatever its arm and seed: `matching_config` without SEED_KEYS."""
     return {k: v for k, v in matching_config(config).items() if k not in SEED_KEYS}
 
 
-def shared_fingerprint(config: dict) -> str:
+def shared_fingerprint(config: RunConfig | dict) -> str:
     return _fingerprint(shared_config(config))
 
 
-def config_differences(a: dict, b: dict, across_seeds: bool = False) -> list[tuple[str, object, object]]:
+def config_differences(a: RunConfig | dict, b: RunConfig | dict,
+                       across_seeds: bool = False) -> list[tuple[str, object, object]]:
     """(key, value in a, value in b) for every key of the matching config where the two runs differ
     (of the shared config with `across_seeds`: the seeds may differ then)."""
     view = shared_config if across_seeds else matching_config
@@ -99,7 +101,7 @@ def describe_differences(diffs: list[tuple[str, object, object]]) -> str:
     return ", ".join(f"{key}: {x!r} vs {y!r}" for key, x, y in diffs)
 
 
-def fingerprints_without(config: dict, keys: tuple[str, ...]) -> tuple[str, str]:
+def fingerprints_without(config: RunConfig | dict, keys: tuple[str, ...]) -> tuple[str, str]:
     """(config fingerprint, shared fingerprint) of a run with `keys` left out: what runs that may differ in
     exactly those keys (an LR sweep's, or a tuned table's runs each at its arm's best LR: `lr`) must share."""
     matching = {k: v for k, v in matching_config(config).items() if k not in keys}

@@ -25,7 +25,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 from ablate.errors import AblateError, writing
-from ablate.store import atomic_write_bytes, read_metrics
+from ablate.store import Status, atomic_write_bytes, read_metrics
 
 STATE_KEYS = {"model", "optimizer", "stream", "data_fingerprint"}  # what every checkpoint holds
 
@@ -79,7 +79,7 @@ class Diverged(Exception):
     def summary_fields(self) -> dict:
         """What a diverged run's summary says (a corpus run's and a task run's alike): status `diverged`, the step,
         no validation loss, the error; the tables show it as an outcome and `ablate status` never resubmits it."""
-        return {"status": "diverged", "diverged_step": self.step, "diverged_detected_at_step": self.detected_at,
+        return {"status": Status.DIVERGED, "diverged_step": self.step, "diverged_detected_at_step": self.detected_at,
                 "val_loss": None, "error": str(self)}
 
 

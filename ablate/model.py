@@ -378,3 +378,12 @@ def common_fingerprint(model: GPT) -> str:
     mine, other = shared_shapes(model.config), shared_shapes(wider)
     common = {n: s for n, s in mine.items() if other.get(n) == s}
     return fingerprint_parameters(model.shared_named_parameters(), like=common)
+
+
+def model_summary(model: GPT, init_fingerprint: str, init_common: str) -> dict:
+    """What a run's summary says of its model (`ablate.store_summary.started_summary`): the fingerprints of its
+    initial weights (all shared ones, and those a matched arm shares: `common_fingerprint`) and its counts."""
+    counts = model.param_counts()
+    return {"init_fingerprint": init_fingerprint, "init_fingerprint_common": init_common,
+            "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
+            "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width}

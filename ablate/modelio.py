@@ -20,13 +20,13 @@ import torch
 
 from ablate.data import validation_batches
 from ablate.data.filter import task_from_fields, task_validation
-from ablate.data.synthetic import SYNTHETIC_KEY
 from ablate.errors import AblateError
 from ablate.lock import FileLock
 from ablate.model import GPT, GPTConfig
 from ablate.taskmodel import built_model, is_strict_causal
-from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json, run_lock_path,
-                          verified_weights_sha256)
+from ablate.runconfig import RunConfig
+from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json_file, run_lock_path, run_of
+from ablate.store_summary import verified_weights_sha256
 
 
 def save_model(model: GPT, path: str | Path) -> None:
@@ -75,21 +75,26 @@ def load_trained_model(run_dir: str | Path) -> GPT:
     return load_model(path)
 
 
-def read_run_config(run_dir: str | Path) -> dict:
+def read_run_config(run_dir: str | Path) -> RunConfig:
+    """The run's config.json as its RunConfig; every option unset (None, or its default) for weights saved by hand
+    in a folder without one."""
     path = Path(run_dir) / CONFIG
     if not Path(run_dir).is_dir():
         raise AblateError(f"run folder {str(run_dir)!r} does not exist")
-    return read_json(path) if path.is_file() else {}
+    if not path.is_file():
+        return RunConfig()
+    return RunConfig.from_dict(read_json_file(path, f"put the run's {CONFIG} back, or rerun the run"))
 
 
-def run_identity(run_dir: str | Path, config: dict, arm: str) -> dict:
-    """{"tier", "arm", "seed"} from config.json, else from the folder names <tier>/<arm>/seed<k>."""
-    parts = Path(run_dir).resolve().parts
-    seed = config.get("seed")
-    if seed is None and parts and parts[-1].startswith("seed") and parts[-1][4:].isdigit():
-        seed = int(parts[-1][4:])
-    tier = config.get("tier", parts[-3] if len(parts) >= 3 else None)
-    return {"tier": tier, "arm": config.get("arm", arm), "seed": seed}
+def run_identity(run_dir: str | Path, config: RunConfig, arm: str) -> dict:
+    """{"tier", "arm", "seed"} from config.json, else from the folder's name (`run_of`), else what is known."""
+    try:
+        named = run_of(Path(run_dir).resolve())
+    except AblateError:  # weights saved by hand outside a results folder
+        named = None
+    seed = config.seed if config.seed is not None else (named.seed if named else None)
+    tier = config.tier if config.tier is not None else (named.tier if named else None)
+    return {"tier": tier, "arm": config.arm if config.arm is not None else arm, "seed": seed}
 
 
 def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,28 +107,28 @@ def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return batch[:, :-1], batch[:, 1:]
 
 
-def validation_batches_for_run(config: dict, n_batches: int, batch_size: int) -> list:
+def validation_batches_for_run(config: RunConfig, n_batches: int, batch_size: int) -> list:
     """The run's fixed validation batches: the synthetic task's, or the corpus shards' (ablate.data)."""
     if n_batches < 1 or batch_size < 1:
         raise AblateError(f"--batches and --batch-size must be ≥ 1, got {n_batches} and {batch_size}")
-    if SYNTHETIC_KEY in config:
-        return task_validation(task_from_fields(config[SYNTHETIC_KEY]), batch_size, n_batches)
-    missing = [key for key in ("data_dir", "seq_len") if key not in config]
+    if config.synthetic_task is not None:
+        return task_validation(task_from_fields(config.synthetic_task), batch_size, n_batches)
+    missing = [key for key, value in (("data_dir", config.data_dir), ("seq_len", config.seq_len)) if value is None]
     if missing:
         raise AblateError(f"config.json of the run lacks {', '.join(missing)}: cannot find its validation tokens")
-    batches = validation_batches(config["data_dir"], int(config["seq_len"]), batch_size, n_batches)
+    batches = validation_batches(config.data_dir, int(config.seq_len), batch_size, n_batches)
     full = [batch for batch in batches if batch.shape[0] == batch_size]
     return full or batches  # a short last batch would weigh unevenly (and structural junk needs two sequences)
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):
-    """(model in eval mode on `device`, config dict, identity dict) of a trained run. Weights of another model
+    """(model in eval mode on `device`, its RunConfig, identity dict) of a trained run. Weights of another model
     than the run's config.json names (a model.pt copied in from elsewhere) are refused."""
     config = read_run_config(run_dir)
     model = load_trained_model(run_dir).to(device)
     saved = json.loads(json.dumps(dataclasses.asdict(model.config)))
-    if isinstance(config.get("model"), dict) and config["model"] != saved:
-        differ = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
+    if isinstance(config.model, dict) and config.model != saved:
+        differ = sorted(k for k in set(saved) | set(config.model) if saved.get(k) != config.model.get(k))
         raise AblateError(f"{Path(run_dir) / CHECKPOINTS / FINAL_WEIGHTS} holds another model than the run's "
                           f"{CONFIG} (they differ in: {', '.join(differ)}): not this run's weights")
     return model, config, run_identity(run_dir, config, model.config.arm)

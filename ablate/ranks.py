@@ -17,20 +17,21 @@ import torch
 from ablate.config import semantic, with_device_defaults
 from ablate.errors import AblateError
 from ablate.lock import claimed_rank, held_by_step_sibling
-from ablate.store import CONFIG, SUMMARY, finished, read_json_file, run_lock_path
+from ablate.runconfig import RunConfig
+from ablate.store import CONFIG, SUMMARY, read_json, read_json_file, run_lock_path
+from ablate.store_summary import read_summary
 
 RANK0_WAIT_S = 600.0  # how long a SLURM task of rank > 0 waits for rank 0 to take the run
 
 
-def await_step_rank0(folder: Path, config: dict) -> dict | None:
+def await_step_rank0(folder: Path, config: RunConfig) -> dict | None:
     """A task of rank > 0 of a data-parallel SLURM run (srun starts all k side by side): wait until rank 0
     of this job step holds the run and has written its config (None: join it), or the run is finished
     (its summary: nothing to do, as rank 0 found too). Refused after RANK0_WAIT_S."""
     lock, deadline, problem = run_lock_path(folder), time.monotonic() + RANK0_WAIT_S, None
     while time.monotonic() < deadline:
-        summary = read_json_file(folder / SUMMARY, "rerun it with --force") if (folder / SUMMARY).is_file() else {}
-        if finished(summary):
-            return summary
+        if read_summary(folder, "rerun it with --force").done:
+            return read_json(folder / SUMMARY)
         if held_by_step_sibling(lock):
             try:
                 check_child_run_dir(folder, config)
@@ -43,13 +44,13 @@ def await_step_rank0(folder: Path, config: dict) -> dict | None:
                       f"for its rank 0 to start run {folder}" + (f" ({problem})" if problem else ""))
 
 
-def check_child_run_dir(folder: Path, config: dict) -> None:
+def check_child_run_dir(folder: Path, config: RunConfig) -> None:
     """The guards of `prepare_run_dir` for a data-parallel child, which holds no lock and changes nothing: its
     parent wrote config.json before starting it, and the run is not finished. A child that finds otherwise
     is refused, so that no process, child or not, trains a finished run or one of other settings."""
-    if int(config["devices"]) < 2:
+    if config.devices < 2:
         raise AblateError(f"this process claims to be a data-parallel child of run {folder}, but the run has "
-                          f"devices {config['devices']}: only a run with devices >= 2 has children")
+                          f"devices {config.devices}: only a run with devices >= 2 has children")
     way_out = "a data-parallel child trains only the run its parent started"
     if not (folder / CONFIG).is_file():
         raise AblateError(f"{folder} has no {CONFIG}: {way_out}")
@@ -58,9 +59,9 @@ def check_child_run_dir(folder: Path, config: dict) -> None:
     if previous != current:
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         raise AblateError(f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); {way_out}")
-    summary = read_json_file(folder / SUMMARY, way_out) if (folder / SUMMARY).exists() else {}
-    if finished(summary):
-        raise AblateError(f"{folder} is already {summary.get('status')}: {way_out}, never a finished one")
+    summary = read_summary(folder, way_out)
+    if summary.done:
+        raise AblateError(f"{folder} is already {summary.status}: {way_out}, never a finished one")
 
 
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")  # set by Lightning's launch

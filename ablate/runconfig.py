@@ -77,6 +77,14 @@ class RunConfig:
     selection_tokens: int | None = option(positive=True, optional=True)  # an LR sweep's runs only
     synthetic_task: dict | None = option(settable=False, optional=True)  # a task tier's runs: its task's fields
 
+    def tokens(self, steps: int) -> int:
+        """The training tokens of `steps` steps: every step trains global_batch sequences of seq_len tokens."""
+        return steps * self.global_batch * self.seq_len
+
+    def with_device_defaults(self, cuda: bool) -> RunConfig:
+        """The config with every device-dependent option left unset (None) set to the device's default."""
+        return dataclasses.replace(self, **{k: v for k, v in device_defaults(cuda).items() if getattr(self, k) is None})
+
     def to_dict(self) -> dict:
         """config.json: the stored fields in order, without the optional ones left unset."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stored"]
@@ -105,6 +113,20 @@ class RunConfig:
             valid = f.metadata["choices"]
             if valid and value not in valid:
                 raise AblateError(f"run option {f.name!r} must be one of {', '.join(valid)}, not {value!r}")
+
+
+def stored(config: RunConfig | dict) -> dict:
+    """What config.json holds of a run: its config's `to_dict()`, or a config.json already read. The fingerprints
+    and the comparison of a rerun with its folder read this, so that a run's config and the file of an earlier
+    run are compared as the same thing."""
+    return config.to_dict() if isinstance(config, RunConfig) else config
+
+
+def chosen_options(overrides, options) -> dict:
+    """What a run's overrides (an experiment's) and options (the command's) set, the options winning: an option
+    left None is not given, so the override stands. The one place the two are merged (the run's config, the
+    micro-batch `ablate submit` sizes for a GPU)."""
+    return {**overrides, **{key: value for key, value in options.items() if value is not None}}
 
 
 def option_fields() -> tuple[dataclasses.Field, ...]:

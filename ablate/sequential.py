@@ -21,7 +21,8 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.boundaries import sequential_design
 from ablate.power import FAMILIES
-from ablate.store import LEDGER, SUMMARY, finished, iter_run_dirs, read_json_file, read_ledger
+from ablate.store import LEDGER, iter_run_dirs, read_ledger, run_of
+from ablate.store_summary import read_summary
 
 SEQUENTIAL = "sequential-design"  # the kind of the ledger submission that records `submit --sequential`'s design
 FIELDS = ("design", "comparisons", "family", "looks", "max_seeds", "alpha")
@@ -191,10 +192,9 @@ def _refuse_pilot(folder: Path, design: SequentialDesign, tiers) -> None:
     arms = {arm for _, a, b in design.comparisons for arm in (a, b)}
     seen = []
     for run in iter_run_dirs(folder) if folder.is_dir() else ():
-        tier, arm = run.parent.parent.name, run.parent.name
-        if tier in tiers and arm in arms:
-            summary = read_json_file(run / SUMMARY, "move that run folder out of the experiment folder")
-            if finished(summary):
+        name = run_of(run)
+        if name.tier in tiers and name.arm in arms:
+            if read_summary(run, "move that run folder out of the experiment folder").done:
                 seen.append(run.relative_to(folder).as_posix())
     if seen:
         raise AblateError(

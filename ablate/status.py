@@ -31,16 +31,17 @@ from ablate.store import (
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    Status,
     config_disagreement,
     check_results_folder,
     experiment_dir,
-    finished,
     iter_run_dirs,
-    read_json_file,
     read_ledger,
     read_metrics,
     run_lock_path,
+    run_of,
 )
+from ablate.store_summary import RunSummary, read_summary
 
 ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still holds the run
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
@@ -212,16 +213,17 @@ def read_text(path) -> str | None:
         return None
 
 
-def progress_of(metrics: list[dict], summary: dict, running_since: float | None, written_at: float | None) -> dict:
+def progress_of(metrics: list[dict], summary: RunSummary, running_since: float | None,
+                written_at: float | None) -> dict:
     """steps, total, elapsed (training time so far, over every attempt, counted once) and, for a running
     run, an ETA from the step rate of this attempt (rows of earlier attempts are minutes or days apart).
 
     The summary's `wall_seconds` is the training time up to when it was written (the attempt's start or
     its last checkpoint); a running run adds the time since then, a stopped one adds nothing.
     """
-    steps = max([r.get("step", 0) for r in metrics if isinstance(r.get("step"), int)] or [summary.get("steps") or 0])
-    total = summary.get("total_steps")
-    elapsed, eta = summary.get("wall_seconds"), None
+    steps = max([r.get("step", 0) for r in metrics if isinstance(r.get("step"), int)] or [summary.steps or 0])
+    total = summary.total_steps
+    elapsed, eta = summary.wall_seconds, None
     if running_since is not None:
         now = time.time()
         if isinstance(elapsed, (int, float)):
@@ -244,16 +246,16 @@ def holder_since(holder: dict | None) -> float | None:
         return time.time()
 
 
-def damage(summary: dict, steps: int, has_metrics: bool) -> str | None:
+def damage(summary: RunSummary, steps: int, has_metrics: bool) -> str | None:
     """Why a run folder contradicts itself (its records cannot be trusted, nor resumed over), or None."""
-    status, total, loss = summary.get("status"), summary.get("total_steps"), summary.get("val_loss")
-    if not summary:
+    status, total, loss = summary.status, summary.total_steps, summary.val_loss
+    if summary.empty:
         return "metrics.jsonl without a summary.json" if has_metrics else None
     if status not in STATUSES:
         return f"summary.json has status {status!r} (valid: {', '.join(STATUSES)})"
     if isinstance(total, int) and steps > total:
         return f"step {steps} is past the run's total of {total} steps"
-    if status == "completed" and isinstance(loss, float) and not math.isfinite(loss):
+    if status == Status.COMPLETED and isinstance(loss, float) and not math.isfinite(loss):
         return f"summary.json says completed with val_loss {loss}"
     return None
 
@@ -268,19 +270,19 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     folder = spec.folder(results)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
     summary_path = folder / SUMMARY
-    summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
+    summary = read_summary(folder, way_out)
     entry = ledger["runs"].get(spec.key)
     metrics = read_metrics(folder / METRICS)
     holder = live_holder(run_lock_path(folder))
     since = holder_since(holder)
-    progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if summary else None)
+    progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if not summary.empty else None)
     val_rows = [r for r in metrics if "val_loss" in r]
     row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
            **({"lr_factor": spec.lr_factor} if spec.lr_factor is not None else {}),
            "job_id": entry.get("job_id") if entry else None, **progress,
-           "val_loss": summary.get("val_loss") if summary.get("status") == "completed" else (
+           "val_loss": summary.val_loss if summary.status == Status.COMPLETED else (
                val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
-           "val_loss_final": summary.get("status") == "completed"}  # else: the last mid-run evaluation
+           "val_loss_final": summary.status == Status.COMPLETED}  # else: the last mid-run evaluation
     row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
                                                        damage(summary, progress["steps"], bool(metrics))
                                                        or config_disagreement(folder, summary), way_out)
@@ -291,32 +293,32 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
 
 def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tuple[str, str | None, bool]:
     """(state, reason, still held) from the run folder, its lock, the ledger entry and SLURM."""
-    status = summary.get("status")
+    status = summary.status
     if damaged:
         return "damaged", f"{damaged}; submit leaves it alone: {way_out}", False
-    if finished(summary):
-        return status, error_line(summary.get("error")) if status == "diverged" else None, False
+    if summary.done:
+        return status, error_line(summary.error) if status == Status.DIVERGED else None, False
     if holder is not None:
         return "running", None, True
     if entry and entry.get("executor") == "slurm":
         job, reason = slurm_job_state(entry, slurm)
         if job in ACTIVE:  # SLURM holds it; running needs the run's own live lock too (else it is starting)
-            return ("requeued" if summary or job == "requeued" else "queued"), None, True
+            return ("requeued" if not summary.empty or job == "requeued" else "queued"), None, True
         held = slurm.holds(entry["job_id"])
         if job in ("cancelled", "unknown"):
             return job, reason, held
         # finished or failed in SLURM's eyes, without a result in the run folder
-        return "failed", error_line(summary.get("error")) or reason or "the run stopped without finishing", held
+        return "failed", error_line(summary.error) or reason or "the run stopped without finishing", held
     if entry and entry.get("executor") == "local":
         if entry.get("interrupted"):
             return "cancelled", entry.get("error") or "interrupted; `ablate submit` resumes it", False
-        if entry.get("exit_code") not in (None, 0) or status == "failed":
-            why = error_line(summary.get("error")) or entry.get("error") or f"exit code {entry['exit_code']}"
+        if entry.get("exit_code") not in (None, 0) or status == Status.FAILED:
+            why = error_line(summary.error) or entry.get("error") or f"exit code {entry['exit_code']}"
             return "failed", why, False
         if entry.get("exit_code") is None and submit_holder and submit_holder.get("id") == entry.get("submission"):
             return "queued", None, True
-    if status in ("failed", "running", "completed"):  # completed without its final loss: it resumes
-        return "failed", error_line(summary.get("error")) or ("the run stopped without finishing (killed?); "
+    if status in (Status.FAILED, Status.RUNNING, Status.COMPLETED):  # completed without its final loss: resumes
+        return "failed", error_line(summary.error) or ("the run stopped without finishing (killed?); "
                                                               "submit again to resume it"), False
     return "not-submitted", None, False
 
@@ -344,9 +346,9 @@ def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> 
     `--experiment NAME` of it): every run folder with its config.json (written as a run starts), filtered."""
     specs = []
     for folder in iter_run_dirs(check_results_folder(results) / name, holding=CONFIG):
-        tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
-        if (not tiers or tier in tiers) and (not arms or arm in arms) and (seeds is None or seed in seeds):
-            specs.append(RunSpec(name, tier, arm, seed))
+        run = run_of(folder)
+        if (not tiers or run.tier in tiers) and (not arms or run.arm in arms) and (seeds is None or run.seed in seeds):
+            specs.append(RunSpec(name, run.tier, run.arm, run.seed))
     return specs
 
 

@@ -23,11 +23,12 @@ import datetime
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
 import threading
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,7 +50,18 @@ EVAL_FILE = "eval.json"  # `ablate eval`: downstream scores of the final weights
 EVAL_ITEMS_DIR = "eval_items"  # RUN_DIR/eval_items/<task>.jsonl: `ablate eval`'s per-item results
 REPORT_DIR = "report"  # RESULTS/<experiment>/report/: what `ablate report` writes
 SUBMIT_LOCK = ".submit.lock"  # in RESULTS/<experiment>/: one submit (and ledger writer) at a time
-STATUSES = ("completed", "diverged", "failed", "running")
+
+
+class Status(StrEnum):
+    """Where a run stands, as its summary.json says: written as the plain word (a `str`), compared as one."""
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+    RUNNING = "running"
+
+
+STATUSES = tuple(Status)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -121,6 +133,34 @@ def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, se
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
     check_name("tier", tier), check_name("arm", arm), lr_factor is None or check_name("lr factor", lr_folder(lr_factor))
     return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor)
+
+
+@dataclass(frozen=True)
+class RunName:
+    """Which run a run folder holds, as its path names it (`run_of`): what `run_dir` makes a folder of."""
+
+    experiment: str
+    tier: str
+    arm: str
+    seed: int
+    lr_factor: float | None = None
+
+    @property
+    def key(self) -> str:
+        return run_key(self.tier, self.arm, self.seed, self.lr_factor)
+
+
+def run_of(folder: str | os.PathLike) -> RunName:
+    """The inverse of `run_dir`: RESULTS/<experiment>/<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k>) → its
+    RunName. Every reader that needs a run's name from its folder asks here, so none parses paths by hand;
+    a folder not named as a run (seed0.old-…, a copy elsewhere) is refused in one line."""
+    path = Path(folder)
+    factor = lr_factor_of(path)
+    arm_dir = path.parent.parent if factor is not None else path.parent
+    found = SEED_DIR.fullmatch(path.name)
+    if not found or len(arm_dir.parts) < 3:
+        raise AblateError(f"{str(folder)!r} is not a run folder (RESULTS/<experiment>/<tier>/<arm>[/lr<f>]/seed<k>)")
+    return RunName(arm_dir.parent.parent.name, arm_dir.parent.name, arm_dir.name, int(found.group(1)), factor)
 
 
 LR_DIR = re.compile(r"lr([0-9][0-9.e+-]*)")
@@ -220,14 +260,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def completed(summary: dict) -> bool:
-    """Completed *with* its final loss: the one kind of run a table counts and `ablate eval` scores."""
-    loss = summary.get("val_loss")
-    return summary.get("status") == "completed" and isinstance(loss, (int, float)) and not isinstance(loss, bool) \
-        and math.isfinite(loss)
-
-
-def refuse_damaged_config(folder: str | os.PathLike, summary: dict) -> None:
+def refuse_damaged_config(folder: str | os.PathLike, summary) -> None:
     """The one refusal every reader of a run's settings gives when its config.json disagrees with the
     fingerprint it trained with (`config_disagreement`): the tables, the LR sweep and the tuned pairs."""
     damaged = config_disagreement(folder, summary)
@@ -236,7 +269,7 @@ def refuse_damaged_config(folder: str | os.PathLike, summary: dict) -> None:
                           "--force` keeps the damaged folder aside) or move the folder out of the experiment")
 
 
-def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
+def config_disagreement(folder: str | os.PathLike, summary) -> str | None:
     """Why a run's config.json is not the configuration it trained with, or None.
 
     summary.json's `config_fingerprint` is computed by training from the configuration it ran; config.json
@@ -246,7 +279,7 @@ def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
     the fingerprint existed, or without a config.json, cannot be checked here: the tables refuse it as
     unverified (`--allow-unverified` counts it, named in the footer).
     """
-    recorded = summary.get("config_fingerprint")
+    recorded = summary.config_fingerprint  # of a RunSummary (`ablate.store_summary.read_summary`)
     path = Path(folder) / CONFIG
     if recorded is None or not path.is_file():
         return None
@@ -261,12 +294,6 @@ def config_disagreement(folder: str | os.PathLike, summary: dict) -> str | None:
         return (f"its {CONFIG} is not the configuration it trained with (its fingerprint {found[:12]}… differs from "
                 f"summary.json's config_fingerprint {recorded[:12]}…: {CONFIG} was edited after the run?)")
     return None
-
-
-def finished(summary: dict) -> bool:
-    """A run is done when it diverged, or completed with its final loss (a run completed without one
-    resumes and evaluates)."""
-    return summary.get("status") == "diverged" or completed(summary)
 
 
 def is_run_dir(folder: str | os.PathLike) -> bool:
@@ -296,63 +323,6 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-_HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) → sha256 of the weights of runs without a kept hash
-
-
-def final_weights_sha256(folder: str | os.PathLike) -> str | None:
-    """The SHA-256 of a completed run's final weights, None when the run has not completed with them.
-
-    Training keeps it in summary.json (`weights_sha256`) when the run completes, so readers need not hash
-    the weights. A run completed before it was kept, or weights saved by hand (a folder without a
-    summary, as `ablate eval` accepts): checkpoints/model.pt is hashed when first read (once per process
-    while the file is unchanged).
-    """
-    folder = Path(folder)
-    path = folder / SUMMARY
-    summary = read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
-        if path.is_file() else None
-    if summary is not None and summary.get("status") != "completed":
-        return None
-    if summary is not None and isinstance(summary.get("weights_sha256"), str):
-        return summary["weights_sha256"]
-    weights = folder / CHECKPOINTS / FINAL_WEIGHTS
-    try:
-        stat = weights.stat()
-    except FileNotFoundError:
-        return None
-    key = (str(weights.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _HASHED:
-        _HASHED[key] = file_sha256(weights)
-    return _HASHED[key]
-
-
-def verified_weights_sha256(folder: str | os.PathLike) -> str:
-    """The SHA-256 of checkpoints/model.pt, checked to be the weights the run completed with: what every
-    reader of a run's final weights (`ablate eval`, `probe`, `inject`) records beside its results, so that
-    a result of other weights is never read as the run's. Refused in one line otherwise.
-
-    The caller holds the run's lock (no `--force` can replace the run meanwhile). A folder without a
-    summary holds weights saved by hand: its model.pt is the run's.
-    """
-    folder = Path(folder)
-    summary_path = folder / SUMMARY
-    summary = read_json_file(summary_path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)") \
-        if summary_path.is_file() else None
-    if summary is not None and not completed(summary):
-        raise AblateError(f"run {folder} is {summary.get('status')}, not completed with its final loss: only final "
-                          "weights are read")
-    weights = folder / CHECKPOINTS / FINAL_WEIGHTS
-    if not weights.is_file():
-        raise AblateError(f"{folder} has no trained weights ({weights} is missing): has the run completed?")
-    found = file_sha256(weights)
-    kept = (summary or {}).get("weights_sha256")
-    if kept is not None and kept != found:
-        raise AblateError(f"{weights} is not the weights the run completed with (summary.json keeps sha256 "
-                          f"{str(kept)[:12]}…, the file has {found[:12]}…): rerun the run with "
-                          "`ablate run ... --force`")
-    return found
 
 
 # ---------------------------------------------------------------------------------------------- the ledger

@@ -31,15 +31,16 @@ from ablate.arms.base import get_arm
 from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
-from ablate.data.synthetic import IGNORE, SYNTHETIC_KEY, SyntheticTask
+from ablate.data.synthetic import IGNORE, SyntheticTask
 from ablate.data.valuejunk import ValueJunkTask, value_junk_signature
 from ablate.identity import config_fingerprint
 from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
-from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters
+from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
-from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, atomic_write_json, file_sha256, run_key
-from ablate.store_summary import update_summary, write_summary
+from ablate.runconfig import RunConfig
+from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, Status, atomic_write_json, file_sha256, run_key
+from ablate.store_summary import completed_summary, started_summary, update_summary, which_run, write_summary
 from ablate.taskmodel import task_model
 
 log = logging.getLogger(__name__)
@@ -48,23 +49,22 @@ VAL_BATCH, VAL_BATCHES = 256, 4  # the fixed validation set: 1,024 sequences, th
 SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is measured is a different setting
 
 
-def train_task_run(folder: Path, config: dict) -> dict:
+def train_task_run(folder: Path, config: RunConfig) -> dict:
     """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
     started, clock = now(), time.time()
-    task = task_from_fields(config[SYNTHETIC_KEY])
-    arm_source = arm_source_hash(get_arm(config["arm"]))  # the arm's code, as loaded: part of the run's identity
+    task = task_from_fields(config.synthetic_task)
+    arm_source = arm_source_hash(get_arm(config.arm))  # the arm's code, as loaded: part of the run's identity
     threads = torch.get_num_threads()
-    torch.set_num_threads(int(config["threads"] or 1))  # a model this small runs no faster on more threads
+    torch.set_num_threads(int(config.threads or 1))  # a model this small runs no faster on more threads
     try:
-        torch.manual_seed(config["seed"])
-        model = task_model(GPTConfig(**config["model"]), task)
-        model.init_weights(config["seed"])
+        torch.manual_seed(config.seed)
+        model = task_model(GPTConfig(**config.model), task)
+        model.init_weights(config.seed)
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         metrics = MetricsLog(folder / METRICS)
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
-            "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
-            "status": "running", "val_loss": None, "steps": 0, "total_steps": config["steps"],
+            **which_run(config), "status": Status.RUNNING, "val_loss": None, "steps": 0, "total_steps": config.steps,
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
             ARM_SOURCE: arm_source})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
@@ -73,7 +73,7 @@ def train_task_run(folder: Path, config: dict) -> dict:
             model.eval()
             val_loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
             if not math.isfinite(val_loss):
-                raise Diverged(config["steps"], val_loss)
+                raise Diverged(config.steps, val_loss)
         except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
             log.warning("%s: %s", folder, err)
             return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
@@ -84,48 +84,44 @@ def train_task_run(folder: Path, config: dict) -> dict:
     weights = folder / CHECKPOINTS / FINAL_WEIGHTS
     save_model(model, weights)
     weights_sha256 = file_sha256(weights)
-    counts = model.param_counts()
-    summary = {
-        "tier": config["tier"], "arm": config["arm"], "seed": config["seed"], "experiment": config["experiment"],
-        "status": "completed", "val_loss": val_loss, "val_loss_auc": curve_area(curve),
-        "val_accuracy": accuracy, "absent_accuracy": absent_accuracy, "signature": signature,
-        "steps": config["steps"], "total_steps": config["steps"],
-        "tokens": config["steps"] * config["global_batch"] * config["seq_len"],
-        "init_fingerprint": init_fingerprint, "init_fingerprint_common": common_fingerprint(model),
-        "data_fingerprint": data_fingerprint, "config_fingerprint": config_fingerprint(config),
-        "val_fingerprint": _validation_fingerprint(validation), "val_tokens_evaluated": _scored(validation),
-        "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
-        "params_arm_extra": counts["arm_extra"], "mlp_hidden": model.config.mlp_width,
-        "match_params": bool(config["match_params"]), "git_commit": git_commit(), "versions": run_versions,
-        "started": started, "finished": now(), "wall_seconds": time.time() - clock, "data_dir": None,
-        "data_id": task_fingerprint(task), "error": None, "weights_sha256": weights_sha256, ARM_SOURCE: arm_source,
-    }
-    _write_signature_eval(folder, task, summary)
+    # as a corpus run's summary (`started_summary`, `completed_summary`); the common fingerprint is taken here, of
+    # the trained weights, as task runs have always recorded it
+    summary = {**started_summary(config, model_summary(model, init_fingerprint, common_fingerprint(model)),
+                                 made_by=(git_commit(), run_versions), started=started,
+                                 data=(None, task_fingerprint(task)),
+                                 arm_source=arm_source),
+               **completed_summary(config, val_loss, val=(_validation_fingerprint(validation), _scored(validation)),
+                                   data_fingerprint=data_fingerprint, weights_sha256=weights_sha256,
+                                   finished=(finished := now()), wall_seconds=time.time() - clock),
+               "val_loss_auc": curve_area(curve), "val_accuracy": accuracy, "absent_accuracy": absent_accuracy,
+               "signature": signature}
+    _write_signature_eval(folder, task, {**signature, "val_accuracy": accuracy, "absent_accuracy": absent_accuracy},
+                          weights_sha256, finished)
     write_summary(folder, summary)
     log.info("%s: val_loss %.4f, accuracy %.3f (absent %s)", folder, val_loss, accuracy, absent_accuracy)
     return summary
 
 
-def _train(model, task: SyntheticTask, config: dict, validation, metrics: MetricsLog) -> tuple[list, str]:
+def _train(model, task: SyntheticTask, config: RunConfig, validation, metrics: MetricsLog) -> tuple[list, str]:
     """The steps; the validation curve [(step, loss)] every val_interval (and at 0 and the end); the data
     fingerprint chained over every batch trained on, as the corpus runs' is."""
-    optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
+    optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
-                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]),
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip),
                 halt_on_nonfinite=True)
     data_fingerprint = "sha256:" + task_fingerprint(task)
-    bar = progress_bar(config["steps"], 0, run_key(config['tier'], config['arm'], config['seed'])) if (
-        config["progress"]) else None
+    bar = progress_bar(config.steps, 0, run_key(config.tier, config.arm, config.seed)) if (
+        config.progress) else None
     curve = [(0, _evaluate(model, task, validation)[0])]
     metrics.write({"step": 0, "tokens": 0, "val_loss": curve[0][1]})
     model.train()
-    for k in range(config["steps"]):
-        inputs, targets = task_batch(task, config["global_batch"], training_seed(config["seed"], k))
+    for k in range(config.steps):
+        inputs, targets = task_batch(task, config.global_batch, training_seed(config.seed, k))
         data_fingerprint = chain_fingerprint(data_fingerprint, torch.stack([inputs, targets], 1))
         loss, grad_norm = step(k + 1, lr_at(k, config), [(inputs, targets)])
-        row = {"step": k + 1, "tokens": (k + 1) * config["global_batch"] * config["seq_len"], "lr": lr_at(k, config),
+        row = {"step": k + 1, "tokens": config.tokens(k + 1), "lr": lr_at(k, config),
                "train_loss": loss.item(), "grad_norm": grad_norm.item()}
-        if (k + 1) % config["val_interval"] == 0 or k + 1 == config["steps"]:
+        if (k + 1) % config.val_interval == 0 or k + 1 == config.steps:
             row["val_loss"] = _evaluate(model, task, validation)[0]
             curve.append((k + 1, row["val_loss"]))
             model.train()
@@ -210,17 +206,16 @@ def answer_signature(model, task: SyntheticTask, batches) -> dict:
     return {key: sums[key] / max(1, counts[key.rsplit("_", 1)[1]]) for key in names}
 
 
-def _write_signature_eval(folder: Path, task: SyntheticTask, summary: dict) -> None:
+def _write_signature_eval(folder: Path, task: SyntheticTask, quantities: dict, weights_sha256: str,
+                          evaluated_at: str) -> None:
     """The signature and the learning quantities as task `abstain` of eval.json (lower is better for none of
     them by nature: each is stated higher_is_better=True, so a table's positive Δ means the arm has more)."""
-    quantities = {**summary["signature"],
-                  "val_accuracy": summary["val_accuracy"], "absent_accuracy": summary["absent_accuracy"]}
     quantities = {name: value for name, value in quantities.items() if value is not None}  # an arm without a gate
     entry = {"settings": {"task_version": SIGNATURE_VERSION, "lm_eval_version": None, "limit": None,
                           "num_fewshot": 0, "data": "synthetic:" + task_fingerprint(task)},
              "metrics": {name: {"value": value, "stderr": None, "higher_is_better": True}
                          for name, value in quantities.items()},
-             "weights_sha256": summary["weights_sha256"], "evaluated_at": summary["finished"]}
+             "weights_sha256": weights_sha256, "evaluated_at": evaluated_at}
     atomic_write_json(folder / EVAL_FILE, {"tasks": {task_name(task): entry}})
 
 

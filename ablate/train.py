@@ -32,21 +32,22 @@ from ablate.data import BatchStream, TokenShards, selection_windows, validation_
 from ablate.data.shards import check_data_folder, tier_shards
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
-from ablate.identity import config_fingerprint
 from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
 from ablate.arms.base import get_arm
-from ablate.arms.source import ARM_SOURCE, arm_source_hash
+from ablate.arms.source import arm_source_hash
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
-from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters
+from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
 from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group
 from ablate.sizing import loss_chunk_for
-from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, atomic_write_json,
-                          file_sha256, finished, read_json, read_json_file, read_metrics, remove_stray_temporaries,
-                          run_key, run_lock_path)
-from ablate.store_summary import numerics_history, update_summary
+from ablate.runconfig import RunConfig
+from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, Status,
+                          atomic_write_json, file_sha256, read_json, read_json_file, read_metrics,
+                          remove_stray_temporaries, run_key, run_lock_path)
+from ablate.store_summary import (RunSummary, completed_summary, numerics_history, read_summary, started_summary,
+                                  update_summary)
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
+def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside (the store ignores it).
 
     A folder holding results (a summary, metrics, checkpoints) but no config.json is damaged: refused,
@@ -74,7 +75,7 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
         return "fresh"
     previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
     current = semantic(config)
-    summary = read_json_file(summary_path, way_out) if summary_path.exists() else {}
+    summary = read_summary(folder, way_out)
     if previous != current:
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         if not took_a_step(folder, summary):
@@ -85,13 +86,13 @@ def prepare_run_dir(folder: Path, config: dict, force: bool) -> str:
         raise AblateError(
             f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
             "use another --results folder or --force to keep the old run aside and start again")
-    return "done" if finished(summary) else "resume"
+    return "done" if summary.done else "resume"
 
 
-def took_a_step(folder: Path, summary: dict) -> bool:
+def took_a_step(folder: Path, summary: RunSummary) -> bool:
     """Whether a run folder holds anything of a training step: a checkpoint, weights, a step's metrics."""
     checkpoints = folder / CHECKPOINTS
-    if finished(summary) or summary.get("steps") or (checkpoints.is_dir() and any(checkpoints.iterdir())):
+    if summary.done or summary.steps or (checkpoints.is_dir() and any(checkpoints.iterdir())):
         return True
     return any(row.get("step") for row in read_metrics(folder / METRICS) if isinstance(row, dict))
 
@@ -109,9 +110,9 @@ def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | Non
 def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
     """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
     reports nothing: its parent does)."""
-    config = with_device_defaults(resolve_config(spec, data_dir, **options), torch.cuda.is_available())
+    config = resolve_config(spec, data_dir, **options).with_device_defaults(torch.cuda.is_available())
     folder = spec.folder(results or default_results())
-    if int(config["devices"]) > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
+    if config.devices > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
         finished_summary = await_step_rank0(folder, config)
         if finished_summary is not None:
             return finished_summary, True
@@ -122,25 +123,25 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
     with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
         state = prepare_run_dir(folder, config, force)
         if state == "done":
-            summary = read_json(folder / SUMMARY)
-            log.info("%s already %s (val_loss %s): nothing to do", folder, summary["status"], summary.get("val_loss"))
-            return summary, False
-        if config["data_dir"] is not None:
-            check_data_folder(config["data_dir"])
+            summary = read_summary(folder)
+            log.info("%s already %s (val_loss %s): nothing to do", folder, summary.status, summary.val_loss)
+            return read_json(folder / SUMMARY), False
+        if config.data_dir is not None:
+            check_data_folder(config.data_dir)
         folder.mkdir(parents=True, exist_ok=True)
         for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
             log.info("removed %s, left by an interrupted write", stray)
         if state == "fresh":
-            atomic_write_json(folder / CONFIG, config)
-        if get_tier(config["tier"]).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
+            atomic_write_json(folder / CONFIG, config.to_dict())  # config.json: the one place a run writes it
+        if get_tier(config.tier).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
             return train_task_run(folder, config), False
         with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
             return Trainer(folder, config).fit(), False
 
 
 class Trainer:
-    def __init__(self, folder: Path, config: dict):
-        self.folder, self.config = folder, with_device_defaults(config, torch.cuda.is_available())
+    def __init__(self, folder: Path, config: RunConfig):
+        self.folder, self.config = folder, config.with_device_defaults(torch.cuda.is_available())
         self.summary_path = folder / SUMMARY
         self.state_path = folder / CHECKPOINTS / STATE
 
@@ -156,14 +157,14 @@ class Trainer:
         warnings.filterwarnings("ignore", message=".*`srun` command is available")
 
         config = self.config
-        if config["threads"]:
-            torch.set_num_threads(int(config["threads"]))
+        if config.threads:
+            torch.set_num_threads(int(config.threads))
         cuda = torch.cuda.is_available()
-        devices = int(config["devices"])
+        devices = config.devices
         launch_env = {name: os.environ.get(name) for name in LAUNCH_ENV}
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-            precision=config["precision"], loggers=self._loggers())
+            precision=config.precision, loggers=self._loggers())
         fabric.launch()
         to_file = fabric.global_rank == 0 and not os.environ.get("ABLATE_LOG_TO_STDERR_ONLY")
         handler = log_to_file(self.folder / RUN_LOG) if to_file else None
@@ -176,11 +177,11 @@ class Trainer:
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
         except AblateError as err:  # bad input: one line (the command shows it), no traceback
-            self.write_summary(status="failed", finished=now(), error=f"ablate: error: {err}")
+            self.write_summary(status=Status.FAILED, finished=now(), error=f"ablate: error: {err}")
             raise
         except Exception as err:
             log.exception("%s: the run failed: %s", self.folder, err)
-            self.write_summary(status="failed", finished=now(), error=traceback.format_exc()[-4000:])
+            self.write_summary(status=Status.FAILED, finished=now(), error=traceback.format_exc()[-4000:])
             raise
         finally:
             if handler is not None:
@@ -195,12 +196,11 @@ class Trainer:
         job logs into the same run. A new run draws a new one: also one that `--force` starts in the folder
         of a run kept aside (which keeps its own id, in its summary), since one id for two different runs
         would merge them (`wandb sync --id`)."""
-        summary = read_json(self.summary_path) if self.summary_path.is_file() else {}
-        kept = summary.get("logger_run_id") if isinstance(summary, dict) else None
+        kept = read_summary(self.folder).logger_run_id
         return kept if isinstance(kept, str) and kept else uuid.uuid4().hex[:16]
 
     def _loggers(self):
-        kind = self.config["logger"]
+        kind = self.config.logger
         if kind == "none":
             return []
         run_id = self.logger_run_id
@@ -219,23 +219,23 @@ class Trainer:
     def _fit(self, fabric) -> dict:
         """The run: data, model and optimiser, resume, the steps, then the final evaluation and weights."""
         config = self.config
-        shards = tier_shards(config["data_dir"], get_tier(config["tier"]), config["model"]["vocab_size"])
+        shards = tier_shards(config.data_dir, get_tier(config.tier), config.model["vocab_size"])
         world, rank = fabric.world_size, fabric.global_rank
-        stream = BatchStream(shards, seed=config["data_seed"], global_batch=config["global_batch"],
-                             seq_len=config["seq_len"], rank=rank, world_size=world)
-        local_rows = config["global_batch"] // world
-        micro = min(config["micro_batch"], local_rows)
+        stream = BatchStream(shards, seed=config.data_seed, global_batch=config.global_batch,
+                             seq_len=config.seq_len, rank=rank, world_size=world)
+        local_rows = config.global_batch // world
+        micro = min(config.micro_batch, local_rows)
         if local_rows % micro:
             raise AblateError(f"micro_batch {micro} must divide the per-rank batch {local_rows}")
         # Which windows are evaluated depends on the data, seq_len and the token count only (not micro/world).
-        curve_windows = validation_windows(config["data_dir"], config["seq_len"], config["val_tokens"])
-        final_windows = validation_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"])
-        chosen_windows = selection_windows(config["data_dir"], config["seq_len"], config["final_val_tokens"],
-                                           config["selection_tokens"]) if config.get("selection_tokens") else None
+        curve_windows = validation_windows(config.data_dir, config.seq_len, config.val_tokens)
+        final_windows = validation_windows(config.data_dir, config.seq_len, config.final_val_tokens)
+        chosen_windows = selection_windows(config.data_dir, config.seq_len, config.final_val_tokens,
+                                           config.selection_tokens) if config.selection_tokens else None
 
-        torch.manual_seed(config["seed"])
-        model = GPT(GPTConfig(**config["model"]))
-        model.init_weights(config["seed"])
+        torch.manual_seed(config.seed)
+        model = GPT(GPTConfig(**config.model))
+        model.init_weights(config.seed)
         run = RunState(model, stream, init_fingerprint=fingerprint_parameters(model.shared_named_parameters()))
         # A parameter-matched arm narrows its MLP: it shares with its baseline the parameters whose name and
         # shape do not depend on the MLP width, and this fingerprint covers exactly those.
@@ -243,9 +243,8 @@ class Trainer:
         cuda, on_cpu = fabric.device.type == "cuda", fabric.device.type == "cpu"
         if cuda:  # TF32 for the float32 matmuls that autocast leaves (bf16 does the bulk)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda)
-        counts = model.param_counts()
-        forward_model = torch.compile(model) if config["compile"] else model
+        optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda)
+        forward_model = torch.compile(model) if config.compile else model
         run.forward_model, run.optimizer = fabric.setup(forward_model, optimizer)
         resumed = self._resume(run)
         # the loggers got the rows up to `sent` before this resume: they get only later ones (no step twice)
@@ -254,55 +253,48 @@ class Trainer:
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
-        self._write_running(run, init_common, counts, shards, resumed)
+        self._write_running(run, init_common, shards, resumed)
 
         # The float32 logits of a whole micro-batch (and their gradient) dominate GPU memory at small d_model: the
         # steps and evaluations compute the loss `loss_chunk` tokens at a time (`ablate.sizing.loss_chunk_for`).
-        run.loss_chunk = loss_chunk_for(config["loss_chunk"], fabric.device)
+        run.loss_chunk = loss_chunk_for(config.loss_chunk, fabric.device)
         evaluate = partial(mean_token_loss, run.forward_model, micro=micro, device=fabric.device, rank=rank,
                            world=world, all_reduce=lambda total: fabric.all_reduce(total, reduce_op="sum"),
                            loss_chunk=run.loss_chunk)
         run.t_resume = time.time()
-        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config["host_sync"] == "step")
+        self._train(run, evaluate, curve_windows, micro, local_rows, on_cpu, config.host_sync == "step")
         self._checkpoint(run)  # the state at the last step: an interruption from here on resumes straight to the end
         val_loss = evaluate(final_windows)
         extra = {} if chosen_windows is None else {"selection_loss": evaluate(chosen_windows), "selection_fingerprint":
-                                                   windows_fingerprint(chosen_windows, config["seq_len"])}  # LR sweeps'
+                                                   windows_fingerprint(chosen_windows, config.seq_len)}  # LR sweeps'
         return self._finish(run, val_loss, final_windows, extra)
 
-    def _write_running(self, run: RunState, init_common: str, counts: dict, shards: TokenShards,
-                       resumed: bool = False) -> None:
-        """summary.json while the run trains: what it is, where it stands, and every fingerprint known so far;
-        what computed it, this process and (resumed) every one before it (`numerics_history`)."""
-        config = self.config
+    def _write_running(self, run: RunState, init_common: str, shards: TokenShards, resumed: bool = False) -> None:
+        """summary.json while the run trains: what it is (`started_summary`, as a task run's), where it stands, and
+        every fingerprint known so far; what computed it, this process and (resumed) every one before it
+        (`numerics_history`)."""
+        config, previous = self.config, read_summary(self.folder)
         run_versions = versions()
-        previous = read_json(self.summary_path) if self.summary_path.is_file() else {}
-        history = numerics_history(previous if isinstance(previous, dict) else {}, run_versions["numerics"], resumed)
+        started = started_summary(config, model_summary(run.model, run.init_fingerprint, init_common),
+                                  made_by=(git_commit(), run_versions), started=previous.started or now(),
+                                  data=(config.data_dir, shards.fingerprint),
+                                  arm_source=arm_source_hash(get_arm(config.arm)))
         self.write_summary(
-            tier=config["tier"], arm=config["arm"], seed=config["seed"], experiment=config["experiment"],
-            status="running", val_loss=None, steps=run.step, total_steps=config["steps"],
-            tokens=run.step * config["global_batch"] * config["seq_len"],
-            init_fingerprint=run.init_fingerprint, init_fingerprint_common=init_common,
-            data_fingerprint=run.data_fp, config_fingerprint=config_fingerprint(config),
-            loss_read_every=1 if config["host_sync"] == "step" else config["log_interval"],
-            val_fingerprint=None, val_tokens_evaluated=None, params_total=counts["total"],
-            params_non_embedding=counts["non_embedding"], params_arm_extra=counts["arm_extra"],
-            mlp_hidden=run.model.config.mlp_width, match_params=bool(config["match_params"]),
-            git_commit=git_commit(), versions=run_versions, numerics_history=history, started=self._started(),
-            finished=None,
-            wall_seconds=run.wall, data_dir=config["data_dir"], data_id=shards.fingerprint, error=None,
-            logger_run_id=self.logger_run_id if config["logger"] != "none" else None,
-            **{ARM_SOURCE: arm_source_hash(get_arm(config["arm"]))})
+            **started, status=Status.RUNNING, val_loss=None, steps=run.step, tokens=config.tokens(run.step),
+            data_fingerprint=run.data_fp, loss_read_every=1 if config.host_sync == "step" else config.log_interval,
+            val_fingerprint=None, val_tokens_evaluated=None, finished=None, wall_seconds=run.wall,
+            numerics_history=numerics_history(previous, run_versions["numerics"], resumed),
+            logger_run_id=self.logger_run_id if config.logger != "none" else None)
 
     def _resume(self, run: RunState) -> bool:
         """Load the checkpoint into the run, if there is one; whether there was."""
         config = self.config
         if not self.state_path.exists():
-            log.info("%s: starting %s/%s/seed%d, %d steps", self.folder, config["tier"], config["arm"], config["seed"],
-                     config["steps"])
+            log.info("%s: starting %s/%s/seed%d, %d steps", self.folder, config.tier, config.arm, config.seed,
+                     config.steps)
             return False
         run.load_state_dict(load_state(self.state_path))
-        log.info("%s: resuming at step %d of %d", self.folder, run.step, config["steps"])
+        log.info("%s: resuming at step %d of %d", self.folder, run.step, config.steps)
         return True
 
     def _train(self, run: RunState, evaluate, curve_windows, micro: int, local_rows: int, on_cpu: bool,
@@ -310,19 +302,19 @@ class Trainer:
         """The steps from `run.step` to the end: evaluate every val_interval, read back every log_interval
         (every step with host_sync "step"), checkpoint every checkpoint_interval and at a signal (then stop if
         asked)."""
-        config, fabric, total_steps = self.config, self.fabric, self.config["steps"]
+        config, fabric, total_steps = self.config, self.fabric, self.config.steps
         device, rank, world = fabric.device, fabric.global_rank, fabric.world_size
         loss_chunk, model, optimizer = run.loss_chunk, run.forward_model, run.optimizer
         step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets, loss_chunk=loss_chunk).loss,
-                    clip=lambda: fabric.clip_gradients(model, optimizer, max_norm=config["grad_clip"],
+                    clip=lambda: fabric.clip_gradients(model, optimizer, max_norm=config.grad_clip,
                                                        error_if_nonfinite=False),
                     backward=fabric.backward, no_sync=lambda enabled: fabric.no_backward_sync(model, enabled=enabled),
                     all_reduce=(lambda loss: fabric.all_reduce(loss, reduce_op="mean")) if world > 1 else None,
                     halt_on_nonfinite=every_step)  # read every step anyway: a bad loss stops before its update
-        bar = progress_bar(total_steps, run.step, run_key(config['tier'], config['arm'], config['seed'])) if (
-            rank == 0 and config["progress"]) else None
+        bar = progress_bar(total_steps, run.step, run_key(config.tier, config.arm, config.seed)) if (
+            rank == 0 and config.progress) else None
         requests = StopRequests().install()
-        readback = ReadBack(config["global_batch"] * config["seq_len"], self._log_metrics, bar)
+        readback = ReadBack(config.tokens(1), self._log_metrics, bar)
         try:
             if run.step == 0:
                 self._log_metrics({"step": 0, "tokens": 0, "val_loss": evaluate(curve_windows)})
@@ -347,15 +339,15 @@ class Trainer:
                   every_step: bool):
         """After a step: evaluate, read back, checkpoint, each when due; a signal's stop comes last."""
         config, step = self.config, run.step
-        evaluate_now = step % config["val_interval"] == 0 or step == config["steps"]
-        checkpoint_now = step % config["checkpoint_interval"] == 0 or requests.checkpoint
+        evaluate_now = step % config.val_interval == 0 or step == config.steps
+        checkpoint_now = step % config.checkpoint_interval == 0 or requests.checkpoint
         if evaluate_now:
             readback.curve[step] = val_loss = evaluate(curve_windows)
             readback.flush(step)  # a non-finite training loss before this point is reported first, as the cause
-            log.info("%s: step %d/%d val_loss %.4f", self.folder, step, config["steps"], val_loss)
+            log.info("%s: step %d/%d val_loss %.4f", self.folder, step, config.steps, val_loss)
             if not math.isfinite(val_loss):
                 raise Diverged(step, val_loss, detected_at=step)
-        if every_step or checkpoint_now or step % config["log_interval"] == 0:
+        if every_step or checkpoint_now or step % config.log_interval == 0:
             readback.flush(step)
         if checkpoint_now:
             self._checkpoint(run)
@@ -370,7 +362,7 @@ class Trainer:
         fabric.barrier()
         if fabric.global_rank == 0:
             save_state(self.state_path, run.state_dict())
-            self.write_summary(steps=run.step, tokens=run.step * config["global_batch"] * config["seq_len"],
+            self.write_summary(steps=run.step, tokens=config.tokens(run.step),
                                data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
         fabric.barrier()
 
@@ -381,23 +373,19 @@ class Trainer:
         config, fabric = self.config, self.fabric
         if not math.isfinite(val_loss):
             raise Diverged(run.step, val_loss)
-        val_fingerprint = windows_fingerprint(final_windows, config["seq_len"])
+        val_fingerprint = windows_fingerprint(final_windows, config.seq_len)
         log.info("%s: final val_loss %.6f over %d tokens", self.folder, val_loss, final_windows[:, 1:].numel())
         weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
         weights = self.folder / CHECKPOINTS / FINAL_WEIGHTS
         if fabric.global_rank == 0:
             modelio.save_model(run.model, weights)
             weights_sha256 = file_sha256(weights)
-        self.write_summary(status="completed", val_loss=val_loss, steps=run.step,
-                           tokens=run.step * config["global_batch"] * config["seq_len"],
-                           val_fingerprint=val_fingerprint, val_tokens_evaluated=int(final_windows[:, 1:].numel()),
-                           data_fingerprint=run.data_fp, finished=now(), wall_seconds=run.wall_seconds(),
-                           weights_sha256=weights_sha256, **extra)
+        val = (val_fingerprint, int(final_windows[:, 1:].numel()))
+        self.write_summary(**completed_summary(config, val_loss, val=val, data_fingerprint=run.data_fp,
+                                               weights_sha256=weights_sha256, finished=now(),
+                                               wall_seconds=run.wall_seconds()), **extra)
         fabric.barrier()
         if fabric.global_rank == 0:  # the final weights stay; the resume state is not needed once completed
             self.state_path.unlink(missing_ok=True)
             log.info("%s: completed", self.folder)
         return read_json(self.summary_path)
-
-    def _started(self):
-        return (read_json(self.summary_path).get("started") if self.summary_path.exists() else None) or now()

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
-from ablate.store import RUN_LOG, experiment_dir, record_ledger
+from ablate.store import RUN_LOG, Status, experiment_dir, record_ledger
+from ablate.store_summary import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ class RunJob(_Checkpointable):
 
         start_task(self.experiment_file)
         summary = run(spec, self.results, **self.options)
-        if summary.get("status") == "failed":
-            raise RuntimeError(summary.get("error"))
+        outcome = RunSummary.of(summary)
+        if outcome.status == Status.FAILED:
+            raise RuntimeError(outcome.error)
         return summary
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 
 
-def _train_seed(config: dict, check: int) -> dict:
+def _train_seed(config, check: int) -> dict:
     import torch
 
     from ablate.config import lr_at
@@ -38,26 +38,26 @@ def _train_seed(config: dict, check: int) -> dict:
 
     from ablate.analysis.testbed import LEARNED_ACCURACY
 
-    task = task_from_fields(config["synthetic_task"])
-    torch.manual_seed(config["seed"])
-    model = task_model(GPTConfig(**config["model"]), task)
-    model.init_weights(config["seed"])
+    task = task_from_fields(config.synthetic_task)
+    torch.manual_seed(config.seed)
+    model = task_model(GPTConfig(**config.model), task)
+    model.init_weights(config.seed)
     validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
-    optimizer = make_optimizer(model, config["weight_decay"], config["lr"], config["betas"], config["eps"], cuda=False)
+    optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda=False)
     step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
-                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"]))
+                clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
     clock, learned_at, accuracy, curve = time.process_time(), None, 0.0, []
     model.train()
-    for k in range(config["steps"]):
-        batch = task_batch(task, config["global_batch"], training_seed(config["seed"], k))
+    for k in range(config.steps):
+        batch = task_batch(task, config.global_batch, training_seed(config.seed, k))
         step(k + 1, lr_at(k, config), [batch])
-        if (k + 1) % check == 0 or k + 1 == config["steps"]:
+        if (k + 1) % check == 0 or k + 1 == config.steps:
             loss, accuracy, absent_accuracy = _evaluate(model, task, validation)
             curve.append((k + 1, loss))
             model.train()
             if learned_at is None and accuracy >= LEARNED_ACCURACY:
                 learned_at = k + 1
-    return {"seed": config["seed"], "learned_at": learned_at, "accuracy": accuracy, "val_loss": loss,
+    return {"seed": config.seed, "learned_at": learned_at, "accuracy": accuracy, "val_loss": loss,
             "absent_loss": _absent_loss(model, task, validation),
             "absent_accuracy": absent_accuracy, "curve": curve,
             "learned": accuracy >= LEARNED_ACCURACY, "cpu_s": time.process_time() - clock}
@@ -83,7 +83,7 @@ def _absent_loss(model, task, validation) -> float | None:
     return absent_sum / answers
 
 
-def _configs(tier_name: str, seeds: int, first: int, design: dict) -> list[dict]:
+def _configs(tier_name: str, seeds: int, first: int, design: dict) -> list:
     from ablate import tiers
     from ablate.config import resolve_config
     from ablate.data.filter import task_from_fields

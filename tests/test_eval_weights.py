@@ -28,7 +28,8 @@ from ablate.evals.run import evaluate_run
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock, LockHeld
 from ablate.status import status
-from ablate.store import atomic_write_json, file_sha256, final_weights_sha256, read_json, run_dir, run_lock_path
+from ablate.store import atomic_write_json, file_sha256, read_json, run_dir, run_lock_path
+from ablate.store_summary import final_weights_sha256
 from analysis_fixtures import write_run
 from datafix import REPO
 from test_eval import write_task_data

@@ -180,9 +180,9 @@ def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
 def test_the_probes_validation_batches_of_a_filter_run_are_the_task_s():
     from ablate.data.filter import filter_validation
     from ablate.modelio import validation_batches_for_run
-    from ablate.tiers import TASK_CONFIG_KEY
+    from ablate.runconfig import RunConfig
 
-    batches = validation_batches_for_run({TASK_CONFIG_KEY: TASKS["filter-direction"]}, 2, 4)
+    batches = validation_batches_for_run(RunConfig(synthetic_task=TASKS["filter-direction"]), 2, 4)
     expected = filter_validation(FilterTask(**TASKS["filter-direction"]), 4, 2)
     assert len(batches) == 2 and all(torch.equal(a, b) for got, want in zip(batches, expected)
                                      for a, b in zip(got, want))

@@ -108,7 +108,7 @@ def test_bad_precision_or_host_sync_is_one_line_naming_the_valid_values():
 
 
 def test_device_defaults_and_what_enters_the_config_fingerprint():
-    config = resolve_config(RunSpec("adhoc", "smoke", "baseline", 0))
+    config = resolve_config(RunSpec("adhoc", "smoke", "baseline", 0)).to_dict()
     assert (config["precision"], config["host_sync"]) == (None, None)  # "the device's", filled in by the run
     cpu, cuda = with_device_defaults(config, cuda=False), with_device_defaults(config, cuda=True)
     assert (cpu["precision"], cpu["host_sync"]) == ("32-true", "step")

@@ -68,9 +68,7 @@ def test_every_function_local_import_says_why():
 OVER_THE_HABIT = {
     "ablate/analysis/report.py": "one report: its sections are one list of functions of one ReportContext",
     "ablate/analysis/hypotheses.py": "the declared table, its family and its sequential decisions read one Declared",
-    "ablate/store.py": "the run store: every file name of a run folder and its one reader and writer",
     "ablate/lock.py": "one lock: local and other-host staleness, torn locks and the contender's own clock",
-    "ablate/train.py": "one corpus run from config to summary; the typed config of the house issue will thin it",
 }
 
 
@@ -100,7 +98,7 @@ def test_run_folder_file_names_are_defined_once_in_the_store():
     assert copies == [], "run-folder file names spelled outside ablate/store.py:\n" + "\n".join(copies)
 
 
-@pytest.mark.parametrize("name", ["finished", "iter_run_dirs", "default_results", "run_dir"])
+@pytest.mark.parametrize("name", ["read_summary", "run_of", "iter_run_dirs", "default_results", "run_dir"])
 def test_one_definition_of_each_store_fact(name):
     where = [str(p.relative_to(REPO)) for p in sources()
              if re.search(rf"^def {name}\(", p.read_text(), flags=re.M)]

@@ -31,14 +31,14 @@ def test_the_sweep_grid_is_arms_by_factors_by_its_seeds_and_differs_only_in_lr()
     assert len(specs) == 2 * 3 * 2
     assert [s.key for s in specs[:3]] == ["smoke/baseline/lr0.5/seed1000", "smoke/baseline/lr0.5/seed1001",
                                           "smoke/baseline/lr1/seed1000"]
-    configs = {s.key: resolve_config(s) for s in specs}
+    configs = {s.key: resolve_config(s).to_dict() for s in specs}
     first = configs[specs[0].key]
     for spec in specs[1:]:
         keys = {d[0] for d in config_differences(first, configs[spec.key], across_seeds=True)}
         assert keys <= {"lr"}, keys  # the arm and the seed aside, only lr differs
     assert sorted({c["lr"] for c in configs.values()}) == pytest.approx([BASE_LR * 0.5, BASE_LR, BASE_LR * 2])
     assert all(c["selection_tokens"] == 4 * 64 * 8 for c in configs.values())  # default: the tier's val_tokens
-    grid_config = resolve_config(experiment.runs()[0])
+    grid_config = resolve_config(experiment.runs()[0]).to_dict()
     assert "selection_tokens" not in grid_config  # a grid run's config (and fingerprint) is what it was
     assert {s.seed for s in specs} == {1000, 1001}
 
@@ -63,13 +63,13 @@ def test_confirmatory_runs_use_the_grid_seeds_which_the_sweep_did_not():
     assert keys == ["smoke/baseline/seed0", "smoke/baseline/seed1",  # the shared LR: the grid's runs serve
                     "smoke/sink-logit/lr2/seed0", "smoke/sink-logit/lr2/seed1"]
     tuned = [s for s in confirm if s.arm == "sink-logit"][0]
-    assert resolve_config(tuned)["lr"] == pytest.approx(2 * BASE_LR) and "selection_tokens" not in resolve_config(tuned)
+    assert resolve_config(tuned).lr == pytest.approx(2 * BASE_LR) and resolve_config(tuned).selection_tokens is None
 
 
 # ---------------------------------------------------------------------------------------------- hand-made stores
 def write_run(root, spec: RunSpec, *, loss=None, val=None, status="completed", **config_changes):
     """A run folder as training leaves it: config.json and summary.json, fingerprints shared within a seed."""
-    config = {**resolve_config(spec, data_dir="data/sample"), **config_changes}
+    config = {**resolve_config(spec, data_dir="data/sample").to_dict(), **config_changes}
     folder = spec.folder(root)
     atomic_write_json(folder / "config.json", config)
     summary = {"experiment": spec.experiment, "tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "status": status,

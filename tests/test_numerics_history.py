@@ -5,16 +5,16 @@ import json
 
 from ablate.analysis.build import build_table
 from ablate.analysis.load import load_runs
-from ablate.store_summary import numerics_history
+from ablate.store_summary import RunSummary, numerics_history
 from analysis_fixtures import write_store
 
 AVX2, AVX512 = {"cpu_capability": "AVX2"}, {"cpu_capability": "AVX512"}
 
 
 def test_a_resume_keeps_the_kernel_sets_before_it_and_a_fresh_start_does_not():
-    older = {"versions": {"numerics": AVX2}}  # a summary written before the history existed
+    older = RunSummary(versions={"numerics": AVX2})  # a summary written before the history existed
     assert numerics_history(older, AVX512, resumed=True) == [AVX2, AVX512]
-    assert numerics_history({"numerics_history": [AVX2, AVX512]}, AVX2, resumed=True) == [AVX2, AVX512]
+    assert numerics_history(RunSummary(numerics_history=[AVX2, AVX512]), AVX2, resumed=True) == [AVX2, AVX512]
     assert numerics_history(older, AVX512, resumed=False) == [AVX512]
 
 

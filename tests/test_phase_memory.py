@@ -182,7 +182,7 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
         spec = experiment.runs()[0]
         planned = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"]
         submitted = gpu_run_options({}, spec, profile)["micro_batch"]
-        config = resolve_config(spec, data_dir=str(tmp_path), micro_batch=submitted)
+        config = resolve_config(spec, data_dir=str(tmp_path), micro_batch=submitted).to_dict()
         chunk = loss_chunk_for(config["loss_chunk"], "cuda")
         assert planned == submitted == config["micro_batch"], label
         assert chunk == (LOSS_CHUNK if label == "chunked" else 0)

@@ -52,7 +52,7 @@ def test_curves_draw_each_arm_in_its_style_with_the_baseline_on_top(tmp_path):
 def test_every_demo_curve_has_at_least_ten_points():
     demo = load_experiment("demo")
     for spec in demo.runs():
-        config = resolve_config(spec)
+        config = resolve_config(spec).to_dict()
         points = [s for s in range(config["steps"] + 1) if s % config["val_interval"] == 0 or s == config["steps"]]
         assert len(points) >= 10, (spec.key, config["steps"], config["val_interval"])
 

@@ -86,6 +86,6 @@ def test_the_run_options_page_lists_exactly_the_run_options_resolve_config_accep
     section = re.search(r"^## Run options\n(.*?)(?=^## )", text, re.S | re.M)
     assert section, "docs/run-options.md lost its 'Run options' section"
     listed = set(re.findall(r"^[-*] `([a-z_]+)`", section.group(1), re.M))
-    accepted = set(resolve_config(RunSpec("adhoc", "smoke", "baseline", 0))) | {"max_steps"}
+    accepted = set(resolve_config(RunSpec("adhoc", "smoke", "baseline", 0)).to_dict()) | {"max_steps"}
     assert listed == accepted, (f"missing from docs/run-options.md: {sorted(accepted - listed)}; "
                                 f"not accepted: {sorted(listed - accepted)}")

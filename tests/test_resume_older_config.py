@@ -16,7 +16,7 @@ def a_started_run(tmp_path, **edits):
     config = resolve_config(spec, data_dir="data/sample")
     folder = spec.folder(tmp_path)
     folder.mkdir(parents=True)
-    older = {k: v for k, v in config.items() if k != "loss_chunk"}  # written before loss_chunk existed
+    older = {k: v for k, v in config.to_dict().items() if k != "loss_chunk"}  # written before loss_chunk existed
     (folder / "config.json").write_text(json.dumps({**older, **edits}))
     (folder / "summary.json").write_text(json.dumps({"status": "running", "steps": 3, "tier": "smoke"}))
     return folder, config
@@ -24,7 +24,7 @@ def a_started_run(tmp_path, **edits):
 
 def test_an_older_config_without_a_later_key_resumes(tmp_path):
     folder, config = a_started_run(tmp_path)
-    assert config["loss_chunk"] is None
+    assert config.loss_chunk is None
     assert prepare_run_dir(folder, config, force=False) == "resume"
 
 

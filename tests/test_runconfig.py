@@ -27,7 +27,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
 def _resolve(**overrides):
-    return resolve_config(RunSpec("e", "smoke", "baseline", 0, overrides), "/tmp/data")
+    return resolve_config(RunSpec("e", "smoke", "baseline", 0, overrides), "/tmp/data").to_dict()
 
 
 def test_the_valid_options_are_the_settable_fields():
@@ -90,7 +90,7 @@ def test_config_json_keeps_its_keys():
                             "match_params", "loss_chunk", "precision", "host_sync", "progress", "logger", "threads"]
     assert config["steps"] == 3 and config["betas"] == [0.9, 0.95] and config["eps"] == 1e-8
     assert list(_resolve(selection_tokens=64))[-1] == "selection_tokens"
-    task = resolve_config(RunSpec("e", "synthetic", "baseline", 0), None)
+    task = resolve_config(RunSpec("e", "synthetic", "baseline", 0), None).to_dict()
     assert list(task)[-1] == "synthetic_task" and task["data_dir"] is None
     assert RunConfig.from_dict(config).to_dict() == config
 

@@ -85,7 +85,7 @@ def test_the_results_and_data_defaults_are_the_checkout_s_from_any_folder(tmp_pa
     monkeypatch.delenv("ABLATE_RESULTS", raising=False)
     monkeypatch.chdir(tmp_path)
     assert default_results() == REPO / "results"
-    config = resolve_config(RunSpec("x", "smoke", "baseline", 0))
+    config = resolve_config(RunSpec("x", "smoke", "baseline", 0)).to_dict()
     assert config["data_dir"] == str((REPO / "data" / "sample").resolve())
     env = {"ABLATE_RESULTS": ""}
     here = ablate_cli("status", "demo", cwd=tmp_path, env=env, check=False)

@@ -11,6 +11,7 @@ from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.status import SlurmView, parse_sacct, parse_squeue, progress_of, run_status, slurm_job_state
 from ablate.store import atomic_write_json, run_dir, run_lock_path
+from ablate.store_summary import RunSummary
 
 OLD = (dt.datetime.now() - dt.timedelta(hours=1)).isoformat(timespec="seconds")
 ENTRY = {"executor": "slurm", "job_id": "54_1", "folder": "/nowhere/%j", "submitted": OLD}
@@ -74,7 +75,7 @@ def test_elapsed_counts_training_time_once_and_eta_only_from_this_attempt():
     # an earlier attempt a day ago at 1 step/s; this attempt (from `since`) at 0.1 step/s
     metrics = [{"step": s, "train_loss": 1.0, "time": now - 86400 + s} for s in range(1, 11)]
     metrics += [{"step": 10 + s, "train_loss": 1.0, "time": now - 100 + 10 * s} for s in range(1, 11)]
-    summary = {"status": "running", "steps": 15, "total_steps": 100, "wall_seconds": 500.0}
+    summary = RunSummary(status="running", steps=15, total_steps=100, wall_seconds=500.0)
     since, written = now - 110, now - 50  # the attempt began 110 s ago; the summary was written 50 s ago
     progress = progress_of(metrics, summary, since, written)
     assert progress["steps"] == 20 and abs(progress["elapsed_s"] - 550) < 5  # 500 + 50: not + time since start

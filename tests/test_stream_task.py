@@ -122,12 +122,13 @@ def test_the_testbed_figure_shows_the_declared_quantity_per_seed_beside_the_sign
     """The report's testbed figure: a first panel with each seed's val_loss (the declared quantity) per arm, then
     the signature's panels, each seed a dot."""
     import ablate.analysis.testbed as testbed
+    from ablate.store_summary import RunSummary
 
     saved = []
     monkeypatch.setattr(testbed, "_save", lambda fig, path: saved.append(fig))
     signature = {f"{name}_{case}": 0.1 for name in ("phantom", "first_key", "output_norm")
                  for case in ("absent", "present")}
-    by_arm = {arm: [{"val_loss": 0.09 + seed / 100, "signature": signature} for seed in range(3)]
+    by_arm = {arm: [RunSummary(val_loss=0.09 + seed / 100, signature=signature) for seed in range(3)]
               for arm in ("baseline", "sink-logit")}
     testbed.plot_testbed("abstain-stream", by_arm, tmp_path / "f.png")
     axes = saved[0].axes

@@ -17,6 +17,8 @@ from ablate.store import config_disagreement, read_json, read_metrics, run_dir
 from ablate.plan import plan_rows
 from ablate.tiers import TIERS, get_tier
 from ablate.config import lr_at
+from ablate.runconfig import RunConfig
+from ablate.store_summary import RunSummary
 from ablate.train import run
 from datafix import REPO, ablate_cli
 from kernel_replay import machine_kind, recorded_numbers
@@ -41,7 +43,7 @@ def test_tier_ladder_matches_spec(name, budget, seeds):
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    config = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_ratio": 0.1}
+    config = RunConfig(lr=1e-3, warmup_steps=10, steps=110, min_lr_ratio=0.1)
     assert lr_at(0, config) == pytest.approx(1e-4)
     assert lr_at(9, config) == pytest.approx(1e-3)
     assert lr_at(59.5, config) == pytest.approx(0.55e-3)  # half way between warm-up and the last step
@@ -79,7 +81,7 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
         assert key in summary, key
     assert summary["status"] == "completed" and summary["steps"] == 12 and summary["params_arm_extra"] > 0
     assert read_json(folder / "config.json")["arm"] == "combo2"
-    assert config_disagreement(folder, summary) is None  # what every reader checks holds for what training writes
+    assert config_disagreement(folder, RunSummary.of(summary)) is None  # what every reader checks holds for what training writes
     assert a["data_id"] == c["data_id"] and len(a["data_id"]) == 64  # the data's identity, the same for every seed
     metrics = read_metrics(folder / "metrics.jsonl")
     assert [r["step"] for r in metrics if "train_loss" in r] == list(range(1, 13))
@@ -225,7 +227,7 @@ def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_dat
     run_id = summary["logger_run_id"]
     assert [p.name for p in (folder / "tensorboard").iterdir()] == [run_id]
     assert list((folder / "tensorboard" / run_id).glob("events.out.tfevents.*"))
-    config = read_json(folder / "config.json")
+    config = RunConfig.from_dict(read_json(folder / "config.json"))
     assert Trainer(folder, config).logger_run_id == run_id  # what a requeued job computes again
     assert Trainer(folder.parent / "seed1", config).logger_run_id != run_id
 

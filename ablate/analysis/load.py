@@ -22,8 +22,9 @@ from ablate.analysis.runs import NOT_EVALUATED, Runs
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import fingerprints_without, shared_fingerprint
-from ablate.store import (completed, CONFIG, METRICS, SUMMARY, check_name, iter_run_dirs, refuse_damaged_config,
-                          read_json_file, read_metrics, run_key)
+from ablate.store import (CONFIG, METRICS, SUMMARY, Status, check_name, iter_run_dirs, refuse_damaged_config,
+                          read_json_file, read_metrics, run_key, run_of)
+from ablate.store_summary import RunSummary, read_summary
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 RUN_SCHEMA = {
@@ -107,19 +108,19 @@ def _with_metric(runs: Runs, name: str) -> Runs:
 def _runs_from_store(folder: Path) -> Runs:
     rows, seen = [], {}
     for run in iter_run_dirs(folder):
-        summary = read_json_file(run / SUMMARY, "rerun that run (`ablate run ... --force` keeps the damaged folder "
-                                                "aside) or move the folder out of the experiment")
-        tier, arm, seed_dir = run.relative_to(folder).parts
-        _check_folder_names(run, tier, arm)
-        where = {"experiment": folder.name, "tier": tier, "arm": arm, "seed": int(seed_dir.removeprefix("seed"))}
-        for key, expected in where.items():
-            if key in summary and summary[key] != expected:
+        summary = read_summary(run, "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move "
+                                    "the folder out of the experiment")
+        name = run_of(run)
+        _check_folder_names(run, name.tier, name.arm)
+        for key in ("experiment", "tier", "arm", "seed"):
+            recorded, expected = getattr(summary, key), getattr(name, key)
+            if recorded is not None and recorded != expected:
                 raise AblateError(
-                    f"{run} holds a run of {key} {summary[key]!r}, but its folder says {expected!r} (a copied or "
+                    f"{run} holds a run of {key} {recorded!r}, but its folder says {expected!r} (a copied or "
                     "moved run folder?); move it out of the experiment folder")
         refuse_damaged_config(run, summary)
-        refuse_twice(seen, (tier, arm, where["seed"]), run_key(tier, arm, where["seed"]), run)
-        rows.append(store_row(run, tier, arm, where["seed"], summary, _read_config(run)))
+        refuse_twice(seen, (name.tier, name.arm, name.seed), name.key, run)
+        rows.append(store_row(run, name.tier, name.arm, name.seed, summary, _read_config(run)))
     if not rows:
         raise AblateError(f"no runs (no */*/seed<k>/{SUMMARY}) under {str(folder)!r}")
     frame = pl.DataFrame(rows, schema=RUN_SCHEMA)
@@ -144,17 +145,16 @@ def refuse_twice(seen: dict, key: tuple, name: str, run: Path) -> None:
     seen[key] = run
 
 
-def store_row(run: Path, tier: str, arm: str, seed: int, summary: dict, config: dict | None,
+def store_row(run: Path, tier: str, arm: str, seed: int, summary: RunSummary, config: dict | None,
               varied: tuple[str, ...] = ()) -> dict:
     """One run's row of RUN_SCHEMA, carrying every identity the grid's tables check (the fingerprints, data_id,
     the settings, the arm's code, what computed it). `varied`: the config keys the runs of this source may
     differ in (an LR sweep's or a tuned table's `lr`), left out of its config and settings fingerprints."""
-    row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.get("status"), "val_loss": summary.get("val_loss"),
-           "mlp_hidden": summary.get("mlp_hidden"), "eval_fingerprint": None, DATA_ID: summary.get(DATA_ID),
-           "init_fingerprint_common": summary.get("init_fingerprint_common"), "path": str(run),
-           ARM_SOURCE: summary.get(ARM_SOURCE),
-           NUMERICS: numerics_label(summary.get("versions"), summary.get("numerics_history"))}
-    row.update({key: summary.get(key) for key in FINGERPRINTS})
+    row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.status, "val_loss": summary.val_loss,
+           "mlp_hidden": summary.mlp_hidden, "eval_fingerprint": None, DATA_ID: summary.data_id,
+           "init_fingerprint_common": summary.init_fingerprint_common, "path": str(run),
+           ARM_SOURCE: summary.arm_source, NUMERICS: numerics_label(summary.versions, summary.numerics_history)}
+    row.update({key: getattr(summary, key) for key in FINGERPRINTS})
     if varied:
         row["config_fingerprint"], row[SETTINGS] = fingerprints_without(config, varied) if config else (None, None)
     else:
@@ -173,15 +173,15 @@ def _read_config(run: Path) -> dict | None:
         return None
 
 
-def _exclusion_reason(status, val_loss, summary: dict) -> str | None:
-    """None for a run that counts (`ablate.store.completed`), else why it does not."""
-    if completed(summary):
+def _exclusion_reason(status, val_loss, summary: RunSummary) -> str | None:
+    """None for a run that counts (`RunSummary.completed`), else why it does not."""
+    if summary.completed:
         return None
-    if status != "completed":
-        if status == "diverged" and summary.get("diverged_step") is not None:
-            return f"diverged at step {summary['diverged_step']}"
-        if status == "failed" and summary.get("error"):
-            return f"failed: {str(summary['error']).splitlines()[0][:120]}"
+    if status != Status.COMPLETED:
+        if status == Status.DIVERGED and summary.diverged_step is not None:
+            return f"diverged at step {summary.diverged_step}"
+        if status == Status.FAILED and summary.error:
+            return f"failed: {str(summary.error).splitlines()[0][:120]}"
         return str(status or "no status")
     return f"completed but val_loss is {val_loss!r}"
 
@@ -204,13 +204,13 @@ def _runs_from_table(path: Path) -> Runs:
             "each (tier, arm, seed) must appear once"
         )
     if "status" not in frame.columns:
-        frame = frame.with_columns(status=pl.lit("completed"))
+        frame = frame.with_columns(status=pl.lit(Status.COMPLETED.value))
     for column in FINGERPRINTS:
         if column not in frame.columns:
             frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias(column))
     finite = pl.col("val_loss").is_not_null() & pl.col("val_loss").is_finite()
     frame = frame.with_columns(
-        reason=pl.when(pl.col("status") != "completed").then(pl.col("status"))
+        reason=pl.when(pl.col("status") != Status.COMPLETED.value).then(pl.col("status"))
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
                                mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),

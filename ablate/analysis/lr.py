@@ -26,8 +26,9 @@ from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
-from ablate.store import (CONFIG, SUMMARY, iter_lr_run_dirs, lr_factor_of, read_json_file, refuse_damaged_config,
-                          run_key)
+from ablate.runconfig import RunConfig
+from ablate.store import (CONFIG, Status, iter_lr_run_dirs, read_json_file, refuse_damaged_config, run_key, run_of)
+from ablate.store_summary import RunSummary, read_summary
 from ablate.sweep import LRSweep
 from ablate.tiers import tier_rank
 
@@ -50,12 +51,12 @@ class SweepRun:
     val_loss: float | None
     reason: str | None  # None: counted; else why not (e.g. "diverged at step 12")
     path: str
-    config: dict = field(repr=False, default_factory=dict)
-    summary: dict = field(repr=False, default_factory=dict)
+    config: dict = field(repr=False, default_factory=dict)  # config.json as written: what the fingerprints read
+    summary: RunSummary = field(repr=False, default_factory=RunSummary)
 
     @property
     def diverged(self) -> bool:
-        return self.status == "diverged"
+        return self.status == Status.DIVERGED
 
 
 @dataclass(frozen=True)
@@ -123,26 +124,26 @@ def sweep_runs(folder: str | Path) -> list[SweepRun]:
     found, seen = [], {}
     for run in iter_lr_run_dirs(folder):
         way_out = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
-        summary = read_json_file(run / SUMMARY, way_out)
+        summary = read_summary(run, way_out)
         try:
             config = read_json_file(run / CONFIG, way_out)
         except FileNotFoundError:
             raise AblateError(f"sweep run {run} has no {CONFIG}: its settings cannot be compared; {WAY_OUT}") from None
-        if not config.get("selection_tokens"):
+        settings = RunConfig.from_dict(config)
+        if not settings.selection_tokens:
             continue  # a confirmatory run at an arm's best LR: the tuned table's, not the sweep's
         refuse_damaged_config(run, summary)
-        tier, arm = run.parent.parent.parent.name, run.parent.parent.name
-        if config.get("tier") != tier or config.get("arm") != arm:
-            raise AblateError(f"{run} holds a run of {config.get('tier')}/{config.get('arm')} (a moved folder?); "
+        name = run_of(run)
+        if settings.tier != name.tier or settings.arm != name.arm:
+            raise AblateError(f"{run} holds a run of {settings.tier}/{settings.arm} (a moved folder?); "
                               "move it out of the experiment folder")
-        reason = _exclusion_reason(summary.get("status"), summary.get("val_loss"), summary)
-        selection = _finite(summary.get("selection_loss"))
+        reason = _exclusion_reason(summary.status, summary.val_loss, summary)
+        selection = _finite(summary.selection_loss)
         if reason is None and selection is None:
             reason = "completed without a selection loss"
-        seed, factor = int(run.name.removeprefix("seed")), lr_factor_of(run)
-        refuse_twice(seen, (tier, arm, factor, seed), run_key(tier, arm, seed, factor), run)
-        found.append(SweepRun(tier, arm, seed, factor, float(config["lr"]), summary.get("status"), selection,
-                              _finite(summary.get("val_loss")), reason, str(run), config, summary))
+        refuse_twice(seen, (name.tier, name.arm, name.lr_factor, name.seed), name.key, run)
+        found.append(SweepRun(name.tier, name.arm, name.seed, name.lr_factor, float(settings.lr), summary.status,
+                              selection, _finite(summary.val_loss), reason, str(run), config, summary))
     if not found:
         raise AblateError(f"no LR-sweep runs (<tier>/<arm>/lr<f>/seed<k>) under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --sweep` makes them")
@@ -231,7 +232,7 @@ def _paths(runs: list[SweepRun]) -> str:
 
 
 def _same(group: list[SweepRun], key: str, only_completed: bool, what: str) -> None:
-    values = [(r, r.summary.get(key)) for r in group if r.summary.get(key) is not None
+    values = [(r, getattr(r.summary, key)) for r in group if getattr(r.summary, key) is not None
               and (not only_completed or r.reason is None)]
     for run, value in values[1:]:
         if value != values[0][1]:

@@ -16,7 +16,8 @@ from pathlib import Path
 from ablate.analysis.escape import markdown_cell
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.errors import AblateError
-from ablate.store import INJECT_FILE, PROBE_FILE, final_weights_sha256, iter_run_dirs, read_json
+from ablate.store import INJECT_FILE, PROBE_FILE, iter_run_dirs, read_json, run_of
+from ablate.store_summary import final_weights_sha256
 from ablate.tiers import tier_rank
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ def _runs_with(experiment_dir, filename: str, stale: list[str] | None = None):
             if stale is not None:
                 stale.append(str(folder))
             continue
-        tier, arm, seed = folder.parent.parent.name, folder.parent.name, int(folder.name.removeprefix("seed"))
+        named = run_of(folder)
+        tier, arm, seed = named.tier, named.arm, named.seed
         run = data.get("run") if isinstance(data.get("run"), dict) else {}
         claimed = {"tier": run.get("tier", tier), "arm": run.get("arm", arm), "seed": run.get("seed", seed)}
         if (str(claimed["tier"]), str(claimed["arm"]), str(claimed["seed"])) != (tier, arm, str(seed)):

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from ablate.analysis.plots import _save, arm_styles, figure
-from ablate.store import SUMMARY, read_json
+from ablate.store_summary import RunSummary, read_summary
 from ablate.tiers import TASKS, TIERS
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
@@ -39,14 +39,14 @@ def _panels(tier: str) -> tuple[tuple, tuple[str, ...]]:
         "key absent", "key present")
 
 
-def task_runs(runs) -> dict[str, dict[str, list[dict]]]:
+def task_runs(runs) -> dict[str, dict[str, list[RunSummary]]]:
     """{task tier: {arm: [summary, …] in seed order}} of the counted runs of task tiers."""
     counted = runs.completed.filter(pl.col("tier").map_elements(
         lambda t: t in TIERS and TIERS[t].task is not None, return_dtype=pl.Boolean))
-    out: dict[str, dict[str, list[dict]]] = {}
+    out: dict[str, dict[str, list[RunSummary]]] = {}
     for row in counted.sort("seed").iter_rows(named=True):
-        summary = read_json(Path(row["path"]) / SUMMARY)
-        if isinstance(summary.get("signature"), dict):
+        summary = read_summary(Path(row["path"]))
+        if isinstance(summary.signature, dict):
             out.setdefault(row["tier"], {}).setdefault(row["arm"], []).append(summary)
     return {tier: {arm: by_arm[arm] for arm in runs.arm_order if arm in by_arm} for tier, by_arm in out.items()}
 
@@ -59,7 +59,7 @@ def _mean_sd(values: list[float | None]) -> str:
     return f"{statistics.fmean(values):.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
 
 
-def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
+def testbed_markdown(tier: str, by_arm: dict[str, list[RunSummary]]) -> str:
     """Per arm: seeds learned, loss at the budget, area under the curve, and the signature (mean ± sd)."""
     panels, _ = _panels(tier)
     keys = [key for _, per_case in panels for key in per_case if key is not None]
@@ -68,10 +68,10 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
     head = ["arm", "seeds learned", "val_loss", "val_loss_auc"] + names
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, summaries in by_arm.items():
-        learned = sum(s["val_accuracy"] >= LEARNED_ACCURACY for s in summaries)
-        cells = [arm, f"{learned}/{len(summaries)}", _mean_sd([s["val_loss"] for s in summaries]),
-                 _mean_sd([s["val_loss_auc"] for s in summaries])]
-        cells += [_mean_sd([s["signature"].get(key) for s in summaries]) for key in keys]
+        learned = sum(s.val_accuracy >= LEARNED_ACCURACY for s in summaries)
+        cells = [arm, f"{learned}/{len(summaries)}", _mean_sd([s.val_loss for s in summaries]),
+                 _mean_sd([s.val_loss_auc for s in summaries])]
+        cells += [_mean_sd([s.signature.get(key) for s in summaries]) for key in keys]
         lines.append("| " + " | ".join(cells) + " |")
     where = ("junk: reads of a queried key that carry a decoy value; the gate is measured on the reads themselves, "
              "the rest at answer positions; – for an arm without a value gate" if panels is FILTER_PANELS
@@ -81,7 +81,7 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[dict]]) -> str:
             f"heads; {where}. Mean ± sd over seeds.\n\n" + "\n".join(lines))
 
 
-def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
+def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> None:
     """The declared quantity (the loss at the budget), then one panel per signature quantity; per arm its seeds
     as dots (at absent and present keys, or at junk and clean reads)."""
     # Colour and marker: a custom arm (oracle-gate) may share a built-in arm's colour, never both
@@ -93,7 +93,7 @@ def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
     width = 0.8 / max(len(by_arm), 1)
     declared = axes[0]
     for k, (arm, summaries) in enumerate(by_arm.items()):
-        losses = [s["val_loss"] for s in summaries if s.get("val_loss") is not None]
+        losses = [s.val_loss for s in summaries if s.val_loss is not None]
         declared.scatter([k] * len(losses), losses, s=14, **styles[arm])
     declared.set_xticks(range(len(by_arm)), labels=list(by_arm), rotation=30, fontsize=8)
     declared.set_title("declared quantity: val_loss at the budget", fontsize=10)
@@ -103,7 +103,7 @@ def plot_testbed(tier: str, by_arm: dict[str, list[dict]], path: Path) -> None:
         for k, (arm, summaries) in enumerate(by_arm.items()):
             for i, key in enumerate(per_case):
                 x = i + (k - (len(by_arm) - 1) / 2) * width
-                values = [v for v in (s["signature"].get(key) for s in summaries) if key and v is not None]
+                values = [v for v in (s.signature.get(key) for s in summaries) if key and v is not None]
                 ax.scatter([x] * len(values), values, s=14, **styles[arm], label=arm if i == 0 else None)
         shown = [label for label, key in zip(labels, per_case) if key is not None]
         ax.set_xticks(range(len(shown)), labels=shown)

@@ -27,8 +27,9 @@ from ablate.analysis.lr import LRAt, check_lr_factors
 from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
-from ablate.store import (CONFIG, SUMMARY, iter_lr_run_dirs, iter_run_dirs, lr_factor_of, read_json_file,
-                          refuse_damaged_config, run_key)
+from ablate.runconfig import RunConfig
+from ablate.store import CONFIG, iter_lr_run_dirs, iter_run_dirs, read_json_file, refuse_damaged_config, run_of
+from ablate.store_summary import RunSummary, read_summary
 
 ALLOWED = ("lr",)
 WAY_OUT = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
@@ -42,26 +43,24 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     seed) — a copied `lr2.0` beside `lr2` is refused —, every identity the grid's rows carry (data_id, the
     fingerprints, what computed it), and each run's lr is its folder's factor × the tier's lr."""
     folder = Path(folder)
-    candidates = [run for run in iter_run_dirs(folder) if run.parent.parent.name in best] + [
-        run for run in iter_lr_run_dirs(folder) if run.parent.parent.parent.name in best]
+    candidates = [run for run in [*iter_run_dirs(folder), *iter_lr_run_dirs(folder)] if run_of(run).tier in best]
     rows, seen, lrs, selection_starts = [], {}, [], {}
     for run in candidates:
-        factor = lr_factor_of(run)
-        tier, arm = (run.parent.parent.parent if factor is not None else run.parent.parent).name, \
-            (run.parent.parent if factor is not None else run.parent).name
+        name = run_of(run)
+        tier, arm, factor = name.tier, name.arm, name.lr_factor
         config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
-        if config is not None and config.get("selection_tokens"):
-            _note_selection_start(selection_starts, tier, run, config, read_json_file(run / SUMMARY, WAY_OUT))
+        settings = RunConfig.from_dict(config) if config is not None else RunConfig()
+        if settings.selection_tokens:
+            _note_selection_start(selection_starts, tier, run, settings, read_summary(run, WAY_OUT))
             continue  # a sweep run: it chose the LR, so it never confirms it
-        if config is not None and isinstance(config.get("lr"), (int, float)):
-            lrs.append(LRAt(str(run), tier, factor or 1.0, float(config["lr"])))
+        if isinstance(settings.lr, (int, float)):
+            lrs.append(LRAt(str(run), tier, factor or 1.0, float(settings.lr)))
         if arm not in best[tier] or (factor or 1.0) != float(best[tier][arm]):
             continue
-        summary = read_json_file(run / SUMMARY, WAY_OUT)
+        summary = read_summary(run, WAY_OUT)
         refuse_damaged_config(run, summary)
-        seed = int(run.name.removeprefix("seed"))
-        refuse_twice(seen, (tier, arm, seed), run_key(tier, arm, seed, factor), run)
-        rows.append(store_row(run, tier, arm, seed, summary, config, ALLOWED))
+        refuse_twice(seen, (tier, arm, name.seed), name.key, run)
+        rows.append(store_row(run, tier, arm, name.seed, summary, config, ALLOWED))
     check_lr_factors(lrs)
     _refuse_reaching_selection(rows, selection_starts)
     if not rows:
@@ -77,16 +76,16 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     return runs
 
 
-def _validation_reach(config: dict | None, summary: dict) -> int | None:
+def _validation_reach(config: RunConfig, summary: RunSummary) -> int | None:
     """Where a run's final validation windows end in the val split (tokens from its start), from the tokens it
     evaluated (windows × seq_len) and its windows of seq_len + 1; None when not recorded."""
-    evaluated, seq_len = summary.get("val_tokens_evaluated"), (config or {}).get("seq_len")
+    evaluated, seq_len = summary.val_tokens_evaluated, config.seq_len
     if not isinstance(evaluated, int) or not isinstance(seq_len, int) or seq_len <= 0:
         return None
     return evaluated // seq_len * (seq_len + 1)
 
 
-def _note_selection_start(starts: dict, tier: str, run: Path, config: dict, summary: dict) -> None:
+def _note_selection_start(starts: dict, tier: str, run: Path, config: RunConfig, summary: RunSummary) -> None:
     """The first val-split token of the sweep's selection split (right after the sweep run's own validation
     windows: `ablate.data.order.selection_windows`), the earliest over the tier's sweep runs."""
     start = _validation_reach(config, summary)
@@ -101,8 +100,8 @@ def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
         if row["tier"] not in starts or row["reason"] is not None:
             continue
         run = Path(row["path"])
-        config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
-        reach = _validation_reach(config, read_json_file(run / SUMMARY, WAY_OUT))
+        config = RunConfig.from_dict(read_json_file(run / CONFIG, WAY_OUT)) if (run / CONFIG).is_file() else RunConfig()
+        reach = _validation_reach(config, read_summary(run, WAY_OUT))
         start, sweep_run = starts[row["tier"]]
         if reach is not None and reach > start:
             raise AblateError(

@@ -31,6 +31,8 @@ def add_commands(subparsers) -> None:
 
 def run_command(args) -> int:
     from ablate.experiment import RunSpec  # the library loads in the handler: `ablate --help` stays torch-free
+    from ablate.store import Status
+    from ablate.store_summary import RunSummary
     from ablate.train import run_as
 
     if args.arm_file:
@@ -38,9 +40,9 @@ def run_command(args) -> int:
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
     options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
                    compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
-    summary, child = run_as(spec, args.results, args.data, args.force, options)
-    if not child:
-        print(json.dumps({k: summary.get(k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
-                                                     "init_fingerprint", "data_fingerprint", "config_fingerprint",
-                                                     "val_fingerprint", "val_tokens_evaluated")}, indent=2))
-    return 0 if summary.get("status") in ("completed", "diverged") else 1
+    summary = RunSummary.of((outcome := run_as(spec, args.results, args.data, args.force, options))[0])
+    if not outcome[1]:  # a data-parallel child reports nothing: its parent does
+        print(json.dumps({k: getattr(summary, k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
+                                                          "init_fingerprint", "data_fingerprint", "config_fingerprint",
+                                                          "val_fingerprint", "val_tokens_evaluated")}, indent=2))
+    return 0 if summary.status in (Status.COMPLETED, Status.DIVERGED) else 1

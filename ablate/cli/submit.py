@@ -100,13 +100,15 @@ def lr_runs(args, experiment, results):
     if args.sweep:
         return experiment.sweep_runs(args.tiers, args.arms)
     from ablate.analysis.lr import lr_table, sweep_runs
+    from ablate.store import Status
 
     sweep = experiment.declared_sweep()
     folder = results / experiment.name
     table = lr_table(folder, sweep.margin, sweep.delta, sweep=sweep)
     best = table.best_factors()
     wanted = {tier: list(dict.fromkeys(args.arms or experiment.arm_names())) for tier in args.tiers or sweep.tiers}
-    done = {(r.tier, r.arm, r.factor, r.seed) for r in sweep_runs(folder) if r.status in ("completed", "diverged")}
+    done = {(r.tier, r.arm, r.factor, r.seed) for r in sweep_runs(folder)
+            if r.status in (Status.COMPLETED, Status.DIVERGED)}
     unfinished = {f"{s.tier}/{s.arm}" for s in experiment.sweep_runs(args.tiers, args.arms)
                   if (s.tier, s.arm, s.lr_factor, s.seed) not in done}  # a best LR of part of the sweep is no best
     lacking = sorted(unfinished | {f"{tier}/{arm}" for tier, arms in wanted.items() for arm in arms

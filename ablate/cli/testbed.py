@@ -68,7 +68,7 @@ def _other_budget(testbed, experiment) -> str | None:
     from ablate.config import resolve_config  # the library loads in the handler: see ablate.cli
 
     def budgets(grid) -> set[int]:
-        return {resolve_config(s)["steps"] for s in grid.runs() if s.arm == "baseline" and s.seed == 0}
+        return {resolve_config(s).steps for s in grid.runs() if s.arm == "baseline" and s.seed == 0}
 
     declared, looked = budgets(testbed), budgets(experiment)
     if looked == declared:

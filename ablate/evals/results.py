@@ -31,7 +31,8 @@ import os
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.store import EVAL_FILE, final_weights_sha256, read_json_file
+from ablate.store import EVAL_FILE, read_json_file
+from ablate.store_summary import final_weights_sha256
 
 SETTINGS_KEYS = ("task_version", "lm_eval_version", "limit", "num_fewshot", "data")
 GOLD = "gold_logprob"  # a per-item score (RUN/eval_items/), never a metric of eval.json: tables need --by-item
@@ -60,7 +61,7 @@ def eval_problem(entry: dict, run_weights: str | None) -> str | None:
     """Why a task's entry of eval.json is not a score of this run's final weights; None when it is.
 
     The one decision the table, the report and `ablate status` all take (through `valid_evals`):
-    `run_weights` is `ablate.store.final_weights_sha256` of the run folder.
+    `run_weights` is `ablate.store_summary.final_weights_sha256` of the run folder.
     """
     if run_weights is None:
         return "the run has not completed with final weights to score"

@@ -32,18 +32,9 @@ from ablate.evals.tasks import (
 from ablate.experiment import RunSpec, start_task
 from ablate.lock import FileLock
 from ablate.modelio import default_device, load_run
-from ablate.store import (completed,
-    CHECKPOINTS,
-    EVAL_FILE,
-    FINAL_WEIGHTS,
-    SUMMARY,
-    atomic_write_json,
-    iter_run_dirs,
-    run_key,
-    read_json_file,
-    run_lock_path,
-    verified_weights_sha256,
-)
+from ablate.store import (CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, SUMMARY, atomic_write_json, iter_run_dirs,
+                          run_lock_path, run_of)
+from ablate.store_summary import RunSummary, read_summary, verified_weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +47,9 @@ def require_lm_eval() -> None:
         raise AblateError("lm-eval is not installed: pip install -e '.[eval]' (the `eval` extra)") from err
 
 
-def run_summary(folder: str | os.PathLike) -> dict | None:
+def run_summary(folder: str | os.PathLike) -> RunSummary | None:
     """The run's summary.json, None when the folder has none (weights saved by hand)."""
-    path = Path(folder) / SUMMARY
-    if not path.is_file():
-        return None
-    return read_json_file(path, "rerun that run (`ablate run ... --force` keeps the damaged folder aside)")
+    return read_summary(folder) if (Path(folder) / SUMMARY).is_file() else None
 
 
 def weights_path(folder: str | os.PathLike) -> Path:
@@ -129,7 +117,7 @@ def _evaluate(folder, names, limit, batch_size, task_data, bootstrap_iters, devi
 
     built = build_tasks(names, task_data)  # first: a missing dataset fails before the weights load
     model, config, _ = load_run(folder, device or default_device())
-    lm = AblateLM(model, batch_size=batch_size, device=device or default_device(), loss_chunk=config.get("loss_chunk"))
+    lm = AblateLM(model, batch_size=batch_size, device=device or default_device(), loss_chunk=config.loss_chunk)
     start = time.perf_counter()
     results = lm_eval.simple_evaluate(model=lm, tasks=list(built.values()), limit=limit,
                                       bootstrap_iters=bootstrap_iters, log_samples=True,
@@ -151,21 +139,21 @@ def folder_runs_to_evaluate(experiment_dir, tiers=None, arms=None, seeds=None) -
     its run folders (`iter_run_dirs`, as every table counts them), filtered by tier, arm and seed."""
     folders, skipped = [], []
     for folder in iter_run_dirs(experiment_dir):
-        tier, arm, seed_dir = folder.relative_to(experiment_dir).parts
-        seed = int(seed_dir.removeprefix("seed"))
-        if (tiers and tier not in tiers) or (arms and arm not in arms) or (seeds is not None and seed not in seeds):
+        run = run_of(folder)
+        if (tiers and run.tier not in tiers) or (arms and run.arm not in arms) or (seeds is not None
+                                                                                    and run.seed not in seeds):
             continue
-        _sort_evaluable(folder, run_key(tier, arm, seed), folders, skipped)
+        _sort_evaluable(folder, run.key, folders, skipped)
     return folders, skipped
 
 
 def _sort_evaluable(folder: Path, key: str, folders: list[Path], skipped: list[str]) -> None:
     """Adds a completed run with final weights to `folders`, any other to `skipped` with its status."""
     summary = run_summary(folder)
-    if summary is not None and completed(summary) and weights_path(folder).is_file():
+    if summary is not None and summary.completed and weights_path(folder).is_file():
         folders.append(folder)
     else:
-        skipped.append(f"{key}: {(summary or {}).get('status') or 'not started'}")
+        skipped.append(f"{key}: {(summary or RunSummary()).status or 'not started'}")
 
 
 class EvalJob:

@@ -310,7 +310,7 @@ def inject_run(run_dir: str | Path, sweep: Sweep = Sweep(), *, n_batches: int = 
         if batches is None:
             batches = validation_batches_for_run(config, n_batches, batch_size)
         result = inject_model(model, batches, cutoff=sweep.cutoff, eps=sweep.eps, junk=sweep.junk, seed=sweep.seed,
-                              progress=progress, loss_chunk=config.get("loss_chunk"))
+                              progress=progress, loss_chunk=config.loss_chunk)
         result = {"evidence": evidence_note(identity["tier"]), **result}
         previous = read_json(path) if path.is_file() else {}
         previous = previous if isinstance(previous, dict) and previous.get("weights_sha256") == weights_sha256 else {}
