@@ -28,7 +28,7 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.kinds import INCREMENTS
+from ablate.increments import INCREMENTS
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
