@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ablate.comparison import Comparison  # declared in experiment files: `from ablate.experiment import Comparison`
 from ablate.errors import AblateError
-from ablate.family import Family
+from ablate.family import Comparison, Family  # Comparison is declared in experiment files: from ablate.experiment
 from ablate.power import FAMILIES
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, check_name_length, run_dir, run_key

@@ -1,4 +1,5 @@
-"""The declared family: which comparisons (and scale slopes) Holm adjusts together, and its m, from the design.
+"""The declared comparisons (`Comparison`, what an experiment's `hypotheses` name) and their family: which
+comparisons (and scale slopes) Holm adjusts together, and its m, from the design.
 
 One rule, read by everyone who needs m: the planner (`plan --power` splits α over it), the sequential design
 (its boundaries are set for it), the tables and the scale family (Holm's m), and the report (which states it).
@@ -12,22 +13,59 @@ the gaps (filtering − zero option) the design can form; the pipeline-check tie
 tier) are a group apart, since they carry no evidence. A sequential design spends α over the declared
 comparisons only, so its family has no slopes.
 
-Torch-free and low in the layers: the experiment and the analysis both build it.
+Torch-free and low in the layers: the experiment and the analysis both build it. `Comparison` lives here, with
+the family its members form, rather than in a module of its own (comparison.py, carved out of experiment.py to
+keep that file under 400 lines): a comparison is declared for the family it is tested in. Experiment files
+import it from `ablate.experiment`, beside `Experiment`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ablate.errors import AblateError
 from ablate.increments import INCREMENTS, gaps_of, increments_of
 from ablate.power import FAMILIES
+from ablate.store import check_name
 from ablate.tiers import is_pipeline_check
 
 # The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
 PIPELINE_GROUP = "pipeline-check"
 STUDY_GROUP = "all"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A declared comparison: Δ = L_minuend − L_subtrahend per seed at every tier (positive: the
+    subtrahend, the arm, lowers the loss), as the paired tables define Δ against a reference.
+    `tiers`: only these of the experiment's tiers (empty: all of them)."""
+
+    name: str
+    minuend: str
+    subtrahend: str
+    tiers: Sequence[str] = ()
+
+    def __post_init__(self):
+        check_name("comparison", self.name)
+        if isinstance(self.tiers, str) or not all(isinstance(t, str) for t in self.tiers):
+            raise AblateError(f"comparison {self.name!r}: tiers is a list of tier names, not {self.tiers!r}")
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        for role in ("minuend", "subtrahend"):
+            if not isinstance(getattr(self, role), str) or not getattr(self, role):
+                raise AblateError(f"comparison {self.name!r}: its {role} must be an arm's name, not "
+                                  f"{getattr(self, role)!r}")
+        if self.minuend == self.subtrahend:
+            raise AblateError(f"comparison {self.name!r} compares arm {self.minuend!r} with itself; name two "
+                              "different arms")
+
+    @property
+    def description(self) -> str:
+        return f"{self.minuend} − {self.subtrahend}"
+
+    def at(self, tier: str) -> bool:
+        """Whether the comparison is declared at `tier`."""
+        return not self.tiers or tier in self.tiers
 
 
 @dataclass(frozen=True)

@@ -317,9 +317,8 @@ def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05,
     """`plan --sequential`: the group-sequential design every declared comparison follows (`ablate.power`), its
     GPU-hours per tier (at the first look and at the most, at the grid's per-seed cost), the command that
     starts it, and with `effect` and `sd` its power and expected seeds under that effect (by simulation,
-    `ablate.boundaries.sequential_operating`) beside the fixed design's power at the experiment's seed counts."""
-    from ablate.power import power  # kept with the power planning
-    from ablate.boundaries import sequential_design, sequential_operating  # numpy work only when a design is planned
+    `ablate.power.sequential_operating`) beside the fixed design's power at the experiment's seed counts."""
+    from ablate.power import power, sequential_design, sequential_operating  # kept with the power planning
 
     _declared(experiment)
     if (effect is None) != (sd is None):

@@ -4,7 +4,7 @@ A group-sequential design holds its α only if it is fixed before its first look
 never bent afterwards. So the design is one typed, frozen value (`SequentialDesign`), written once to
 the ledger and read back through `recorded_design`, which refuses a record that is damaged or whose
 boundaries are not the ones (α, m, looks, max seeds) give: the boundaries are deterministic
-(`ablate.boundaries.sequential_design`, a fixed calibration seed), so they are recomputed, never trusted as
+(`ablate.power.sequential_design`, a fixed calibration seed), so they are recomputed, never trusted as
 written. `check_declares` refuses an experiment file whose declared comparisons, family or family size
 m no longer match the recorded design (a comparison added after the first look would otherwise be judged
 at the m = 1 boundary). Torch-free: the analysis and status read it.
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.boundaries import sequential_design
-from ablate.power import FAMILIES
+from ablate.power import FAMILIES, sequential_design
 from ablate.store import LEDGER, iter_run_dirs, read_ledger, run_of
 from ablate.store_summary import read_summary
 
@@ -38,7 +37,7 @@ def _boundaries(alpha: float, family_size: int, looks: int, max_seeds: int) -> d
 class SequentialDesign:
     """What `submit --sequential` fixed at its first submit: the declared comparisons as (name, minuend,
     subtrahend), their family, α, the number of looks and the seeds at the last one; `boundaries` is the
-    `ablate.boundaries.sequential_design` object they give (looks' seed counts and |t| boundaries)."""
+    `ablate.power.sequential_design` object they give (looks' seed counts and |t| boundaries)."""
 
     comparisons: tuple[tuple[str, str, str], ...]
     family: str

@@ -2,6 +2,11 @@
 
 Torch-free records: the experiment expands it into runs (`Experiment.sweep_runs`), the store names their
 folders (`<tier>/<arm>/lr<f>/seed<k>`), the analysis reads them (`ablate.analysis.lr`).
+
+A room of its own by its concept, not to keep experiment.py short: the analysis reads the declared sweep (its
+factors, seeds, margin and δ decide which runs count and how the best LR is chosen) and may not import the
+experiment (the import contract in pyproject.toml: the analysis never runs experiment files), so the sweep's
+declaration sits below both. Experiment files import it from `ablate.experiment`, beside `Experiment`.
 """
 
 from __future__ import annotations

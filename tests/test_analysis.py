@@ -299,7 +299,8 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
     """One registry (`ablate.analysis.kinds`): build_table, argparse and the renderers take their kinds from it,
     so a kind registered there is listed and built, and any other name is refused in one line everywhere
     (build_table used to build an overlap table for any name it did not know)."""
-    from ablate.analysis.kinds import KINDS, TableKind, register_kind
+    from ablate.analysis.build import build_losses
+    from ablate.analysis.kinds import BUILDERS, KINDS, TableKind, builds, register_kind
     from ablate.cli import main
 
     for name, kind in KINDS.items():
@@ -312,13 +313,15 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
     with pytest.raises(SystemExit):
         main(["table", str(store), "--kind", "lossess"])
     assert "invalid choice: 'lossess'" in capsys.readouterr().err
-    register_kind(TableKind("final-losses", "ablate.analysis.build:build_losses", "t", "e", "a kind added in a test"))
+    register_kind(TableKind("final-losses", "t", "e", "a kind added in a test"))
+    builds("final-losses", render)(build_losses)
     try:
         assert build_table(runs, "final-losses").kind == "losses"
         assert main(["table", str(store), "--kind", "final-losses", "--format", "csv"]) == 0
         assert capsys.readouterr().out.startswith("tier,arm,")
     finally:
         KINDS.pop("final-losses")
+        BUILDERS.pop("final-losses")
 
 
 def test_kind_format_and_reference_errors(runs):

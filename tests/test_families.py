@@ -25,7 +25,7 @@ from ablate.analysis.scale_family import scale_members
 from ablate.analysis.scale_text import trend_sentence
 from ablate.analysis.stats import holm
 from ablate.analysis.tables import EXPLORATORY
-from ablate.boundaries import sequential_design
+from ablate.power import sequential_design
 from ablate.family import Family
 from ablate.tiers import tier_rank
 from analysis_fixtures import write_store

@@ -7,6 +7,7 @@ import ast
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,19 +64,60 @@ def test_every_function_local_import_says_why():
     assert silent == [], "function-local imports without a reason beside them:\n" + "\n".join(silent)
 
 
-# ~400 lines is a habit, not a cap: a room kept whole around its concept may pass it, named here with the reason.
-# The list stays short: a file that falls back under the habit leaves it.
+# ~400 lines is a habit, not a cap: a room is kept whole around its concept, never carved to fit (comparison.py,
+# sweep.py and boundaries.py once were; see the docstrings of ablate/family.py, ablate/sweep.py, ablate/power.py).
+# A file over the habit is a warning, not a failure; the rooms that are over it by design are named here with the
+# reason. The list stays short: a file that falls back under the habit leaves it.
 OVER_THE_HABIT = {
     "ablate/analysis/report.py": "one report: its sections are one list of functions of one ReportContext",
     "ablate/analysis/hypotheses.py": "the declared table, its family and its sequential decisions read one Declared",
     "ablate/lock.py": "one lock: local and other-host staleness, torn locks and the contender's own clock",
+    "ablate/power.py": "how many seeds, fixed or group-sequential: one question on one arithmetic (its checks and "
+                       "float-resolution rule), which the sequential half had to import when it lived apart",
 }
+MAX_NAMED = 8  # more named exceptions than this and the habit means nothing: look at the rooms again
 
 
-def test_no_file_is_over_the_habit_but_the_named_exceptions():
-    long = {str(p.relative_to(REPO)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert set(long) <= set(OVER_THE_HABIT), f"over {MAX_LINES} lines and not named with a reason: {long}"
-    assert set(OVER_THE_HABIT) <= set(long), "a named exception is back under the habit: drop it from the list"
+class HabitWarning(UserWarning):
+    """A file over the ~400-line habit that is not named with its reason, or a named one back under it."""
+
+
+def habit_notes(lengths: dict[str, int], named) -> list[str]:
+    """One line per file the habit has something to say about: over it and not named, or named and under it."""
+    over = {path for path, n in lengths.items() if n > MAX_LINES}
+    notes = [f"{path}: {lengths[path]} lines, over the {MAX_LINES}-line habit and not named in OVER_THE_HABIT "
+             "(tests/test_house.py): if it is one concept, name it there with the reason; if it holds two, split it "
+             "where they part, never just to fit" for path in sorted(over - set(named))]
+    notes += [f"{path}: {lengths[path]} lines, back under the {MAX_LINES}-line habit: drop it from OVER_THE_HABIT"
+              for path in sorted(set(named) - over) if path in lengths]
+    return notes
+
+
+def warn_over_the_habit(lengths: dict[str, int], named) -> list[str]:
+    """A `HabitWarning` per note (pytest lists them under the run's warnings summary); the notes."""
+    notes = habit_notes(lengths, named)
+    for note in notes:
+        warnings.warn(HabitWarning(note), stacklevel=2)
+    return notes
+
+
+def test_a_file_over_the_habit_is_a_warning_not_a_failure():
+    """The habit is checked, and said, but never fails the suite: a warning per file it has a note on."""
+    lengths = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sources()}
+    warn_over_the_habit(lengths, OVER_THE_HABIT)
+    assert sorted(set(OVER_THE_HABIT) - set(lengths)) == [], "a named exception names no file of the package"
+    assert len(OVER_THE_HABIT) <= MAX_NAMED and all(reason.strip() for reason in OVER_THE_HABIT.values())
+
+
+def test_the_habit_names_each_file_it_has_a_note_on():
+    lengths = {"ablate/long.py": MAX_LINES + 1, "ablate/edge.py": MAX_LINES, "ablate/named.py": MAX_LINES + 50,
+               "ablate/thinned.py": 120}
+    with pytest.warns(HabitWarning) as caught:
+        notes = warn_over_the_habit(lengths, {"ablate/named.py": "one concept", "ablate/thinned.py": "one concept"})
+    assert [str(w.message) for w in caught] == notes and len(notes) == 2
+    assert notes[0].startswith(f"ablate/long.py: {MAX_LINES + 1} lines, over the {MAX_LINES}-line habit and not named")
+    assert notes[1] == (f"ablate/thinned.py: 120 lines, back under the {MAX_LINES}-line habit: drop it from "
+                        "OVER_THE_HABIT")
 
 
 RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "run.log", "ledger.json", "state.pt", "model.pt",

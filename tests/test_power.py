@@ -17,8 +17,8 @@ import pytest
 from scipy import stats
 
 from ablate.errors import AblateError
-from ablate.power import Pilot, pilot_sd, pilot_warning, power_rows, sd_upper_limit, seeds_needed
-from ablate.boundaries import look_seeds, obrien_fleming_spent, sequential_decision, sequential_design
+from ablate.power import (Pilot, look_seeds, obrien_fleming_spent, pilot_sd, pilot_warning, power_rows,
+                          sd_upper_limit, seeds_needed, sequential_decision, sequential_design)
 
 ROW_FIELDS = {"tier", "comparison", "sd", "effect", "alpha", "family_size", "target_power", "seeds",
               "seeds_conservative", "gpu_hours"}

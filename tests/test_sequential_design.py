@@ -23,7 +23,7 @@ from ablate.analysis.load import load_runs
 from ablate.analysis.render import render
 from ablate.cli import main
 from ablate.errors import AblateError
-from ablate.boundaries import sequential_decision, sequential_design
+from ablate.power import sequential_decision, sequential_design
 from ablate.sequential import SequentialDesign, recorded_design
 from ablate.store import LEDGER, record_ledger
 from analysis_fixtures import write_run

@@ -11,7 +11,7 @@ from ablate.analysis.render import render
 from ablate.analysis.build import build_table
 from ablate.cli import main
 from ablate.errors import AblateError
-from ablate.boundaries import sequential_design
+from ablate.power import sequential_design
 from ablate.sequential import SEQUENTIAL, recorded_design
 from ablate.store import read_ledger, record_ledger
 from analysis_fixtures import write_run

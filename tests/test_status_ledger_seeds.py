@@ -14,7 +14,7 @@ from ablate.config import resolve_config
 from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.paths import default_results
-from ablate.boundaries import sequential_design
+from ablate.power import sequential_design
 from ablate.sequential import SEQUENTIAL
 from ablate.store import record_ledger
 from analysis_fixtures import write_run

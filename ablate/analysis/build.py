@@ -1,14 +1,18 @@
 """`build_table`: the one entry point the commands and the report use, a kind's table (`ablate.analysis.kinds`)
 from a source's runs, with p adjusted over the experiment's declared comparisons when it declares them
-(`ablate.analysis.hypotheses`). The builders of the kinds whose rows are paired-seed statistics are here."""
+(`ablate.analysis.hypotheses`). Every kind's builder is here, registered for its kind with its renderer
+(`@builds`) when this module is imported: whoever builds a table has imported it, so every kind has its builder."""
 
 from __future__ import annotations
 
 from ablate.analysis.hypotheses import adjust_over_family, count_diverged, exploratory_metric_table
-from ablate.analysis.kinds import KINDS, get_kind
+from ablate.analysis.kinds import builds, check_options, get_kind
+from ablate.analysis.lr import lr_table, render_lr
+from ablate.analysis.render import render
 from ablate.analysis.runs import Runs
 from ablate.analysis.scale import ScaleTable
 from ablate.analysis.scale_family import study_family
+from ablate.analysis.scale_text import render_scale
 from ablate.analysis.tables import Table, increments_table, losses_table, overlap_table, paired_table
 from ablate.errors import AblateError
 
@@ -23,9 +27,7 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
     (`ablate.analysis.scale_family`).
     """
     spec = get_kind(kind)
-    if reference is not None and not spec.takes_reference:
-        takes = "/".join(name for name, k in KINDS.items() if k.takes_reference)
-        raise AblateError(f"--reference applies to --kind {takes} only; the {kind} table has fixed arms ({spec.fixed})")
+    check_options(spec, ["--reference"] * (reference is not None) + ["--metric"] * (runs.metric is not None))
     return spec.build(runs, reference, declared)
 
 
@@ -43,22 +45,27 @@ def _adjusted(table: Table, runs: Runs, declared) -> Table:
     return adjust_over_family(table, family) if family is not None else table
 
 
+@builds("paired", render)
 def build_paired(runs: Runs, reference: str | None, declared) -> Table:
     return _adjusted(paired_table(runs, reference or "baseline"), runs, declared)
 
 
+@builds("increments", render)
 def build_increments(runs: Runs, reference: str | None, declared) -> Table:
     return _adjusted(increments_table(runs), runs, declared)
 
 
+@builds("overlap", render)
 def build_overlap(runs: Runs, reference: str | None, declared) -> Table:
     return _adjusted(overlap_table(runs), runs, declared)
 
 
+@builds("losses", render)
 def build_losses(runs: Runs, reference: str | None, declared) -> Table:
     return losses_table(runs)
 
 
+@builds("declared", render)
 def build_declared(runs: Runs, reference: str | None, declared) -> Table:
     family = _family(runs, declared)
     if family is None:
@@ -67,13 +74,13 @@ def build_declared(runs: Runs, reference: str | None, declared) -> Table:
     return family
 
 
+@builds("scale", render_scale)
 def build_scale(runs: Runs, reference: str | None, declared) -> ScaleTable:
     return study_family(runs, declared)[1]  # its own shape (rows and crossings): `ablate.analysis.scale`
 
 
+@builds("lr", render_lr)
 def build_lr(runs: Runs, reference: str | None, declared):
     """The LR sweep's table of the source's folder, at the default margin and δ (`ablate table --kind lr` reads the
     experiment's own from its LRSweep: `ablate.cli.analysis._lr_command`)."""
-    from ablate.analysis.lr import lr_table  # reason: the sweep's reader is loaded only for its own table
-
     return lr_table(runs.root)

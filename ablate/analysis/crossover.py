@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from ablate.analysis.scale import GAPS, crossing_of, fit_quantity
-from ablate.analysis.kinds import DESCRIPTIONS
+from ablate.increments import DESCRIPTIONS
 from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.tiers import tier_rank
 

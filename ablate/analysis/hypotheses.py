@@ -11,7 +11,7 @@ gets them as plain values (`Declared`), never the experiment file. With declarat
 * every other table takes p_holm of a row from that family when the row is a declared comparison
   (same tier, same two arms) and marks every other row `exploratory`: unadjusted p, p_holm empty,
   never called supported;
-* with a sequential design (`ablate.boundaries.sequential_design`, recorded by `submit --sequential`) each
+* with a sequential design (`ablate.power.sequential_design`, recorded by `submit --sequential`) each
   row also says the look reached, the decision and the interval valid for that design, and a
   comparison is supported only when the design decided "effect" (the fixed-sample p ignores the looks).
 """
@@ -28,13 +28,12 @@ import polars as pl
 
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.analysis.kinds import INCREMENTS
+from ablate.increments import INCREMENTS
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
-from ablate.boundaries import sequential_decision
 from ablate.family import PIPELINE_GROUP, STUDY_GROUP, Family
-from ablate.power import FAMILIES
+from ablate.power import FAMILIES, sequential_decision
 from ablate.sequential import recorded_design
 from ablate.store import LEDGER
 from ablate.tiers import tier_rank

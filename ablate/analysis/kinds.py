@@ -1,30 +1,29 @@
-"""The table kinds, each declared once: its name, the function that builds it, its title and caption, whether
-it takes `--reference`, and whether it is one of the report's paired-seed tables. `ablate table --kind`
-(argparse), `build_table`, the renderers and the report all read this registry, so an unknown kind is
-refused in one line naming the valid ones, everywhere.
+"""The table kinds, each declared once: its name, title and caption, and what the commands and the report ask
+of it by name (whether it takes `--reference`, `--metric`, `--tuned`, `--by-item`; whether the report writes
+it; whether it is one of the report's paired-seed tables). `ablate table --kind` (argparse), `build_table`,
+the renderers and the report all read this registry, so an unknown kind is refused in one line naming the
+valid ones, everywhere, and no reader compares a kind's name to decide what it may do.
 
-Import-light (no polars): the CLI lists the kinds without loading the analysis, so a builder is named by
-its module and function (`TableKind.builder`) and imported when a table of that kind is built. A new kind
-is one `register_kind(TableKind(...))` here, beside a builder `(runs, reference, declared) -> table`.
+Words only, and below the code that builds the tables: the CLI lists the kinds without loading polars, and
+this module imports no builder. Each builder registers itself for its kind (`@builds("paired", render)` in
+`ablate.analysis.build`, the one entry point); a kind whose builder is not registered is refused in one line
+when it is built. A new kind is one `register_kind(TableKind(...))` here and one `@builds(...)` on its
+builder `(runs, reference, declared) -> table`.
 
-The 2×2 overlap's gates are declared here too (`OVERLAP_GATES`), the study's increments in `ablate.increments`
-(the planner counts them as well): the tables compute them and every caption, legend and description is
-written from them.
+The quantities the tables compute (the increments, the 2×2 overlap's gates) and the words for each are
+declared in `ablate.increments`; every caption here is written from them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
+from typing import Any, Callable
 
-from ablate.errors import choice_error
-from ablate.increments import INCREMENTS  # noqa: F401 (read here by the tables, captions and report)
+from ablate.errors import AblateError, choice_error
+from ablate.increments import DESCRIPTIONS, INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
 
-# gate → (the gate alone, the gate with sink-logit); gains are against baseline.
-OVERLAP_GATES = {"norm": ("norm-gate", "combo"), "proj": ("proj-gate", "combo2")}
-OVERLAP_BASE, OVERLAP_SINK = "baseline", "sink-logit"
-DESCRIPTIONS = {**{q: f"{ref} − {arm}" for q, (ref, arm) in INCREMENTS.items()},
-                **{g: f"{alone} with {both}" for g, (alone, both) in OVERLAP_GATES.items()}}
+Builder = Callable[[Any, "str | None", Any], Any]  # (runs, reference, declared) -> a table
+Renderer = Callable[[Any, str], str]  # (table, fmt) -> text
 
 _INCREMENT_TERMS = "; ".join(f"{q} = {DESCRIPTIONS[q]}" for q in INCREMENTS)
 _GATE_TERMS = "; ".join(f"{g}: {DESCRIPTIONS[g]}" for g in OVERLAP_GATES)
@@ -32,15 +31,19 @@ _GATE_TERMS = "; ".join(f"{g}: {DESCRIPTIONS[g]}" for g in OVERLAP_GATES)
 
 @dataclass(frozen=True)
 class TableKind:
-    """One kind of table. `builder` is "module:function" under ablate.analysis, called as
-    builder(runs, reference, declared); `renderer` ("module:function", (table, fmt) -> text) writes it as text;
-    `title` and `explain` may use {reference}; `metric_explain` is the
-    caption for an `ablate eval` metric ({gain}, {m}, {s}: see `ablate.analysis.render.caption`), None when
-    the kind is the loss's only; `fixed` says what the table compares when it takes no reference;
-    `family` names the family Holm adjusts over in one of the report's paired-seed tables (`paired_seed`)."""
+    """One kind of table. `title` and `explain` may use {reference}; `metric_explain` is the caption for an
+    `ablate eval` metric ({gain}, {m}, {s}: see `ablate.analysis.render.caption`), None when the kind is the
+    loss's only; `fixed` says what the table compares when it takes no reference; `family` names the family
+    Holm adjusts over in one of the report's paired-seed tables (`paired_seed`).
+
+    What the commands ask: `takes_reference` (`--reference`), `takes_metric` (`--metric`: a downstream metric
+    instead of the loss), `tunable` (`--tuned`: each arm at its own best LR beside the shared LR), `by_item`
+    (`--by-item`: a downstream metric paired by item), `sweep` (the LR sweep's own table, read with the
+    experiment's LRSweep). What the report asks: `in_report` (it writes the table as .md and .csv),
+    `needs_declared` (the table exists only when the experiment declares comparisons) and `effect`, how its
+    lists name one row ({tier}, {key}: the row's arm or quantity, {reference}, {description})."""
 
     name: str
-    builder: str
     title: str
     explain: str
     help: str
@@ -49,23 +52,30 @@ class TableKind:
     fixed: str = ""
     paired_seed: bool = False
     family: str = ""
-    renderer: str = "ablate.analysis.render:render"
+    takes_metric: bool = True
+    tunable: bool = False
+    by_item: bool = False
+    sweep: bool = False
+    in_report: bool = False
+    needs_declared: bool = False
+    effect: str = "{tier} {key}"
 
     def build(self, runs, reference: str | None = None, declared=None):
-        """The table of this kind (its builder is imported here: see the module's docstring)."""
-        return _named(self.builder)(runs, reference, declared)
+        """The table of this kind, by the builder registered for it (`builds`)."""
+        return _made_by(self.name)[0](runs, reference, declared)
 
     def render(self, table, fmt: str) -> str:
-        """The table as text in `fmt` (md, csv, latex, json), by this kind's renderer."""
-        return _named(self.renderer)(table, fmt)
+        """The table as text in `fmt` (md, csv, latex, json), by the renderer registered with its builder."""
+        return _made_by(self.name)[1](table, fmt)
 
-
-def _named(where: str):
-    module, function = where.split(":")
-    return getattr(import_module(module), function)
+    def effect_name(self, row: dict, key: str, reference: str | None) -> str:
+        """How the report's lists name one row of this kind's table."""
+        return self.effect.format(tier=row["tier"], key=row[key], reference=reference,
+                                  description=DESCRIPTIONS.get(row[key], ""))
 
 
 KINDS: dict[str, TableKind] = {}
+BUILDERS: dict[str, tuple[Builder, Renderer]] = {}  # kind → (its builder, its renderer): see `builds`
 
 
 def register_kind(kind: TableKind) -> TableKind:
@@ -80,26 +90,92 @@ def get_kind(name: str) -> TableKind:
     return KINDS[name]
 
 
+def builds(name: str, renderer: Renderer) -> Callable[[Builder], Builder]:
+    """Decorator: `@builds("paired", render) def build_paired(runs, reference, declared)` makes the function
+    the builder of the declared kind `name`, and `renderer` (table, fmt) -> text the writer of its tables.
+
+    The builder's module registers it when it is imported (`build_table`'s module imports every module
+    that holds one), so this module names no builder. A second, different builder for one kind is refused;
+    the same function defined again (its module loaded twice) is the same builder."""
+    get_kind(name)
+
+    def register(builder: Builder) -> Builder:
+        old = BUILDERS.get(name)
+        if old is not None and _where(old[0]) != _where(builder):
+            raise AblateError(f"table kind {name!r} is already built by {_where(old[0])}; one kind has one builder")
+        BUILDERS[name] = (builder, renderer)
+        return builder
+
+    return register
+
+
+def _where(function) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _made_by(name: str) -> tuple[Builder, Renderer]:
+    if name not in BUILDERS:
+        raise AblateError(f"table kind {name!r} has no builder: decorate one with @builds({name!r}, renderer) in "
+                          "a module that build_table's module imports")
+    return BUILDERS[name]
+
+
 def paired_seed_kinds() -> tuple[str, ...]:
     """The report's paired-seed tables, in order (each its own family of Holm's adjustment)."""
     return tuple(name for name, kind in KINDS.items() if kind.paired_seed)
 
 
-BUILD = "ablate.analysis.build"
+def report_kinds(declares: bool) -> tuple[str, ...]:
+    """The tables the report writes, in order; those that need declared comparisons only when there are some."""
+    return tuple(name for name, kind in KINDS.items() if kind.in_report and (declares or not kind.needs_declared))
+
+
+def names_where(attribute: str) -> list[str]:
+    """The kinds whose `attribute` is true, in order: what an error lists as the valid kinds for an option."""
+    return [name for name, kind in KINDS.items() if getattr(kind, attribute)]
+
+
+# A command's option → the attribute of a kind that says whether the kind takes it.
+OPTIONS = {"--reference": "takes_reference", "--metric": "takes_metric", "--tuned": "tunable", "--by-item": "by_item"}
+
+
+def check_options(kind: TableKind, given) -> None:
+    """Refuse the first option of `given` (names in OPTIONS) that `kind` does not take, in one line naming the
+    kinds that take it."""
+    for option in given:
+        if getattr(kind, OPTIONS[option]):
+            continue
+        takes = _listed(names_where(OPTIONS[option]))
+        raise AblateError({
+            "--reference": f"--reference applies to --kind {takes} only; the {kind.name} table has fixed arms "
+                           f"({kind.fixed})",
+            "--metric": f"--metric (a downstream metric instead of the loss) applies to --kind {takes} only, not "
+                        f"{kind.name}",
+            "--tuned": f"--tuned pairs the arms at their own best LRs: use it with --kind {takes}, not {kind.name}",
+            "--by-item": f"--by-item makes the {takes} table only, not --kind {kind.name}; drop --kind or --by-item",
+        }[option])
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 register_kind(TableKind(
-    "paired", f"{BUILD}:build_paired", "Paired differences against {reference}",
+    "paired", "Paired differences against {reference}",
     "Δ = L_{reference} − L_arm per seed; positive: the arm lowers the loss",
     "paired differences of every arm against --reference (default baseline)",
     metric_explain="Δ = {gain} per seed; positive: the arm is better", takes_reference=True, paired_seed=True,
-    family="the arms of one tier against the reference"))
+    family="the arms of one tier against the reference", tunable=True, by_item=True, in_report=True,
+    effect="{tier} {key} vs {reference}"))
 register_kind(TableKind(
-    "increments", f"{BUILD}:build_increments", "Zero-option and filtering increments",
+    "increments", "Zero-option and filtering increments",
     f"{_INCREMENT_TERMS}; positive: the quantity lowers the loss",
     "the zero-option and filtering increments",
     metric_explain=f"{_INCREMENT_TERMS}, each a difference of m = {{m}}; positive: the quantity improves {{s}}",
-    fixed=_INCREMENT_TERMS, paired_seed=True, family="the increments of one tier"))
+    fixed=_INCREMENT_TERMS, paired_seed=True, family="the increments of one tier", tunable=True, in_report=True,
+    effect="{tier} {key} ({description})"))
 register_kind(TableKind(
-    "overlap", f"{BUILD}:build_overlap", "2×2 overlap of sink-logit with each value gate",
+    "overlap", "2×2 overlap of sink-logit with each value gate",
     f"overlap = g_sink + g_gate − g_both per seed, gains g against baseline ({_GATE_TERMS}); positive: together "
     "the two lower the loss by less than the sum of their separate gains",
     "the 2×2 overlap of sink-logit with each value gate",
@@ -107,27 +183,28 @@ register_kind(TableKind(
                    f"({_GATE_TERMS}); positive: together the two improve {{s}} by less than the sum of their "
                    "separate gains",
     fixed="; ".join(f"{g}: {OVERLAP_BASE}, {OVERLAP_SINK}, {DESCRIPTIONS[g]}" for g in OVERLAP_GATES),
-    paired_seed=True, family="the overlaps of one tier"))
+    paired_seed=True, family="the overlaps of one tier", tunable=True, in_report=True,
+    effect="{tier} {key} overlap ({description})"))
 register_kind(TableKind(
-    "losses", f"{BUILD}:build_losses", "Final validation loss per arm",
+    "losses", "Final validation loss per arm",
     "absolute final val_loss over the counted seeds (mean ± sd, n); lower is better",
     "absolute final losses per arm",
     metric_explain="the metric over the counted seeds as m = {m} (mean ± sd, n)",
-    fixed="every arm's absolute loss"))
+    fixed="every arm's absolute loss", in_report=True))
 register_kind(TableKind(
-    "declared", f"{BUILD}:build_declared", "Declared comparisons",
+    "declared", "Declared comparisons",
     "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: the subtrahend "
     "lowers the loss",
     "the experiment's declared comparisons (p_holm over that family)",
-    fixed="the declared comparisons' arms"))
+    fixed="the declared comparisons' arms", takes_metric=False, tunable=True, in_report=True, needs_declared=True))
 register_kind(TableKind(
-    "scale", f"{BUILD}:build_scale", "Scale model: slopes per decade of parameters and crossings",
+    "scale", "Scale model: slopes per decade of parameters and crossings",
     "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per decade "
     "(ablate.analysis.scale renders it: CAPTION there)",
     "the scale model (slopes per decade, crossings)",
-    fixed="every increment, declared comparison and gap", renderer="ablate.analysis.scale_text:render_scale"))
+    fixed="every increment, declared comparison and gap"))
 register_kind(TableKind(
-    "lr", f"{BUILD}:build_lr", "LR sweep: each arm's loss per lr factor and its best factor",
+    "lr", "LR sweep: each arm's loss per lr factor and its best factor",
     "the final loss of each arm at every lr factor of its sweep (LRSweep), and the factor that minimises it",
     "the LR sweep: each arm's loss per lr factor, its best factor (ablate.analysis.lr)",
-    fixed="each arm's sweep", renderer="ablate.analysis.lr:render_lr"))
+    fixed="each arm's sweep", takes_metric=False, sweep=True))

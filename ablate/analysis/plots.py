@@ -14,16 +14,18 @@ import polars as pl
 
 from ablate.analysis.crossover import (FILTERING_FORMS, ZERO_OPTION, Crossover, find_crossover,  # noqa: F401
                                        format_params, sized)
-from ablate.analysis.kinds import DESCRIPTIONS, INCREMENTS
+from ablate.increments import DESCRIPTIONS, INCREMENTS
 from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
 from ablate.tiers import tier_rank
 
-# One fixed style per arm in every figure of every report, derived from the arm's place in BUILTIN_ARMS (a new
-# built-in arm is one edit there): baseline black, solid, drawn on top; the others a colour, a marker and a line
-# style, cycling at coprime lengths (8 colours, 7 markers) so that no two of the first 56 arms share colour and
-# marker, and arms that share a colour differ in line style. Custom arms follow the built-ins in their order.
+# One fixed style per arm in every figure of every report, derived from the arm's place in BUILTIN_ARMS (the order
+# ablate/arms/builtin.py registers them in, read from that file: a new built-in arm is one edit, its class there,
+# and its style follows; no list of colours by arm to keep in step): baseline black, solid, drawn on top; the
+# others a colour, a marker and a line style, cycling at coprime lengths (8 colours, 7 markers) so that no two of
+# the first 56 arms share colour and marker, and arms that share a colour differ in line style. Custom arms follow
+# the built-ins in their order.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 MARKERS = ("o", "s", "^", "v", "D", "P", "X")
 LINESTYLES = ("-", "--", ":")

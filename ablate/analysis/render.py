@@ -16,7 +16,8 @@ import math
 from ablate.errors import choice_error
 from ablate.analysis.figures import figure
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.kinds import DESCRIPTIONS, get_kind
+from ablate.analysis.kinds import get_kind
+from ablate.increments import DESCRIPTIONS
 from ablate.analysis.tables import MARK_NOTES, Table
 from ablate.tiers import TIERS
 

@@ -37,11 +37,11 @@ from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import decision_text, effect_cells, format_p, render
 from ablate.analysis.testbed import plot_testbed, task_runs, testbed_markdown
 from ablate.analysis.build import build_table
-from ablate.analysis.kinds import (DESCRIPTIONS, INCREMENTS, KINDS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK,
-                                   paired_seed_kinds)
+from ablate.analysis.kinds import KINDS, get_kind, paired_seed_kinds, report_kinds
 from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
+from ablate.increments import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
 from ablate.store import REPORT_DIR, atomic_write_bytes
 from ablate.sweep import LRSweep
 
@@ -50,11 +50,11 @@ ALPHA = 0.05
 
 @dataclass
 class ReportContext:
-    """What every section may use. `tables` maps each kind of KINDS to its table."""
+    """What every section may use. `tables` maps each kind the report writes (`report_kinds`) to its table."""
 
     runs: Runs
     out_dir: Path
-    tables: dict[str, Table]  # KINDS and "losses", and "declared" when the experiment declares comparisons
+    tables: dict[str, Table]  # `report_kinds`: "declared" only when the experiment declares comparisons
     crossovers: list[Crossover]
     scale: ScaleTable | None = None
     written: list[Path] = field(default_factory=list)
@@ -108,7 +108,7 @@ def overview_section(ctx: ReportContext) -> str:
 
 def tables_section(ctx: ReportContext) -> str:
     lines = ["## Tables", ""]
-    for kind in (*_kinds(ctx), "losses", *([DECLARED] if DECLARED in ctx.tables else [])):
+    for kind in (k for k in ctx.tables if k not in ctx.left_out):
         table = ctx.tables[kind]
         ctx.write(f"{kind}.md", render(table, "md"))
         ctx.write(f"{kind}.csv", render(table, "csv"))
@@ -380,10 +380,7 @@ def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
 
 
 def _effect_name(table: Table, row: dict) -> str:
-    if table.kind == "paired":
-        return f"{row['tier']} {row['arm']} vs {table.reference}"
-    name = f"{row[table.key]} overlap" if table.kind == "overlap" else row[table.key]
-    return f"{row['tier']} {name} ({DESCRIPTIONS[row[table.key]]})"
+    return get_kind(table.kind).effect_name(row, table.key, table.reference)
 
 
 def write_report(source: str | os.PathLike, sections: list[Section] | None = None,
@@ -407,9 +404,7 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
     tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
-              for kind in (*paired_seed_kinds(), "losses")}
-    if declared is not None:
-        tables[DECLARED] = build_table(runs, DECLARED, declared=declared)
+              for kind in report_kinds(declared is not None)}
     crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,

@@ -11,7 +11,7 @@ from ablate.analysis.scale import (CROSSING_COLUMNS, EXPLORATORY, GAP_DESCRIPTIO
 from ablate.analysis.scale_family import NO_DECLARATIONS, NOT_SUPPORTED, SUPPORTED
 from ablate.analysis.figures import figure
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.kinds import DESCRIPTIONS
+from ablate.increments import DESCRIPTIONS
 from ablate.errors import choice_error
 
 

@@ -19,7 +19,7 @@ import polars as pl
 
 from ablate.errors import AblateError
 from ablate.store import run_key
-from ablate.analysis.kinds import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
+from ablate.increments import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
 from ablate.analysis.numerics import MIXED_NUMERICS, MIXED_NUMERICS_NOTE, mixed_numerics
 from ablate.analysis.runs import NOT_EVALUATED, Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm_by, paired_differences, summarise

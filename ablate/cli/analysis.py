@@ -65,17 +65,24 @@ def table_command(args: argparse.Namespace) -> int:
     from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
     from ablate.analysis.build import build_table
     from ablate.analysis.hypotheses import declared_for
+    from ablate.analysis.kinds import check_options, get_kind
+    from ablate.errors import AblateError
     from ablate.experiment import named_experiment, results_of
 
+    kind = get_kind(args.kind)
+    check_options(kind, [option for option, given in (("--reference", args.reference), ("--metric", args.metric),
+                                                      ("--tuned", args.tuned), ("--by-item", args.by_item)) if given])
+    if args.tuned and args.metric:
+        raise AblateError("--tuned compares the validation loss at each arm's own best LR: drop --metric")
     if args.by_item:
         return _by_item(args)
-    if args.kind == "lr" or args.tuned:
-        return _lr_command(args)
+    if kind.sweep or args.tuned:
+        return _lr_command(args, kind)
     experiment = named_experiment(args.source)  # its file is executed once, here
     folder = results_of(args.source, args.results, experiment)
     runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
-    table = build_table(runs, args.kind, args.reference, declared_for(experiment, folder))
-    text = KINDS[args.kind].render(table, args.format)
+    table = build_table(runs, kind.name, args.reference, declared_for(experiment, folder))
+    text = kind.render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
@@ -92,29 +99,24 @@ def lr_settings(experiment) -> tuple[float, float]:
     return (sweep.margin, sweep.delta) if sweep is not None else (MARGIN, DELTA)
 
 
-def _lr_command(args: argparse.Namespace) -> int:
+def _lr_command(args: argparse.Namespace, kind) -> int:
+    """The LR sweep's own table (`kind.sweep`), or a tunable kind's table at the shared and the tuned LRs
+    (`--tuned`), with the margin and δ of the experiment's LRSweep."""
     import json  # the library loads in the handler: see ablate.cli
 
     from ablate.analysis.lr import lr_table, render_lr
     from ablate.analysis.render import render
     from ablate.analysis.hypotheses import declared_for
     from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
-    from ablate.errors import AblateError
     from ablate.experiment import named_experiment, results_of
 
-    if args.metric or (args.kind == "lr" and (args.tuned or args.reference)):
-        raise AblateError("--kind lr is the LR sweep's own table (no --metric, --reference or --tuned); --tuned "
-                          "goes with --kind paired, increments, overlap or declared")
-    if args.kind in ("losses", "scale"):
-        raise AblateError(f"--tuned pairs the arms at their own best LRs: use it with --kind paired, increments, "
-                          f"overlap or declared, not {args.kind}")
     experiment = named_experiment(args.source)
     folder = results_of(args.source, args.results, experiment)
     sweep = experiment.lr_sweep if experiment is not None else None
     table = lr_table(folder, *lr_settings(experiment), sweep=sweep, allow_unverified=args.allow_unverified)
-    if args.kind == "lr":
+    if kind.sweep:
         return _emit(args, render_lr(table, args.format))
-    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), args.kind, args.reference,
+    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), kind.name, args.reference,
                                                 declared_for(experiment, folder), args.allow_unverified)
     if args.format == "json":
         text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
@@ -135,8 +137,6 @@ def _by_item(args: argparse.Namespace) -> int:
     if args.metric is None:
         raise AblateError("--by-item pairs a downstream metric by item: give --metric TASK/METRIC "
                           "(e.g. hellaswag/acc_norm or hellaswag/gold_logprob)")
-    if args.kind != "paired":
-        raise AblateError(f"--by-item makes the paired table only, not --kind {args.kind}; drop --kind or --by-item")
     runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified)
     table = items_table(runs, args.metric, args.reference or "baseline")
     text = render_items(table, args.format)

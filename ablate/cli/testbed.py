@@ -103,9 +103,11 @@ def testbed_command(args) -> int:
               f"{', '.join(experiment.tiers)}: its rows in the paired table below are exploratory (unadjusted p, "
               "never called supported)")
     budget = _other_budget(testbed, experiment)
-    for kind in ("declared", "paired") if experiment.hypotheses else ("paired",):
-        table = build_table(runs, kind, None, declared)
-        print(KINDS[kind].render(exploratory_table(table, budget) if budget else table, "md"))
+    for kind in (KINDS["declared"], KINDS["paired"]):
+        if kind.needs_declared and not experiment.hypotheses:
+            continue
+        table = build_table(runs, kind.name, None, declared)
+        print(kind.render(exploratory_table(table, budget) if budget else table, "md"))
     for tier, by_arm in task_runs(runs).items():
         print(testbed_markdown(tier, by_arm) + "\n")
     if failed:
