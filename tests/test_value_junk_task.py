@@ -206,13 +206,14 @@ def test_the_testbed_figure_shows_the_loss_per_seed_and_the_gate_on_junk_against
     """The report's figure for a value-junk tier: the declared quantity per seed, then Filter's panels, among them
     the value gate at junk reads beside clean reads, each seed a dot."""
     import ablate.analysis.testbed as testbed
+    from ablate.store_summary import RunSummary
 
     saved = []
     monkeypatch.setattr(testbed, "_save", lambda fig, path: saved.append(fig))
     signature = {"junk_mass": 0.5, "clean_mass": 0.5, "junk_weight": 0.1, "output_norm": 1.0, "gate_junk": 0.2,
                  "gate_clean": 0.9}
-    by_arm = {arm: [{"val_loss": 0.7 - seed / 100, "val_loss_auc": 0.8, "val_accuracy": 0.5, "signature": signature}
-                    for seed in range(3)]
+    by_arm = {arm: [RunSummary.of({"val_loss": 0.7 - seed / 100, "val_loss_auc": 0.8, "val_accuracy": 0.5,
+                                   "signature": signature}) for seed in range(3)]
               for arm in ("baseline", "proj-gate")}
     testbed.plot_testbed("value-junk-direction", by_arm, tmp_path / "f.png")
     axes = saved[0].axes
