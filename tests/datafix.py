@@ -50,8 +50,11 @@ def _in_this_process(argv, cwd, extra) -> subprocess.CompletedProcess:
     working folder, torch's thread count, the arms and modules an experiment file registers, the log level."""
     import torch
 
+    from ablate.arms import list_arms
     from ablate.arms.base import _REGISTRY
     from ablate.cli import main
+
+    list_arms()  # the package's own arms registered first: they stay, as in a process that imported them
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()

@@ -54,7 +54,8 @@ def test_make_test_hands_out_whole_files_in_the_suite_s_order_and_runs_every_mar
     assert workers == ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]  # xdist's count reorder: off
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     pytest_line = next(line for line in recipe.splitlines() if "pytest" in line)
-    assert "$(PYTEST_WORKERS)" in pytest_line and " -m " not in pytest_line  # slow, slurm and benchmark all run
+    options = pytest_line.split(" pytest ", 1)[1]
+    assert "$(PYTEST_WORKERS)" in options and "-m " not in options  # slow, slurm and benchmark all run
 
 
 def test_every_test_file_that_runs_a_benchmark_script_marks_it():
@@ -99,8 +100,8 @@ def test_the_command_in_this_process_puts_back_what_it_changes(tmp_path, sample_
                     f"    seeds=1, overrides={{'max_steps': 1, 'data_dir': {str(sample_data)!r}}})\n")
     arms, cwd, env, threads = list_arms(), os.getcwd(), dict(os.environ), torch.get_num_threads()
     for _ in range(2):  # twice: the file registers its arm again, as in a fresh process
-        shown = ablate_cli("status", file, "--results", tmp_path / "r", "--json", cwd=tmp_path, env={"X_TEST": "1"})
-        assert json.loads(shown.stdout)["runs"][0]["arm"] == "test-registered-by-a-file"
+        shown = ablate_cli("submit", file, "--dry-run", "--results", tmp_path / "r", cwd=tmp_path, env={"X_TEST": "1"})
+        assert "smoke/test-registered-by-a-file/seed0" in shown.stdout
     assert list_arms() == arms and os.getcwd() == cwd and dict(os.environ) == env
     assert torch.get_num_threads() == threads
 
