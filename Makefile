@@ -35,14 +35,18 @@ cluster:
 cluster-stop:
 	bash slurm/local-cluster.sh stop
 
-# Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores.
+# Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores. Each worker
+# takes a whole test file at a time, the longest files first (tests/suite_order.py), so that a long file never
+# starts last and a file's module fixtures are built once. Every mark runs: slow, slurm and benchmark.
+PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
+
 test: install cluster
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --durations=10
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=20
 
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not slurm"
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m "not slurm"
 
 demo: $(BASE)
 	$(BIN)/ablate data prepare --source sample --out data/sample

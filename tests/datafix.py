@@ -1,8 +1,13 @@
-"""Shared test data: the shipped sample prepared once per test session (offline)."""
+"""Shared test data: the shipped sample prepared once per test session (offline), and the `ablate` command run
+in this process (most tests) or in a fresh one (the tests about the process boundary)."""
 
+import contextlib
+import io
+import logging
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,14 +23,80 @@ def prepared_sample(root: Path) -> Path:
     return prepare("sample", root / "sample", progress_bar=False)
 
 
-def ablate_cli(*args, cwd=None, env=None, check=True, timeout=600) -> subprocess.CompletedProcess:
-    """Run the real `ablate` command in a fresh process (what a user types)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    result = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=cwd or REPO, env=full_env,
-                            capture_output=True, text=True, timeout=timeout)
+def ablate_cli(*args, cwd=None, env=None, check=True, timeout=600, process=False) -> subprocess.CompletedProcess:
+    """Run the `ablate` command and return its exit code, stdout and stderr.
+
+    In this process by default: `ablate.cli.main(argv)` with stdout, stderr and ablate's log lines captured, in
+    `cwd` and with `env` added to the environment, both put back afterwards. Starting Python and torch again costs
+    seconds a call, and a test about what a command does is not about the process it runs in. `process=True` runs
+    the real command in a fresh process (what a user types): each command keeps a test that does (timeout applies
+    there only)."""
+    argv = list(map(str, args))
+    extra = {"OMP_NUM_THREADS": "1", **(env or {})}
+    result = _in_a_process(argv, cwd, extra, timeout) if process else _in_this_process(argv, cwd, extra)
     if check and result.returncode != 0:
-        raise AssertionError(f"ablate {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr[-3000:]}")
+        raise AssertionError(f"ablate {' '.join(argv)} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result
+
+
+def _in_a_process(argv, cwd, extra, timeout) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *argv], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _in_this_process(argv, cwd, extra) -> subprocess.CompletedProcess:
+    """main(argv) as the command runs it, with what it may change in this process put back: the environment, the
+    working folder, torch's thread count, the arms and modules an experiment file registers, the log level."""
+    import torch
+
+    from ablate.arms import list_arms
+    from ablate.arms.base import _REGISTRY
+    from ablate.cli import main
+
+    list_arms()  # the package's own arms registered first: they stay, as in a process that imported them
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    arms, modules = dict(_REGISTRY), set(sys.modules)
+    root = logging.getLogger()
+    handler = logging.StreamHandler(err)  # what the command's logging.basicConfig gives a fresh process
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if {"-v", "--verbose"} & set(argv) else logging.INFO)
+    os.environ.update(extra)
+    try:
+        os.chdir(cwd or REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = _exit_code(main, argv, err)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        _REGISTRY.clear()
+        _REGISTRY.update(arms)
+        for name in set(sys.modules) - modules:
+            if name.startswith("ablate_experiment_"):
+                del sys.modules[name]
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return subprocess.CompletedProcess(["ablate", *argv], code, out.getvalue(), err.getvalue())
+
+
+def _exit_code(main, argv, err) -> int:
+    """main's return value, argparse's exit, or 1 with the traceback on stderr (as an uncaught error in a process)."""
+    try:
+        return int(main(argv) or 0)
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        err.write(f"{exit_.code}\n")  # sys.exit("message"): Python prints it and exits 1
+        return 1
+    except Exception:  # noqa: BLE001 (what Python prints for a command that dies of it)
+        err.write(traceback.format_exc())
+        return 1
 
 
 def ablate_on_path(root: Path, **extra) -> dict:

@@ -13,6 +13,7 @@ from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 
 H, HKV, D, C = 4, 2, 8, 32
+EXAMPLES = ("qk-norm", "temperature", "alibi")  # registered after the study's arms, left out of arms="all"
 
 
 def small_model(arm, fused=True, **kw):
@@ -48,7 +49,9 @@ def qkvx(T=11, B=2, seed=0, scale=1.0):
 
 
 def test_registry_has_the_twelve_arms_in_spec_order():
-    assert tuple(list_arms()[:12]) == BUILTIN_ARMS
+    """The study's twelve in the spec's order, then the registered examples (tests/test_arms_scores.py)."""
+    package_arms = [a for a in list_arms() if get_arm(a).__module__.startswith("ablate.")]  # not a test's own
+    assert tuple(package_arms[:15]) == BUILTIN_ARMS + EXAMPLES
     with pytest.raises(AblateError, match="unknown arm 'nope'.*baseline.*g2-value"):
         get_arm("nope")
 
@@ -156,6 +159,7 @@ def test_extra_parameters_match_spec_table():
     per_layer = {
         "baseline": 0, "sink-logit": H, "off-by-one": 0, "norm-gate": H, "proj-gate": H * (d + 1), "renorm": H,
         "combo": 2 * H, "combo2": H * (d + 2), "g1-elementwise": C * H * d, "g1-headwise": C * H, "g2-value": C * H * d,
+        "qk-norm": 2 * d, "temperature": H, "alibi": 0,
     }
     for arm, extra in per_layer.items():
         counts = small_model(arm, n_kv_head=H).param_counts()
@@ -232,9 +236,13 @@ def test_arms_command_lists_every_arm(capsys):
     for name in BUILTIN_ARMS:
         assert name in out
     assert "denominator" in out and "value" in out and "66" in out  # proj-gate: H(d+1) = 2·33
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}  # the examples: their slot and count
+    assert rows["qk-norm"][1:3] == ["query-key", "64"]  # 2·d = 2·32
+    assert rows["temperature"][1:3] == ["query-key", "2"]
+    assert rows["alibi"][1:3] == ["score-bias", "0"]
 
 
-@pytest.mark.parametrize("name", BUILTIN_ARMS)
+@pytest.mark.parametrize("name", BUILTIN_ARMS + EXAMPLES)
 def test_fused_path_never_materialises_the_weights(name):
     """Only the flash kernel is allowed: a fallback to the math kernel (a T×T tensor) raises here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,21 +1,21 @@
 """The query-key and score-bias slots, and their registered examples (qk-norm, temperature, alibi): formulas, the
-bias beside the phantom key, init, counts, parameter matching, `ablate arms`, `arms="all"` (fused = reference and
-decoding = the full forward, composed with the phantom key and the routing slot: tests/test_arms_check.py)."""
+bias beside the phantom key, init, decay, parameter matching, `arms="all"` (fused = reference and decoding = the full
+forward, composed with the phantom key and the routing slot: tests/test_arms_check.py; their place in the registry,
+parameter counts, the fused kernel and `ablate arms`: tests/test_arms.py, beside the study's arms)."""
 
 import math
 
 import pytest
 import torch
 
-from ablate.arms import ArmContext, attention, get_arm, list_arms, study_arms
+from ablate.arms import ArmContext, attention, get_arm, study_arms
 from ablate.arms.examples import QKNorm, alibi_slopes
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.sizing import MATCH_TOLERANCE, _meta_counts, model_config
 from ablate.tiers import TIERS
-from test_arms import C, D, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
+from test_arms import C, D, EXAMPLES, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
 from test_arms_check import AlibiSink
 
-EXAMPLES = ("qk-norm", "temperature", "alibi")
 
 
 def make_composed(cls, seed=0):
@@ -28,8 +28,7 @@ def make_composed(cls, seed=0):
 
 
 def test_examples_are_registered_after_the_study_and_left_out_of_all():
-    package_arms = [a for a in list_arms() if get_arm(a).__module__.startswith("ablate.")]  # not a test's own
-    assert tuple(package_arms[:15]) == BUILTIN_ARMS + EXAMPLES
+    # (their place in the registry, after the study's twelve: tests/test_arms.py)
     # what arms="all" means: of the package's arms, the study's (an arm a test module registers joins it too)
     assert [a for a in study_arms() if get_arm(a).__module__.startswith("ablate.")] == list(BUILTIN_ARMS)
     assert not set(study_arms()) & set(EXAMPLES)
@@ -106,19 +105,7 @@ def test_query_key_slot_comes_before_rope():
     torch.testing.assert_close(seen[0], q)  # the projection as it is, not yet rotated
 
 
-def test_fused_alibi_never_materialises_the_weights():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    for name in ("alibi",):
-        arm = make_arm(name, dtype=torch.float32)
-        q, k, v, x = (t.detach().float().requires_grad_() for t in qkvx(T=64))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            o, record = attention(arm, q, k, v, x, fused=True)
-            o.sum().backward()
-        assert record is None and torch.isfinite(q.grad).all()
-
-
-def test_init_decay_and_parameter_counts():
+def test_init_and_decay():
     d = C // H
     model = small_model("qk-norm", n_kv_head=H)
     arm = model.blocks[0].attn.arm
@@ -127,10 +114,7 @@ def test_init_decay_and_parameter_counts():
     idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(small_model("temperature")(idx).logits, small_model("baseline")(idx).logits,
                                rtol=0, atol=0)  # T_h = 1 at the start: the baseline, bit for bit
-    base = small_model("baseline", n_kv_head=H).param_counts()["total"]
-    for name, per_layer in (("qk-norm", 2 * d), ("temperature", H), ("alibi", 0)):
-        counts = small_model(name, n_kv_head=H).param_counts()
-        assert counts["arm_extra"] == 2 * per_layer and counts["total"] == base + 2 * per_layer, name
+    for name in EXAMPLES:  # their parameter counts: tests/test_arms.py's table
         decay, no_decay = small_model(name).param_groups(0.1)
         arm_names = [n for n in decay["names"] + no_decay["names"] if ".arm." in n]
         assert arm_names == [n for n in no_decay["names"] if ".arm." in n], name  # none of them decays
@@ -146,12 +130,3 @@ def test_examples_are_parameter_matched_like_the_others(tier):
         gap = _meta_counts(config)["non_embedding"] / base - 1
         assert 0 <= gap <= MATCH_TOLERANCE and (gap > 0) is (name != "alibi"), (name, gap)
 
-
-def test_arms_command_lists_the_examples(capsys):
-    from ablate.cli import main
-
-    assert main(["arms", "--d-model", "64", "--n-head", "2"]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
-    assert rows["qk-norm"][1:3] == ["query-key", "64"]  # 2·d = 2·32
-    assert rows["temperature"][1:3] == ["query-key", "2"]
-    assert rows["alibi"][1:3] == ["score-bias", "0"]

@@ -116,8 +116,8 @@ def test_a_manifest_damaged_inside_is_named_with_the_field(tmp_path, sample_data
 def test_the_way_out_of_a_damaged_manifest_works(tmp_path, sample_data):
     data = damaged_copy(sample_data, tmp_path / "data", "manifest.json", as_list)
     shutil.rmtree(data)  # what the message says: delete the folder and prepare again
-    ablate_cli("data", "prepare", "--source", "sample", "--out", data, "--no-progress")
-    assert "train" in ablate_cli("data", "info", data).stdout
+    ablate_cli("data", "prepare", "--source", "sample", "--out", data, "--no-progress", process=True)
+    assert "train" in ablate_cli("data", "info", data, process=True).stdout
 
 
 @pytest.fixture(scope="module")

@@ -106,9 +106,9 @@ def test_dry_run_prints_runs_resources_and_gpu_hours(tmp_path, sample_data, slur
 def test_local_executor_runs_the_grid_and_status_reports_it(tmp_path, sample_data):
     file = write_experiment(tmp_path, "local_grid", ["baseline", "sink-logit"], 1, 3, sample_data)
     results = tmp_path / "results"
-    result = ablate_cli("submit", file, "--executor", "local", "--parallel", "2", "--results", results)
+    result = ablate_cli("submit", file, "--executor", "local", "--parallel", "2", "--results", results, process=True)
     assert "ran 2 runs here, 0 failed" in result.stdout
-    out = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)
+    out = json.loads(ablate_cli("status", file, "--results", results, "--json", process=True).stdout)
     assert out["counts"]["completed"] == 2 and all(r["steps"] == 3 for r in out["runs"])
     again = ablate_cli("submit", file, "--executor", "local", "--results", results)
     assert "nothing to submit (2 completed)" in again.stdout

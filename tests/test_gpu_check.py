@@ -28,6 +28,7 @@ import phase_memory  # noqa: E402
 
 SCRIPT = str(REPO / "benchmarks" / "gpu_check.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+pytestmark = pytest.mark.benchmark  # every test here holds a benchmarks/ script
 
 
 @pytest.fixture(scope="module")

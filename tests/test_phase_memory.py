@@ -152,6 +152,7 @@ def test_every_phase_is_estimated_and_the_micro_batch_fits_them_all():
         micro_batch_for("10M", 40, loss_chunk=0, eval_batch=4096)
 
 
+@pytest.mark.benchmark
 def test_the_estimate_bounds_the_measured_cpu_peak_of_every_phase_within_2x():
     """benchmarks/phase_memory.py measures each phase's peak resident memory (VmHWM, reset through
     /proc/self/clear_refs before the phase, over the resident memory then) in its own process."""

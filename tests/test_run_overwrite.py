@@ -13,10 +13,8 @@ import sys
 import pytest
 import torch
 
-from ablate.experiment import RunSpec
 from ablate.lock import TOKEN_ENV
 from ablate.store import read_json, run_dir, run_lock_path
-from ablate.train import run
 from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
@@ -27,11 +25,12 @@ def _args(results, data, steps=3):
             "--no-progress", "--threads", "1", "--results", results]
 
 
-def _completed(results, data, steps=3):
-    spec = RunSpec("adhoc", "smoke", "baseline", 0, {"max_steps": steps})
-    summary = run(spec, results, data_dir=str(data), progress=False, threads=1)
-    assert summary["status"] == "completed"
-    return run_dir(results, "adhoc", "smoke", "baseline", 0)
+def _completed(results, finished_runs, steps=3):
+    """A completed run of `_args` (a copy of the session's: the tests here are about what comes after it)."""
+    folder = run_dir(finished_runs(results, ("baseline", 0), experiment="adhoc", steps=steps), "adhoc", "smoke",
+                     "baseline", 0)
+    assert read_json(folder / "summary.json")["status"] == "completed"
+    return folder
 
 
 def _snapshot(root):
@@ -42,9 +41,9 @@ def _snapshot(root):
 
 
 @pytest.fixture(scope="module")
-def completed(tmp_path_factory, sample_data):
+def completed(tmp_path_factory, finished_runs):
     results = tmp_path_factory.mktemp("done")
-    return results, _completed(results, sample_data)
+    return results, _completed(results, finished_runs)
 
 
 def _without_token():
@@ -79,6 +78,7 @@ def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_hol
         before = _snapshot(folder)
         token = json.loads(lock.read_text())["token_sha256"]  # all a world-readable lock shows: no proof
         out = ablate_cli(*_args(results, sample_data), env={"LOCAL_RANK": "1", TOKEN_ENV: token}, check=False,
+                         process=True,
                          timeout=300)
         assert out.returncode == 2, out.stderr
         assert f"pid {holder.pid}" in out.stderr and "Traceback" not in out.stderr
@@ -122,8 +122,9 @@ def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, t
     assert _snapshot(folder) == before  # bitwise untouched, not one mtime changed
 
 
-def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(tmp_path, sample_data):
-    folder = _completed(tmp_path, sample_data)
+def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(tmp_path, sample_data,
+                                                                                   finished_runs):
+    folder = _completed(tmp_path, finished_runs)
     (folder / "config.json").unlink()
     before = _snapshot(folder)
     out = ablate_cli(*_args(tmp_path, sample_data), check=False, timeout=300)

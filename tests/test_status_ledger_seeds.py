@@ -53,7 +53,7 @@ def test_status_clean_eval_and_the_hint_count_the_seeds_a_sequential_design_queu
     assert sum(r["state"] == "completed" for r in rows) == 7
     shown = ablate_cli("status", file, "--results", results).stdout
     assert "completed: 7  cancelled: 1  (total 8)" in shown
-    cleaned = ablate_cli("clean", file, "--results", results, "--seeds", "3", "--dry-run", check=False)
+    cleaned = ablate_cli("clean", file, "--results", results, "--seeds", "3", "--dry-run", check=False, process=True)
     assert cleaned.returncode == 0, cleaned.stderr  # seed 3 is a seed of the experiment now
     args = argparse.Namespace(target=str(file), tiers=None, arms=None, seeds=None, results=str(results))
     with pytest.raises(AblateError, match="no completed run"):  # these fixture runs keep no final weights

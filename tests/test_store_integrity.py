@@ -44,8 +44,8 @@ def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sa
             and "weight_decay: 0.1 vs 0.5" in message)
 
 
-def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data):
-    a = train(tmp_path, "baseline", data=sample_data)
+def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data, finished_runs):
+    a = read_json(run_dir(finished_runs(tmp_path, ("baseline", 0)), "study", "smoke", "baseline", 0) / "summary.json")
     b = train(tmp_path, "combo", data=sample_data, micro_batch=2, checkpoint_interval=2)  # execution-only keys
     for key in ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint"):
         assert a[key] and a[key] == b[key], key
@@ -69,18 +69,18 @@ def _one_token_changed(sample_data, out):
     return out
 
 
-def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_data):
+def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_data, finished_runs):
     other = _one_token_changed(sample_data, tmp_path / "other-data")
-    a = train(tmp_path / "res", "baseline", data=sample_data)
+    a = read_json(run_dir(finished_runs(tmp_path / "res", ("baseline", 0)), "study", "smoke", "baseline", 0)
+                  / "summary.json")
     b = train(tmp_path / "res", "sink-logit", data=other)
     assert a["data_fingerprint"] == b["data_fingerprint"] and a["config_fingerprint"] == b["config_fingerprint"]
     with pytest.raises(AblateError, match="their val_fingerprint differs.*different validation tokens"):
         load_runs(tmp_path / "res" / "study")
 
 
-def test_an_older_run_without_fingerprints_needs_allow_unverified_and_is_named(tmp_path, sample_data):
-    train(tmp_path, "baseline", data=sample_data)
-    train(tmp_path, "sink-logit", data=sample_data)
+def test_an_older_run_without_fingerprints_needs_allow_unverified_and_is_named(tmp_path, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0), ("sink-logit", 0))
     path = run_dir(tmp_path, "study", "smoke", "sink-logit", 0) / "summary.json"
     summary = read_json(path)
     del summary["config_fingerprint"], summary["val_fingerprint"]
@@ -94,13 +94,12 @@ def test_an_older_run_without_fingerprints_needs_allow_unverified_and_is_named(t
 def test_a_csv_table_says_pairing_was_not_verified(tmp_path):
     path = tmp_path / "losses.csv"
     path.write_text("tier,arm,seed,val_loss\n10M,baseline,0,4.0\n10M,sink-logit,0,3.9\n")
-    assert "pairing NOT verified" in ablate_cli("table", path).stdout
+    assert "pairing NOT verified" in ablate_cli("table", path, process=True).stdout
 
 
 # ---------------------------------------------------------------------------------------------- 2. the store
-def test_a_forced_rerun_is_counted_once_and_a_copied_folder_is_an_error(tmp_path, sample_data):
-    train(tmp_path, "baseline", data=sample_data)
-    train(tmp_path, "sink-logit", data=sample_data)
+def test_a_forced_rerun_is_counted_once_and_a_copied_folder_is_an_error(tmp_path, sample_data, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0), ("sink-logit", 0))
     train(tmp_path, "sink-logit", data=sample_data, force=True)
     folder = run_dir(tmp_path, "study", "smoke", "sink-logit", 0)
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith("seed0.old-")]
@@ -111,8 +110,8 @@ def test_a_forced_rerun_is_counted_once_and_a_copied_folder_is_an_error(tmp_path
         load_runs(tmp_path / "study")
 
 
-def test_a_damaged_summary_is_named_with_the_way_out(tmp_path, sample_data):
-    train(tmp_path, "baseline", data=sample_data)
+def test_a_damaged_summary_is_named_with_the_way_out(tmp_path, sample_data, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0))
     path = run_dir(tmp_path, "study", "smoke", "baseline", 0) / "summary.json"
     path.write_text('{"status": "compl')
     result = ablate_cli("table", tmp_path / "study", check=False)
@@ -134,7 +133,7 @@ def test_a_second_process_on_a_running_run_is_refused_and_touches_nothing(tmp_pa
     while not read_metrics(folder / "metrics.jsonl") and time.time() < deadline:
         time.sleep(0.05)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
-    second = ablate_cli(*args, check=False, timeout=60)
+    second = ablate_cli(*args, check=False, timeout=60, process=True)
     assert second.returncode == 2, second.stderr
     assert f"pid {first.pid}" in second.stderr and socket.gethostname() in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
@@ -222,9 +221,9 @@ def test_an_interrupted_prepare_that_left_only_a_temporary_file_resumes(tmp_path
 
 
 # ---------------------------------------------------------------------------------------------- 5. no code runs
-def unfinished_run(results, data):
+def unfinished_run(results, finished_runs):
     """A run folder whose summary says it is still running: the next start resumes from its checkpoint."""
-    train(results, data=data, steps=2)
+    finished_runs(results, ("baseline", 0), steps=2)
     folder = run_dir(results, "study", "smoke", "baseline", 0)
     summary = read_json(folder / "summary.json")
     summary.update(status="running", val_loss=None)
@@ -232,8 +231,8 @@ def unfinished_run(results, data):
     return folder
 
 
-def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data):
-    folder = unfinished_run(tmp_path, sample_data)
+def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data, finished_runs):
+    folder = unfinished_run(tmp_path, finished_runs)
     marker = tmp_path / "pwned"
 
     class Exploit:
@@ -286,8 +285,8 @@ def test_a_tier_without_the_reference_arm_is_named(tmp_path):
     assert "tier 50M has no completed baseline run: its arms (combo, combo2)" in out
 
 
-def test_a_damaged_checkpoint_or_ledger_is_named(tmp_path, sample_data):
-    folder = unfinished_run(tmp_path, sample_data)
+def test_a_damaged_checkpoint_or_ledger_is_named(tmp_path, sample_data, finished_runs):
+    folder = unfinished_run(tmp_path, finished_runs)
     (folder / "checkpoints" / "state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(AblateError, match="state.pt cannot be loaded safely.*--force"):
         train(tmp_path, data=sample_data, steps=2)

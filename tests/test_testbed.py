@@ -182,6 +182,7 @@ def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     assert not (tmp_path / "r").exists()  # refused before anything ran
 
 
+@pytest.mark.benchmark
 def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(monkeypatch):
     """benchmarks/testbed_design.py builds each task tier's baseline configs with the design's fields replaced
     (a task field changes the vocabulary, steps the budget), so a design tried on Filter is Filter's."""

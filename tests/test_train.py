@@ -53,7 +53,8 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 def test_plan_command_json():
-    out = json.loads(ablate_cli("plan", "--tier", "124M", "--arms", "baseline", "combo2", "--json").stdout)
+    plan = ablate_cli("plan", "--tier", "124M", "--arms", "baseline", "combo2", "--json", process=True)
+    out = json.loads(plan.stdout)
     arms = {r["arm"]: r for r in out["runs"]}
     assert arms["combo2"]["params_arm_extra"] == 18 * 12 * (64 + 2)  # H(d+2) per layer
     assert "TFLOP/s" in out["assumption"] and out["total_runs"] == 6
@@ -89,9 +90,10 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
     assert (folder / "checkpoints" / "model.pt").is_file()
 
 
-def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, sample_data):
-    first = train(tmp_path, data=sample_data, steps=3)
+def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, sample_data, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0), experiment="adhoc", steps=3)  # what train(steps=3) made
     folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
+    first = read_json(folder / "summary.json")
     mtime = (folder / "summary.json").stat().st_mtime_ns
     assert train(tmp_path, data=sample_data, steps=3) == first
     assert (folder / "summary.json").stat().st_mtime_ns == mtime
@@ -173,7 +175,7 @@ def _wait_for_step(metrics_path, step, process, timeout=300):
 def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "24", "--checkpoint-interval", "6",
             "--data", sample_data, "--no-progress", "--threads", "1"]
-    straight = ablate_cli(*args, "--results", tmp_path / "a")
+    straight = ablate_cli(*args, "--results", tmp_path / "a", process=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args), "--results", tmp_path / "b"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -182,7 +184,7 @@ def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert read_json(folder / "summary.json")["status"] == "running"
-    resumed = ablate_cli(*args, "--results", tmp_path / "b")
+    resumed = ablate_cli(*args, "--results", tmp_path / "b", process=True)
     assert "resuming at step 12" in resumed.stderr or "resuming at step 18" in resumed.stderr
     a, b = json.loads(straight.stdout), json.loads(resumed.stdout)
     assert a["val_loss"] == b["val_loss"] and a["data_fingerprint"] == b["data_fingerprint"]  # bitwise
@@ -210,8 +212,8 @@ def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):
 def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "combo", "--max-steps", "8", "--data", sample_data,
             "--no-progress", "--threads", "1"]
-    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one").stdout)
-    two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two").stdout)
+    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one", process=True).stdout)
+    two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two", process=True).stdout)
     assert one["data_fingerprint"] == two["data_fingerprint"]
     # the same validation windows whatever the number of processes (and the same config: devices is execution)
     assert one["val_fingerprint"] == two["val_fingerprint"] and one["config_fingerprint"] == two["config_fingerprint"]
