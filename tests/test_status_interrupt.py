@@ -31,6 +31,17 @@ def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
     return process.returncode, err
 
 
+def slow_arm_file(folder) -> str:
+    """A file registering `slow-baseline`: the baseline, 20 ms slower per attention call, so that 40 smoke
+    steps take seconds, not a fifth of one, and Ctrl-C after the first step lands before the last one even
+    when the other test worker holds both cores."""
+    file = folder / "slow_arm.py"
+    file.write_text("import time\n\nfrom ablate.arms import Arm, register_arm\n\n\n"
+                    "@register_arm('slow-baseline')\nclass SlowBaseline(Arm):\n"
+                    "    def output_gate(self, o, x):\n        time.sleep(0.02)\n        return o\n")
+    return str(file)
+
+
 def dry_run_of_hint(line: str) -> tuple[list[str], str]:
     """The command between backticks in a printed hint, run with --dry-run: (the runs it lists, its output)."""
     command = shlex.split(line.split("`")[1])
@@ -85,9 +96,9 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     """A bare `ablate run` (no submit around it): SIGINT stops it at a step boundary with a checkpoint, the
     command says so in one line (exit 130, no traceback), and the same command resumes it."""
     results = tmp_path / "results"
-    folder = run_dir(results, "adhoc", "smoke", "baseline", 0)
-    command = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "40", "--data", sample_data,
-               "--no-progress", "--threads", "1", "--results", results]
+    folder = run_dir(results, "adhoc", "smoke", "slow-baseline", 0)
+    command = ["run", "--tier", "smoke", "--arm", "slow-baseline", "--arm-file", slow_arm_file(tmp_path),
+               "--max-steps", "40", "--data", sample_data, "--no-progress", "--threads", "1", "--results", results]
     code, err = ctrl_c_after_first_step(command, folder)
     assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
