@@ -129,3 +129,14 @@ def test_after_a_smoke_run_val_loss_is_the_padded_loss_about_2e_4_above_the_real
     # what method.md and the footer say, to the one figure every kernel set agrees on (1.7e-4 with AVX2 on an AMD
     # EPYC, 1.78e-4 with AVX-512 on an Intel Xeon: the second figure is the kernels' rounding of 100 steps)
     assert re.fullmatch(r"2e-04", f"{padded - real:.0e}"), padded - real
+
+
+def test_the_numerics_section_names_the_testbed_s_own_seed_counts():
+    """Section 5's sentence on the testbed's seeds is the experiment file's, tier by tier."""
+    from ablate.experiment import load_experiment
+
+    testbed = load_experiment(REPO / "experiments" / "testbed.py")
+    said = re.search(r"decides over (\d+) seeds at abstain-stream and (\d+) at each value-junk tier", flat(METHOD))
+    assert said, "docs/method.md no longer says how many seeds the testbed decides over"
+    assert int(said.group(1)) == testbed.seed_count("abstain-stream")
+    assert {testbed.seed_count(t) for t in ("value-junk-norm", "value-junk-direction")} == {int(said.group(2))}
