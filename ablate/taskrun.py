@@ -32,7 +32,7 @@ from ablate.arms.source import ARM_SOURCE, arm_source_hash
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SyntheticTask
-from ablate.data.valuejunk import ValueJunkTask, value_junk_signature
+from ablate.data.valuejunk import ValueJunkTask, junk_plan
 from ablate.identity import config_fingerprint
 from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_optimizer, progress_bar
 from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
@@ -230,37 +230,65 @@ def _signature_of(task):
     return filter_signature if isinstance(task, FilterTask) else answer_signature
 
 
-@torch.no_grad()
-def filter_signature(model, task: FilterTask, batches) -> dict:
-    """The last (retrieval) layer of a Filter run, mean over heads: at answer positions, the attention mass on
-    junk and on clean reads (`junk_mass`, `clean_mass`), the junk's weight in the read after any value gate
-    (`junk_weight`: Σ over junk reads of p_ij·g_j, g = 1 without a gate) and the read's norm (`output_norm`,
-    ‖Σ_j p_ij g_j v_j‖); over the reads themselves, the value gate on junk and on clean reads (`gate_junk`,
-    `gate_clean`; None for an arm without a value gate)."""
-    sums = dict.fromkeys(("junk_mass", "clean_mass", "junk_weight", "output_norm", "gate_junk", "gate_clean"), 0.0)
-    answers = junk_reads = clean_reads = 0
-    gated = False
-    for inputs, targets in batches:
-        record = model(inputs, record=True).records[-1]
-        weights = record.weights.double()  # (B, H, T, T)
+class ReadTally:
+    """Filter's signature summed over batches (both Filter tasks): at answer positions the attention mass on junk
+    and on clean reads (`junk_mass`, `clean_mass`), the junk's weight in the read after any value gate
+    (`junk_weight`: Σ over junk reads of p_ij·g_j, g = 1 without a gate), the read's norm (`output_norm`,
+    ‖Σ_j p_ij g_j v_j‖), mean over heads; over the reads themselves the value gate on junk and on clean reads
+    (`gate_junk`, `gate_clean`; None for an arm without a value gate)."""
+
+    PER_ANSWER = ("junk_mass", "clean_mass", "junk_weight", "output_norm")
+
+    def __init__(self):
+        self.sums = dict.fromkeys((*self.PER_ANSWER, "gate_junk", "gate_clean"), 0.0)
+        self.answers = self.junk_reads = self.clean_reads = 0
+        self.gated = False
+
+    def add(self, record, junk: torch.Tensor, clean: torch.Tensor, scored: torch.Tensor) -> None:
+        """One batch's layer record; `junk`, `clean` (B, keys) mark the reads, `scored` (B, queries) the answers."""
+        weights = record.weights.double()  # (B, H, queries, keys)
         groups = weights.shape[1] // record.values.shape[1]
-        values = record.values.double().repeat_interleave(groups, dim=1)  # (B, H, T, d)
+        values = record.values.double().repeat_interleave(groups, dim=1)  # (B, H, keys, d)
         gate = (torch.ones_like(weights[..., 0, :]) if record.value_gate is None
-                else record.value_gate.double()[..., 0].repeat_interleave(groups, dim=1))  # (B, H, T)
-        junk, clean, scored = task.junk_reads(inputs), task.clean_reads(inputs), targets != IGNORE
+                else record.value_gate.double()[..., 0].repeat_interleave(groups, dim=1))  # (B, H, keys)
         per_answer = {"junk_mass": (weights * junk[:, None, None]).sum(-1),
                       "clean_mass": (weights * clean[:, None, None]).sum(-1),
                       "junk_weight": (weights * (gate * junk[:, None])[:, :, None]).sum(-1),
-                      "output_norm": (weights @ values).norm(dim=-1)}  # each (B, H, T)
+                      "output_norm": (weights @ values).norm(dim=-1)}  # each (B, H, queries)
         for name, value in per_answer.items():
-            sums[name] += float(value.mean(1)[scored].sum())
-        answers += int(scored.sum())
-        junk_reads, clean_reads = junk_reads + int(junk.sum()), clean_reads + int(clean.sum())
+            self.sums[name] += float(value.mean(1)[scored].sum())
+        self.answers += int(scored.sum())
+        self.junk_reads, self.clean_reads = self.junk_reads + int(junk.sum()), self.clean_reads + int(clean.sum())
         if record.value_gate is not None:
-            gated = True
-            sums["gate_junk"] += float(gate.mean(1)[junk].sum())
-            sums["gate_clean"] += float(gate.mean(1)[clean].sum())
-    out = {name: sums[name] / max(1, answers) for name in ("junk_mass", "clean_mass", "junk_weight", "output_norm")}
-    out["gate_junk"] = sums["gate_junk"] / max(1, junk_reads) if gated else None
-    out["gate_clean"] = sums["gate_clean"] / max(1, clean_reads) if gated else None
-    return out
+            self.gated = True
+            self.sums["gate_junk"] += float(gate.mean(1)[junk].sum())
+            self.sums["gate_clean"] += float(gate.mean(1)[clean].sum())
+
+    def result(self) -> dict:
+        out = {name: self.sums[name] / max(1, self.answers) for name in self.PER_ANSWER}
+        out["gate_junk"] = self.sums["gate_junk"] / max(1, self.junk_reads) if self.gated else None
+        out["gate_clean"] = self.sums["gate_clean"] / max(1, self.clean_reads) if self.gated else None
+        return out
+
+
+@torch.no_grad()
+def filter_signature(model, task: FilterTask, batches) -> dict:
+    """The last (retrieval) layer of a Filter run: `ReadTally`'s quantities."""
+    tally = ReadTally()
+    for inputs, targets in batches:
+        tally.add(model(inputs, record=True).records[-1], task.junk_reads(inputs), task.clean_reads(inputs),
+                  targets != IGNORE)
+    return tally.result()
+
+
+@torch.no_grad()
+def value_junk_signature(model, task: ValueJunkTask, batches) -> dict:
+    """The attention layer of a value-junk run, as eval.json's task `filter` (the first Filter task's names, so
+    the tables and the report's figure read both alike): `ReadTally`'s quantities. The model reads strictly
+    earlier positions: row i of the weights is query i + 1, column j key j."""
+    tally = ReadTally()
+    for inputs, targets in batches:
+        record = model(inputs, record=True).records[-1]
+        junk = junk_plan(task, inputs, record.values.shape[1], record.values.shape[-1]).mask[:, :-1]
+        tally.add(record, junk, task.is_pair(inputs)[:, :-1] & ~junk, targets[:, 1:] != IGNORE)
+    return tally.result()

@@ -12,11 +12,11 @@ import torch
 from ablate.data.filter import task_batch, task_from_fields
 from ablate.data.stream import StreamTask, stream_batch
 from ablate.data.synthetic import IGNORE
-from ablate.data.valuejunk import (ValueJunkTask, fixed_directions, junk_plan, value_junk_batch,
-                                   value_junk_signature)
+from ablate.data.valuejunk import ValueJunkTask, fixed_directions, junk_plan, value_junk_batch
 from ablate.model import GPT
 from ablate.sizing import model_config
 from ablate.taskmodel import StrictCausalAttention, ValueJunkAttention, ValueJunkGPT, task_model
+from ablate.taskrun import value_junk_signature
 from ablate.tiers import TASKS, TIERS
 
 TIERS_JUNK = ("value-junk-norm", "value-junk-direction")
