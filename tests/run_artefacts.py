@@ -27,8 +27,10 @@ GOLDEN = HERE / "run_artefacts.json"
 CLOCKS = ("started", "finished", "wall_seconds", "evaluated_at", "git_commit", "versions", "numerics_history")
 # Values that depend on the arithmetic (the CPU's kernel set) or on the arms' source files: held by key and type in
 # the golden file, compared exactly only between two trees on one machine (`--compare`).
+# eval.json's metric `value`s are a task run's signature and accuracies: arithmetic too (two Intel CPUs, both AVX-512,
+# give the signature's masses and norms apart in their ninth digit).
 ARITHMETIC = ("val_loss", "selection_loss", "val_loss_auc", "val_accuracy", "absent_accuracy", "signature",
-              "init_fingerprint", "init_fingerprint_common", "weights_sha256", "arm_source")
+              "init_fingerprint", "init_fingerprint_common", "weights_sha256", "arm_source", "value")
 STEPS = {"smoke": 4, "lr-sweep": 4, "abstain-stream": 12, "filter-norm": 12}
 
 
