@@ -7,14 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ablate.store import read_json, read_metrics, run_dir
 from datafix import REPO, ablate_cli
 
 
-def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
+def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[int, str]:
     """Run `ablate ARGS` in its own process group (a shell's foreground job), press Ctrl-C (SIGINT to the
-    whole group) once the run in `folder` has taken a step; (exit code, stderr)."""
+    whole group) once the run in `folder` has taken a step, then create `release` (a held arm's go-ahead:
+    `slow_arm_file`); (exit code, stderr)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -24,6 +26,8 @@ def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
             assert process.poll() is None and time.time() < deadline, "the run took no step"
             time.sleep(0.1)
         os.killpg(process.pid, signal.SIGINT)
+        if release is not None:
+            release.touch()  # the signal is sent before the held arm takes its next step
         _, err = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
@@ -31,14 +35,21 @@ def ctrl_c_after_first_step(args, folder) -> tuple[int, str]:
     return process.returncode, err
 
 
-def slow_arm_file(folder) -> str:
-    """A file registering `slow-baseline`: the baseline, 20 ms slower per attention call, so that 40 smoke
-    steps take seconds, not a fifth of one, and Ctrl-C after the first step lands before the last one even
-    when the other test worker holds both cores."""
+def slow_arm_file(folder, run_folder, release) -> str:
+    """A file registering `slow-baseline`: the baseline, held once the run in `run_folder` has written its first
+    step's row until `ctrl_c_after_first_step` has sent Ctrl-C and created `release`, so that Ctrl-C lands
+    before the last step however loaded the machine is (a fixed sleep per step did not, with both cores busy);
+    once `release` exists, the plain baseline."""
     file = folder / "slow_arm.py"
-    file.write_text("import time\n\nfrom ablate.arms import Arm, register_arm\n\n\n"
+    file.write_text("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
+                    f"RUN, RELEASE = Path({str(run_folder)!r}), Path({str(release)!r})\n\n\n"
                     "@register_arm('slow-baseline')\nclass SlowBaseline(Arm):\n"
-                    "    def output_gate(self, o, x):\n        time.sleep(0.02)\n        return o\n")
+                    "    def output_gate(self, o, x):\n"
+                    "        metrics, deadline = RUN / 'metrics.jsonl', time.time() + 120\n"
+                    "        while (not RELEASE.exists() and metrics.exists()\n"
+                    "               and 'train_loss' in metrics.read_text() and time.time() < deadline):\n"
+                    "            time.sleep(0.01)\n"
+                    "        return o\n")
     return str(file)
 
 
@@ -96,10 +107,11 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     """A bare `ablate run` (no submit around it): SIGINT stops it at a step boundary with a checkpoint, the
     command says so in one line (exit 130, no traceback), and the same command resumes it."""
     results = tmp_path / "results"
-    folder = run_dir(results, "adhoc", "smoke", "slow-baseline", 0)
-    command = ["run", "--tier", "smoke", "--arm", "slow-baseline", "--arm-file", slow_arm_file(tmp_path),
-               "--max-steps", "40", "--data", sample_data, "--no-progress", "--threads", "1", "--results", results]
-    code, err = ctrl_c_after_first_step(command, folder)
+    folder, release = run_dir(results, "adhoc", "smoke", "slow-baseline", 0), tmp_path / "ctrl-c-sent"
+    arm_file = slow_arm_file(tmp_path, folder, release)
+    command = ["run", "--tier", "smoke", "--arm", "slow-baseline", "--arm-file", arm_file, "--max-steps", "40",
+               "--data", sample_data, "--no-progress", "--threads", "1", "--results", results]
+    code, err = ctrl_c_after_first_step(command, folder, release)
     assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
