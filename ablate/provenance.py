@@ -7,9 +7,11 @@ already; nothing else pays for it).
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import ablate
@@ -32,14 +34,20 @@ def versions() -> dict:
     """The versions a run's numbers depend on: ablate, Python, torch, lightning, numpy, CUDA, the device, and
     `numerics` (what computed them: kernel set, CPU, BLAS, threads, GPU). Execution, not identity: the summary
     records them, no fingerprint hashes them, so runs on two kinds of machine still pair (and tables say so)."""
-    import lightning  # reason: the versions a run reports are those of the stack it imported (torch-free module)
-    import numpy  # reason: as above
+    import numpy  # reason: the versions a run reports are those of the stack it imported (torch-free module)
     import torch  # reason: as above (and the CUDA version and device name are torch's to tell)
 
     return {"ablate": ablate.__version__, "python": platform.python_version(), "torch": torch.__version__,
-            "lightning": lightning.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
+            "lightning": lightning_version(), "numpy": numpy.__version__, "platform": platform.platform(),
             "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "numerics": numerics(torch)}
+
+
+def lightning_version() -> str:
+    """Lightning's version: the imported package's, or the installed one's where this process never imported it
+    (a task run trains without Fabric, and importing it costs ~2 s a process: dynamo, torchmetrics)."""
+    imported = sys.modules.get("lightning")
+    return imported.__version__ if imported is not None else importlib.metadata.version("lightning")
 
 
 def numerics(torch) -> dict:

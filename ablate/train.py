@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from lightning.fabric import Fabric
 
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
 from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
@@ -162,6 +161,8 @@ class Trainer:
         cuda = torch.cuda.is_available()
         devices = config.devices
         launch_env = {name: os.environ.get(name) for name in LAUNCH_ENV}
+        from lightning.fabric import Fabric  # reason: ~2 s of imports (dynamo, torchmetrics) a task run never needs
+
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
             precision=config.precision, loggers=self._loggers())
