@@ -52,7 +52,7 @@ def wait_until_settled(experiment, results, timeout=420, done=("completed", "div
         rows = status(experiment, results)
         if all(r["state"] in done for r in rows):
             return rows
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"grid did not settle in {timeout} s: {json.dumps(rows, indent=1)}")
 
 
@@ -165,6 +165,9 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
         time.sleep(0.5)
     job = submitit.SlurmJob(folder=entry["folder"], job_id=report["jobs"]["smoke/proj-gate/seed0"])
     job._interrupt(timeout=True)  # USR2, as SLURM sends before the time limit
+    # the same run straight through, here, while SLURM requeues the job
+    straight = run(RunSpec("timeout", "smoke", "proj-gate", 0, {"max_steps": 80, "data_dir": str(sample_data)}),
+                   tmp_path / "straight", progress=False, threads=1)
     rows = wait_until_settled(experiment, results)
     assert rows[0]["state"] == "completed"
     log = Path(job.paths.stderr).read_text() + Path(job.paths.stdout).read_text()
@@ -172,8 +175,6 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
                   if "resuming at step" in line]
     assert resumed_at and 3 <= resumed_at[0] < 80, log[-3000:]  # restarted from the signal's checkpoint
     summary = read_json(run_dir(results, "timeout", "smoke", "proj-gate", 0) / "summary.json")
-    straight = run(RunSpec("timeout", "smoke", "proj-gate", 0, {"max_steps": 80, "data_dir": str(sample_data)}),
-                   tmp_path / "straight", progress=False, threads=1)
     assert summary["val_loss"] == straight["val_loss"]  # bitwise
     assert summary["data_fingerprint"] == straight["data_fingerprint"]
 

@@ -1,7 +1,8 @@
 """The recorded smoke run replayed under every CPU kernel set this machine offers, each in its own process.
 
-A bitwise claim holds within one kernel set on one machine kind (tests/test_train.py checks that one); across
-kernel sets the same run rounds differently, and the drift grows with the steps. This test bounds it: every
+A bitwise claim holds within one kernel set on one machine kind: the machine's own set replays the record bit
+for bit (`test_cpu_results_are_bitwise_those_of_the_recorded_run`). Across kernel sets the same run rounds
+differently, and the drift grows with the steps. The next test bounds it: every
 kernel set's losses lie within CROSS_KERNEL_BOUND of every other's and of every recorded entry (other machine
 kinds included), so a change that breaks one kernel set shows on a machine that runs another. It may skip a
 kernel set only where the CPU lacks it; default and avx2 always run on x86-64.
@@ -14,9 +15,11 @@ import json
 import platform
 
 import pytest
+import torch
 
 from datafix import REPO
-from kernel_replay import FINGERPRINTS, kernel_sets_offered, recorded_numbers, replay_in_subprocess
+from kernel_replay import (FINGERPRINTS, kernel_sets_offered, machine_kind, recorded_numbers,
+                           replay_in_subprocess)
 
 # Max |Δ loss| over the 30 recorded steps and the final validation loss, between any two kernel sets or
 # machine kinds: measured 2.5e-3 (docs/method.md, "Numerics"); the bound leaves 4× for other CPUs.
@@ -41,6 +44,25 @@ def replays(sample_data, tmp_path_factory):
 def test_this_machine_offers_default_and_avx2():
     if platform.machine() in ("x86_64", "AMD64"):  # every x86-64 CPU torch supports has AVX2
         assert {"default", "avx2"} <= set(kernel_sets_offered())
+
+
+def test_cpu_results_are_bitwise_those_of_the_recorded_run(replays):
+    """The loop reads losses back in batches now (for GPUs); on the CPU every number must stay as recorded: the
+    replay under the machine's own kernel set (what a run gets with no ATEN_CPU_CAPABILITY) gives, per arm, the
+    recorded losses, gradient norms, curve, validation loss and fingerprints, bit for bit, and its summary names
+    that kernel set. Bitwise within one kernel set only: the record holds one entry per kernel set and machine
+    kind; the test below bounds how far the sets drift apart."""
+    native = torch.backends.cpu.get_cpu_capability()
+    entry = recorded_numbers(native)
+    if entry is None:  # another machine kind: the test below still bounds its numbers against the record
+        pytest.skip(f"no recorded numbers for kernel set {native} on {machine_kind()}; record them with "
+                    "`.venv/bin/python tests/kernel_replay.py --record DATA_DIR`")
+    result = replays[native.lower()]
+    assert result["kernel_set"] == native and result["threads"] == 1
+    for arm, expected in entry["runs"].items():
+        for key in ("train_loss", "grad_norm", "curve", "val_loss", *FINGERPRINTS):
+            assert result["runs"][arm][key] == expected[key], (native, arm, key)
+        assert result["runs"][arm]["summary_kernel_set"] == native  # the run names what made it
 
 
 @pytest.mark.slow

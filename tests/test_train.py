@@ -21,7 +21,6 @@ from ablate.runconfig import RunConfig
 from ablate.store_summary import RunSummary
 from ablate.train import run
 from datafix import REPO, ablate_cli
-from kernel_replay import machine_kind, recorded_numbers
 
 torch.set_num_threads(1)
 
@@ -232,25 +231,3 @@ def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_dat
     config = RunConfig.from_dict(read_json(folder / "config.json"))
     assert Trainer(folder, config).logger_run_id == run_id  # what a requeued job computes again
     assert Trainer(folder.parent / "seed1", config).logger_run_id != run_id
-
-
-def test_cpu_results_are_bitwise_those_of_the_recorded_run(tmp_path, sample_data):
-    """The loop reads losses back in batches now (for GPUs); on the CPU every number must stay as recorded.
-
-    Bitwise within one kernel set only: the record holds one entry per `torch.backends.cpu.get_cpu_capability()`
-    (`ATEN_CPU_CAPABILITY` picks another), and tests/test_kernel_sets.py bounds how far the sets drift apart."""
-    recorded = json.loads((REPO / "tests" / "recorded_smoke_run.json").read_text())
-    kernel_set = torch.backends.cpu.get_cpu_capability()
-    entry = recorded_numbers(kernel_set)
-    if entry is None:  # another machine kind: tests/test_kernel_sets.py still bounds its numbers against the record
-        pytest.skip(f"no recorded numbers for kernel set {kernel_set} on {machine_kind()}; record them with "
-                    "`.venv/bin/python tests/kernel_replay.py --record DATA_DIR`")
-    for arm, expected in entry["runs"].items():
-        summary = train(tmp_path, arm, data=sample_data, steps=recorded["steps"])
-        rows = read_metrics(run_dir(tmp_path, "adhoc", "smoke", arm, 0) / "metrics.jsonl")
-        assert [r["train_loss"] for r in rows if "train_loss" in r] == expected["train_loss"], (kernel_set, arm)
-        assert [r["grad_norm"] for r in rows if "grad_norm" in r] == expected["grad_norm"]
-        assert [[r["step"], r["val_loss"]] for r in rows if "val_loss" in r] == expected["curve"]
-        for key in ("val_loss", "init_fingerprint", "data_fingerprint", "val_fingerprint", "config_fingerprint"):
-            assert summary[key] == expected[key], (arm, key)
-        assert summary["versions"]["numerics"]["cpu_capability"] == kernel_set  # the run names what made it
