@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from datafix import prepared_sample
-from suite_order import DURATIONS, file_totals, longest_first, read_durations
+from suite_order import DURATIONS, file_of, file_totals, longest_first, read_durations
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
@@ -39,8 +39,10 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the items of parametrized module fixtures
 def pytest_collection_modifyitems(config, items):
-    """The longest test files first (every xdist worker collects, and orders, the same way)."""
-    order = longest_first([item.nodeid for item in items], read_durations())
+    """The longest test file, the files with SLURM tests beside it, the rest longest first (every xdist worker
+    collects, and orders, the same way: tests/suite_order.py)."""
+    waiting = frozenset(file_of(item.nodeid) for item in items if item.get_closest_marker("slurm"))
+    order = longest_first([item.nodeid for item in items], read_durations(), waiting)
     items[:] = [items[position] for position in order]
 
 

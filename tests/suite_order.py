@@ -1,9 +1,14 @@
-"""The suite's order: the longest test files first, each file's tests together.
+"""The suite's order: the longest test file first, then the files that mostly wait on SLURM, then the others
+longest first; each file's tests together.
 
 Why: `make test` runs two workers (`-n 2 --dist loadfile --no-loadscope-reorder`), and xdist hands each worker a
 whole test file at a time in the order collected. Handing out the longest files first keeps a long file from
 starting last and running alone while the other worker idles (greedy longest-first); keeping a file's tests
 together keeps its module-scoped fixtures (a trained run, a gpu_check run) built once, not once per worker.
+The files that wait on the test cluster (a requeue takes ~11 s, a job's start a few) leave their worker's core
+idle; the longest file (the testbed's kernel-set test) trains in two processes of its own, so they go beside it,
+where its second process uses the core they leave (measured idle time at the end of the suite before: ~55
+core-seconds, most of it while a SLURM file waited beside a one-process file).
 
 The durations are tests/durations.json (seconds per test file, from a whole-suite run); refresh it with
 `pytest -n 2 --dist loadfile --no-loadscope-reorder --record-durations` after a change that moves them a lot.
@@ -32,16 +37,19 @@ def read_durations(path: Path = DURATIONS) -> dict[str, float]:
         return {}
 
 
-def longest_first(nodeids: list[str], durations: dict[str, float]) -> list[int]:
-    """The positions of `nodeids` in run order: files by duration, longest first (ties: as collected), and within
-    a file the collected order (pytest's, which groups parametrized module fixtures)."""
+def longest_first(nodeids: list[str], durations: dict[str, float], waiting: frozenset[str] = frozenset()) -> list[int]:
+    """The positions of `nodeids` in run order: the longest file, then the `waiting` files (those that mostly wait
+    on SLURM), then the rest; within each, files by duration, longest first (ties: as collected), and within a
+    file the collected order (pytest's, which groups parametrized module fixtures)."""
     first_seen: dict[str, int] = {}
     for position, nodeid in enumerate(nodeids):
         first_seen.setdefault(file_of(nodeid), position)
+    longest = min(first_seen, key=lambda name: (-durations.get(name, UNKNOWN_S), first_seen[name]), default=None)
 
-    def key(position: int) -> tuple[float, int, int]:
+    def key(position: int) -> tuple[int, float, int, int]:
         name = file_of(nodeids[position])
-        return -durations.get(name, UNKNOWN_S), first_seen[name], position
+        group = 0 if name == longest else 1 if name in waiting else 2
+        return group, -durations.get(name, UNKNOWN_S), first_seen[name], position
 
     return sorted(range(len(nodeids)), key=key)
 

@@ -26,6 +26,21 @@ def test_the_longest_file_runs_first_and_each_file_s_tests_stay_together_in_thei
     assert sorted(longest_first(ids, {})) == list(range(len(ids)))  # nothing known: files in the collected order
 
 
+def test_the_files_that_wait_on_slurm_run_beside_the_longest_file_then_the_rest_longest_first():
+    ids = ["tests/test_a.py::one", "tests/test_slurm_b.py::one", "tests/test_long.py::one", "tests/test_c.py::one",
+           "tests/test_slurm_d.py::one", "tests/test_long.py::two"]
+    durations = {"tests/test_a.py": 50.0, "tests/test_slurm_b.py": 20.0, "tests/test_long.py": 300.0,
+                 "tests/test_c.py": 40.0, "tests/test_slurm_d.py": 30.0}
+    waiting = frozenset({"tests/test_slurm_b.py", "tests/test_slurm_d.py"})
+    order = [ids[i] for i in longest_first(ids, durations, waiting)]
+    assert order == ["tests/test_long.py::one", "tests/test_long.py::two",  # the longest file
+                     "tests/test_slurm_d.py::one", "tests/test_slurm_b.py::one",  # beside it: the waiting files
+                     "tests/test_a.py::one", "tests/test_c.py::one"]  # then the others, longest first
+    # the longest file is first even when it waits too; a waiting file no other outranks is not moved twice
+    assert [ids[i] for i in longest_first(ids, durations, waiting | {"tests/test_long.py"})][:2] == [
+        "tests/test_long.py::one", "tests/test_long.py::two"]
+
+
 def test_recorded_durations_are_per_file_and_the_longest_first():
     assert file_totals({"tests/test_a.py::one": 1.25, "tests/test_b.py::x[1]": 4.0, "tests/test_a.py::two": 0.5,
                         "tests/test_b.py::x[2]": 0.04}) == {"tests/test_b.py": 4.0, "tests/test_a.py": 1.8}
@@ -43,9 +58,16 @@ def test_the_committed_durations_name_test_files_that_exist():
 def test_this_session_runs_the_files_in_the_recorded_order(request):
     """The hook in tests/conftest.py reordered this very session's items (each xdist worker collects them so)."""
     files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in request.session.items))
+    waiting = {item.nodeid.split("::")[0] for item in request.session.items if item.get_closest_marker("slurm")}
     durations = read_durations()
     known = [durations.get(name, UNKNOWN_S) for name in files]
-    assert known == sorted(known, reverse=True)
+    assert known[0] == max(known)  # the longest file first, then the SLURM files beside it, then the rest
+    rest = files[1:]
+    tail = [name for name in rest if name not in waiting]
+    assert rest == [name for name in rest if name in waiting] + tail
+    for group in ([name for name in rest if name in waiting], tail):
+        seconds = [durations.get(name, UNKNOWN_S) for name in group]
+        assert seconds == sorted(seconds, reverse=True)
 
 
 def test_make_test_hands_out_whole_files_in_the_suite_s_order_and_runs_every_mark():
