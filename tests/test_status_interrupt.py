@@ -16,10 +16,15 @@ from datafix import REPO, ablate_cli
 def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[int, str]:
     """Run `ablate ARGS` in its own process group (a shell's foreground job), press Ctrl-C (SIGINT to the
     whole group) once the run in `folder` has taken a step, then create `release` (a held arm's go-ahead:
-    `slow_arm_file`); (exit code, stderr)."""
+    `slow_arm_file`); (exit code, stderr).
+
+    A shell's foreground job starts with Ctrl-C at its default whatever the shell inherited; so does this one.
+    Without that, a suite started in the background (`make test &`: SIGINT ignored, and inherited) would start
+    the command ignoring Ctrl-C, as `ablate` then rightly does (ablate.loop.StopRequests), and it ran to the end."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 240
         while not [r for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]:
@@ -38,8 +43,7 @@ def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[
 def slow_arm_file(folder, run_folder, release) -> str:
     """A file registering `slow-baseline`: the baseline, held once the run in `run_folder` has written its first
     step's row until `ctrl_c_after_first_step` has sent Ctrl-C and created `release`, so that Ctrl-C lands
-    before the last step however loaded the machine is (a fixed sleep per step did not, with both cores busy);
-    once `release` exists, the plain baseline."""
+    before the last step however loaded the machine is; once `release` exists, the plain baseline."""
     file = folder / "slow_arm.py"
     file.write_text("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
                     f"RUN, RELEASE = Path({str(run_folder)!r}), Path({str(release)!r})\n\n\n"
