@@ -16,7 +16,7 @@ from datafix import REPO, ablate_cli
 def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[int, str]:
     """Run `ablate ARGS` in its own process group (a shell's foreground job), press Ctrl-C (SIGINT to the
     whole group) once the run in `folder` has taken a step, then create `release` (a held arm's go-ahead:
-    `slow_arm_file`); (exit code, stderr).
+    `held_arm_file`); (exit code, stderr).
 
     A shell's foreground job starts with Ctrl-C at its default whatever the shell inherited; so does this one.
     Without that, a suite started in the background (`make test &`: SIGINT ignored, and inherited) would start
@@ -40,14 +40,14 @@ def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[
     return process.returncode, err
 
 
-def slow_arm_file(folder, run_folder, release) -> str:
-    """A file registering `slow-baseline`: the baseline, held once the run in `run_folder` has written its first
+def held_arm_file(folder, run_folder, release) -> str:
+    """A file registering `held-baseline`: the baseline, held once the run in `run_folder` has written its first
     step's row until `ctrl_c_after_first_step` has sent Ctrl-C and created `release`, so that Ctrl-C lands
     before the last step however loaded the machine is; once `release` exists, the plain baseline."""
     file = folder / "slow_arm.py"
     file.write_text("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
                     f"RUN, RELEASE = Path({str(run_folder)!r}), Path({str(release)!r})\n\n\n"
-                    "@register_arm('slow-baseline')\nclass SlowBaseline(Arm):\n"
+                    "@register_arm('held-baseline')\nclass HeldBaseline(Arm):\n"
                     "    def output_gate(self, o, x):\n"
                     "        metrics, deadline = RUN / 'metrics.jsonl', time.time() + 120\n"
                     "        while (not RELEASE.exists() and metrics.exists()\n"
@@ -111,9 +111,9 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     """A bare `ablate run` (no submit around it): SIGINT stops it at a step boundary with a checkpoint, the
     command says so in one line (exit 130, no traceback), and the same command resumes it."""
     results = tmp_path / "results"
-    folder, release = run_dir(results, "adhoc", "smoke", "slow-baseline", 0), tmp_path / "ctrl-c-sent"
-    arm_file = slow_arm_file(tmp_path, folder, release)
-    command = ["run", "--tier", "smoke", "--arm", "slow-baseline", "--arm-file", arm_file, "--max-steps", "40",
+    folder, release = run_dir(results, "adhoc", "smoke", "held-baseline", 0), tmp_path / "ctrl-c-sent"
+    arm_file = held_arm_file(tmp_path, folder, release)
+    command = ["run", "--tier", "smoke", "--arm", "held-baseline", "--arm-file", arm_file, "--max-steps", "40",
                "--data", sample_data, "--no-progress", "--threads", "1", "--results", results]
     code, err = ctrl_c_after_first_step(command, folder, release)
     assert code == 130, err[-3000:]
