@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,10 +84,17 @@ class RunSummary:
         return cls(**summary)
 
     @classmethod
-    def of(cls, summary: dict) -> RunSummary:
+    def of(cls, summary: dict, source: str | os.PathLike = "summary.json") -> RunSummary:
         """What a reader reads of a summary: its declared fields; one no RunSummary declares (written by another
-        version of ablate) is left out, as the readers always left it."""
-        return cls(**{key: value for key, value in summary.items() if key in SUMMARY_FIELDS})
+        version of ablate) is left out, as the readers always left it. A declared field of another type than
+        declared (hand-edited: status ["completed"], steps "40") is refused in one line naming `source` and the
+        field, so no reader ends in a traceback over it."""
+        fields = {key: value for key, value in summary.items() if key in SUMMARY_FIELDS}
+        for name, value in fields.items():
+            if not _of_type(value, SUMMARY_TYPES[name]):
+                raise AblateError(f"{source}: field {name!r} holds {json_kind(value)} {str(value)[:40]!r}, not "
+                                  f"{' or '.join(k.__name__ for k in SUMMARY_TYPES[name])}; {RERUN}")
+        return cls(**fields)
 
     @property
     def empty(self) -> bool:
@@ -113,13 +121,34 @@ class RunSummary:
 
 
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(RunSummary))
+# each field's declared types (besides null): read off the annotations, so the schema stays the one owner
+SUMMARY_TYPES = {name: tuple(t for t in typing.get_args(hint) if t is not type(None))
+                 for name, hint in typing.get_type_hints(RunSummary).items()}
+
+
+def _of_type(value, kinds: tuple) -> bool:
+    """Null, or one of `kinds`, a bool never read as a number, an int read as a float (JSON writes 3.0 as 3)."""
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int) and float in kinds:
+        return True
+    return isinstance(value, kinds)
+
+
+def json_kind(value) -> str:
+    """A JSON value's kind in the file's words."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", dict: "an object",
+             list: "a list"}
+    return names.get(type(value), type(value).__name__)
 
 
 def read_summary(folder: str | os.PathLike, way_out: str = RERUN) -> RunSummary:
     """A run folder's summary.json as a RunSummary (`RunSummary.of`); an empty one (status None) when it has none
     yet. A damaged file is one line naming it and `way_out`. Every reader of a run's summary reads it here."""
     path = Path(folder) / SUMMARY
-    return RunSummary.of(read_json_file(path, way_out)) if path.is_file() else RunSummary()
+    return RunSummary.of(read_json_file(path, way_out), path) if path.is_file() else RunSummary()
 
 
 def numerics_history(previous: RunSummary, current: dict, resumed: bool) -> list:
