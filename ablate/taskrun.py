@@ -61,6 +61,7 @@ def train_task_run(folder: Path, config: RunConfig) -> dict:
         model = task_model(GPTConfig(**config.model), task)
         model.init_weights(config.seed)
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
+        init_common = common_fingerprint(model)  # of the initial weights, as a corpus run's: what an LR sweep pairs
         metrics = MetricsLog(folder / METRICS)
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
@@ -84,9 +85,8 @@ def train_task_run(folder: Path, config: RunConfig) -> dict:
     weights = folder / CHECKPOINTS / FINAL_WEIGHTS
     save_model(model, weights)
     weights_sha256 = file_sha256(weights)
-    # as a corpus run's summary (`started_summary`, `completed_summary`); the common fingerprint is taken here, of
-    # the trained weights, as task runs have always recorded it
-    summary = {**started_summary(config, model_summary(model, init_fingerprint, common_fingerprint(model)),
+    # as a corpus run's summary (`started_summary`, `completed_summary`)
+    summary = {**started_summary(config, model_summary(model, init_fingerprint, init_common),
                                  made_by=(git_commit(), run_versions), started=started,
                                  data=(None, task_fingerprint(task)),
                                  arm_source=arm_source),
