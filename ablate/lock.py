@@ -54,6 +54,18 @@ class LockHeld(AblateError):
                          "wait for it to finish, or stop that process first")
 
 
+class LockLost(AblateError):
+    """This process's lock was judged dead and taken over (it was stopped, e.g. `scontrol suspend`, or cut off
+    from the filesystem past `stale_after_s`): what it guarded is another holder's now, so it stops, writing
+    nothing more."""
+
+    def __init__(self, path: Path, what: str, holder: dict | None):
+        self.path = Path(path)
+        now = f"held by {describe_holder(holder)}" if holder else "gone"
+        super().__init__(f"{what}: this process's lock {path} was taken over while it was stopped (the lock is "
+                         f"{now}): it stops here and writes nothing; the run is the new holder's")
+
+
 def describe_holder(holder: dict) -> str:
     parts = [f"host {holder.get('host', '?')}", f"pid {holder.get('pid', '?')}"]
     if holder.get("slurm_job_id"):
@@ -320,8 +332,11 @@ class FileLock:
         def refresh():
             while not self._stop.wait(self.refresh_s):
                 try:
+                    if not self.held():  # taken over while this process was stopped: never touch another's lock
+                        log.warning("lock %s is no longer this process's: it is not refreshed", self.path)
+                        return
                     os.utime(self.path)
-                except OSError as err:
+                except (OSError, AblateError) as err:
                     log.warning("could not refresh lock %s: %s", self.path, err)
 
         self._thread = threading.Thread(target=refresh, name=f"lock-refresh {self.path.name}", daemon=True)
@@ -330,6 +345,17 @@ class FileLock:
     def held(self) -> bool:
         found = read_lock(self.path)
         return found is not None and found[0].get("token_sha256") == token_digest(self.token)
+
+    def check_held(self) -> None:
+        """Refuse to go on (`LockLost`) once the lock is not this process's any more: what a holder calls at every
+        step boundary and before every write into what it guards. Its refresh stops too."""
+        try:
+            found = read_lock(self.path)
+        except AblateError:
+            found = None  # the path is no lock of ours any more (replaced by a directory, a link)
+        if found is None or found[0].get("token_sha256") != token_digest(self.token):
+            self._stop.set()
+            raise LockLost(self.path, self.what, found[0] if found else None)
 
     def release(self) -> None:
         self._stop.set()

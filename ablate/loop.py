@@ -295,19 +295,23 @@ class MetricsLog:
     """RUN_DIR/metrics.jsonl, one row a line with the time it was written, and the loggers' copy of it.
 
     Why `truncate`: on resume the rows after the checkpoint are produced again (the same numbers), so the
-    ones already written are dropped first and the file never holds a step twice.
+    ones already written are dropped first and the file never holds a step twice. `holding` is called before
+    every write: it raises once the run's lock is not this process's any more (`ablate.lock.FileLock.check_held`).
     """
 
-    def __init__(self, path: Path, log_dict: Callable[..., None] | None = None):
-        self.path, self.log_dict = path, log_dict
+    def __init__(self, path: Path, log_dict: Callable[..., None] | None = None,
+                 holding: Callable[[], None] = lambda: None):
+        self.path, self.log_dict, self.holding = path, log_dict, holding
 
     def write(self, row: dict):
+        self.holding()
         with writing(self.path), open(self.path, "a", encoding="utf-8") as handle:  # a torn line is skipped
             handle.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
         if self.log_dict is not None:
             self.log_dict({k: v for k, v in row.items() if k != "step"}, step=row["step"])
 
     def truncate(self, step: int):
+        self.holding()
         if self.path.exists():
             rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
             atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in rows).encode())

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -49,8 +50,10 @@ VAL_BATCH, VAL_BATCHES = 256, 4  # the fixed validation set: 1,024 sequences, th
 SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is measured is a different setting
 
 
-def train_task_run(folder: Path, config: RunConfig) -> dict:
-    """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary."""
+def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] = lambda: None) -> dict:
+    """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary.
+    `holding` raises once the caller's lock is not this process's any more (`FileLock.check_held`): it is called at
+    every step and before every write, so a holder that was stopped and taken over writes nothing more."""
     started, clock = now(), time.time()
     task = task_from_fields(config.synthetic_task)
     arm_source = arm_source_hash(get_arm(config.arm))  # the arm's code, as loaded: part of the run's identity
@@ -62,8 +65,9 @@ def train_task_run(folder: Path, config: RunConfig) -> dict:
         model.init_weights(config.seed)
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         init_common = common_fingerprint(model)  # of the initial weights, as a corpus run's: what an LR sweep pairs
-        metrics = MetricsLog(folder / METRICS)
+        metrics = MetricsLog(folder / METRICS, holding=holding)  # checks the lock at every step's row
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
+        holding()
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
             **which_run(config), "status": Status.RUNNING, "val_loss": None, "steps": 0, "total_steps": config.steps,
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
@@ -77,12 +81,14 @@ def train_task_run(folder: Path, config: RunConfig) -> dict:
                 raise Diverged(config.steps, val_loss)
         except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
             log.warning("%s: %s", folder, err)
+            holding()
             return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
         signature = _signature_of(task)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
         torch.set_num_threads(threads)
     weights = folder / CHECKPOINTS / FINAL_WEIGHTS
+    holding()
     save_model(model, weights)
     weights_sha256 = file_sha256(weights)
     # as a corpus run's summary (`started_summary`, `completed_summary`)
@@ -95,8 +101,10 @@ def train_task_run(folder: Path, config: RunConfig) -> dict:
                                    finished=(finished := now()), wall_seconds=time.time() - clock),
                "val_loss_auc": curve_area(curve), "val_accuracy": accuracy, "absent_accuracy": absent_accuracy,
                "signature": signature}
+    holding()
     _write_signature_eval(folder, task, {**signature, "val_accuracy": accuracy, "absent_accuracy": absent_accuracy},
                           weights_sha256, finished)
+    holding()
     write_summary(folder, summary)
     log.info("%s: val_loss %.4f, accuracy %.3f (absent %s)", folder, val_loss, accuracy, absent_accuracy)
     return summary

@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from ablate.data import BatchStream, TokenShards, selection_windows, validation_
 from ablate.data.shards import check_data_folder, tier_shards
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
-from ablate.lock import CHILD_RUN_ENV, FileLock, claimed_rank, launched_child
+from ablate.lock import CHILD_RUN_ENV, FileLock, LockLost, claimed_rank, launched_child
 from ablate.arms.base import get_arm
 from ablate.arms.source import arm_source_hash
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
@@ -133,20 +134,24 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
         if state == "fresh":
             atomic_write_json(folder / CONFIG, config.to_dict())  # config.json: the one place a run writes it
         if get_tier(config.tier).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
-            return train_task_run(folder, config), False
+            return train_task_run(folder, config, lock.check_held), False
         with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
-            return Trainer(folder, config).fit(), False
+            return Trainer(folder, config, lock.check_held).fit(), False
 
 
 class Trainer:
-    def __init__(self, folder: Path, config: RunConfig):
+    def __init__(self, folder: Path, config: RunConfig, holding: Callable[[], None] = lambda: None):
+        """`holding` raises once the run's lock is not this process's any more (`FileLock.check_held`): called at
+        every step boundary and before every write (a data-parallel child holds no lock and writes nothing)."""
         self.folder, self.config = folder, config.with_device_defaults(torch.cuda.is_available())
         self.summary_path = folder / SUMMARY
         self.state_path = folder / CHECKPOINTS / STATE
+        self.holding = holding
 
     def write_summary(self, **fields):
         if self.fabric.global_rank != 0:
             return
+        self.holding()
         update_summary(self.folder, **fields)
 
     def fit(self) -> dict:
@@ -171,6 +176,8 @@ class Trainer:
         handler = log_to_file(self.folder / RUN_LOG) if to_file else None
         try:
             return self._fit(fabric)
+        except LockLost:  # the run is another process's now: nothing of this one is written
+            raise
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
             self.write_summary(**err.summary_fields(), finished=now())
@@ -250,7 +257,8 @@ class Trainer:
         resumed = self._resume(run)
         # the loggers got the rows up to `sent` before this resume: they get only later ones (no step twice)
         sent = max((r["step"] for r in read_metrics(self.folder / METRICS) if "step" in r), default=-1)
-        metrics = MetricsLog(self.folder / METRICS, lambda row, step: step > sent and fabric.log_dict(row, step=step))
+        metrics = MetricsLog(self.folder / METRICS, lambda row, step: step > sent and fabric.log_dict(row, step=step),
+                             self.holding)
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
@@ -329,6 +337,8 @@ class Trainer:
                 run.step += 1
                 run.stream.step = run.step  # the position a checkpoint records
                 readback.add(run.step, lr, loss, grad_norm)
+                if rank == 0:
+                    self.holding()  # a step boundary: a holder that was stopped and taken over goes no further
                 self._boundary(run, evaluate, curve_windows, readback, requests, every_step)
             readback.flush(run.step)
         finally:
@@ -362,6 +372,7 @@ class Trainer:
         fabric, config = self.fabric, self.config
         fabric.barrier()
         if fabric.global_rank == 0:
+            self.holding()
             save_state(self.state_path, run.state_dict())
             self.write_summary(steps=run.step, tokens=config.tokens(run.step),
                                data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
@@ -379,6 +390,7 @@ class Trainer:
         weights_sha256 = None  # hashed once here, so that readers pair evaluations with these weights cheaply
         weights = self.folder / CHECKPOINTS / FINAL_WEIGHTS
         if fabric.global_rank == 0:
+            self.holding()
             modelio.save_model(run.model, weights)
             weights_sha256 = file_sha256(weights)
         val = (val_fingerprint, int(final_windows[:, 1:].numel()))
@@ -387,6 +399,7 @@ class Trainer:
                                                wall_seconds=run.wall_seconds()), **extra)
         fabric.barrier()
         if fabric.global_rank == 0:  # the final weights stay; the resume state is not needed once completed
+            self.holding()
             self.state_path.unlink(missing_ok=True)
             log.info("%s: completed", self.folder)
         return read_json(self.summary_path)
