@@ -28,6 +28,7 @@ import submitit
 
 from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
+from ablate.design import record_design
 from ablate.errors import AblateError, error_line
 from ablate.evals.run import EvalJob
 from ablate.experiment import Experiment, RunSpec
@@ -127,6 +128,11 @@ class Submission:
     seeds_by_tier: Mapping[str, int] | None = None
     sequential: Mapping | None = None
     grid: Sequence[RunSpec] | None = None  # these runs instead of the experiment's grid (an LR sweep's)
+    # the fixed design (`ablate.design`): the experiment whose whole declaration the ledger keeps (None: the one
+    # submitted; `ablate testbed --arm` submits a subset of the testbed and records the testbed's), and whether a
+    # changed declaration is recorded as an amendment (`submit --amend`) rather than refused
+    declaration: Experiment | None = None
+    amend: bool = False
 
 
 def submit(experiment: Experiment, experiment_file: str | None, request: Submission) -> dict:
@@ -134,7 +140,9 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
 
     `seeds_by_tier` (a sequential study, `submit --sequential`): only seeds 0..n−1 of each tier, none of a
     tier it leaves out; `sequential`: the design's ledger record (`SequentialDesign.to_record`), written once, under
-    the submit lock, before anything is queued. `grid`: these runs instead of the experiment's grid (its LR
+    the submit lock, before anything is queued; else the fixed design's whole declaration is recorded there at the
+    first submit, and a changed one refused unless `amend` (`ablate.design.record_design`). `grid`: these runs
+    instead of the experiment's grid (its LR
     sweep's, `Experiment.sweep_runs`, or the confirmatory runs at each arm's best LR), through the same
     dispatch, store, locks and ledger.
 
@@ -171,6 +179,8 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     with lock:
         if sequential is not None and recorded_design(folder) is None:
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
+        elif sequential is None and recorded_design(folder) is None:  # a fixed design: frozen at its first submit
+            record_design(folder, request.declaration or experiment, request.amend)
         report = _plan_submission(experiment, specs, results, resources)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
         if not todo and not eval_tasks:

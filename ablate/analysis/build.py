@@ -5,6 +5,8 @@ from a source's runs, with p adjusted over the experiment's declared comparisons
 
 from __future__ import annotations
 
+import dataclasses
+
 from ablate.analysis.hypotheses import adjust_over_family, count_diverged, exploratory_metric_table
 from ablate.analysis.kinds import builds, check_options, get_kind
 from ablate.analysis.lr import lr_table, render_lr
@@ -28,7 +30,11 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
     """
     spec = get_kind(kind)
     check_options(spec, ["--reference"] * (reference is not None) + ["--metric"] * (runs.metric is not None))
-    return spec.build(runs, reference, declared)
+    table = spec.build(runs, reference, declared)
+    design_notes = tuple(getattr(declared, "notes", ()))  # the design's history (`ablate.design`): every table says it
+    if design_notes and isinstance(table, (Table, ScaleTable)):
+        table = dataclasses.replace(table, notes=tuple(table.notes) + design_notes)
+    return table
 
 
 def _family(runs: Runs, declared):

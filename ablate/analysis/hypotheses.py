@@ -29,6 +29,7 @@ import polars as pl
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
 from ablate.increments import INCREMENTS
+from ablate.design import DesignState, design_state
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
@@ -56,10 +57,12 @@ class Declared:
     tiers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name, tiers) of a comparison declared at those only
     members: Family | None = None  # the design's family (`ablate.family.Family`); None: built from the runs' tiers
     seeds: tuple[tuple[str, int], ...] = ()  # (tier, n): a fixed design's seeds 0..n-1 (none: every seed counts)
+    notes: tuple[str, ...] = ()  # the design's history every table and the report carry (`ablate.design`)
 
     @classmethod
     def of(cls, comparisons, family: str = "tier", design: dict | None = None,
-           members: Family | None = None, seeds: Mapping[str, int] | None = None) -> Declared:
+           members: Family | None = None, seeds: Mapping[str, int] | None = None,
+           notes: tuple[str, ...] = ()) -> Declared:
         """From `Comparison`s (anything with name, minuend, subtrahend, and maybe tiers) or triples; `members`:
         the experiment's `declared_family()` (None: every declared comparison at every tier the runs have);
         `seeds`: {tier: the fixed design's seed count} (a sequential `design` fixes its own: its last look's)."""
@@ -68,7 +71,7 @@ class Declared:
         if family not in FAMILIES:
             raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
         where = tuple((c.name, tuple(c.tiers)) for c in comparisons if getattr(c, "tiers", ()))
-        return cls(triples, family, design, where, members, tuple(sorted((seeds or {}).items())))
+        return cls(triples, family, design, where, members, tuple(sorted((seeds or {}).items())), tuple(notes))
 
     def family_of(self, runs: Runs) -> Family:
         """The family Holm adjusts over: the design's when given, else every declared comparison at every tier of
@@ -142,15 +145,19 @@ def _untested_note(frame: pl.DataFrame, family: Family, slopes: Mapping[str, flo
     slopes the scale table could not fit."""
     not_run = frame.filter(pl.col("n") == 0).height
     no_p = frame.filter((pl.col("n") > 0) & pl.col("p").is_null()).height
+    short = [f"{r['tier']} {r['comparison']} (seeds {r[MISSING_SEEDS]})" for r in frame.iter_rows(named=True)
+             if r.get(MISSING_SEEDS)]
     slopes_left = [q for q in family.slopes if slopes is not None and (slopes.get(q) is None)]
     parts = [f"{not_run} declared comparison row(s) not run" if not_run else "",
              f"{no_p} row(s) without a p (one seed or no spread)" if no_p else "",
              f"slope(s) without a p: {', '.join(slopes_left)}" if slopes_left else ""]
     parts = [p for p in parts if p]
+    missing = (f"; seeds of the design missing in {', '.join(short)}: those rows are not final and never supported "
+               "until they have run") if short else ""
     if not parts:
-        return ""
+        return missing
     return (f"; {'; '.join(parts)}: each counts in m at p = 1, so every decision of its group is not final until "
-            "it has run (its p can only lower the others' p_holm)")
+            f"it has run (its p can only lower the others' p_holm){missing}")
 
 
 def comparison_differences(runs: Runs, declared: Declared) -> tuple[pl.DataFrame, list[str]]:
@@ -212,9 +219,50 @@ def declared_table(runs: Runs, declared: Declared, slopes: Mapping[str, float | 
         frame = frame.with_columns(**_sequential_columns(frame, diffs, declared.design))
     used = {a for _, a, b in declared.comparisons} | {b for _, a, b in declared.comparisons}
     arms = [a for a in runs.arm_order if a in used]
+    missing = seeds_missing(frame, runs, declared)
+    if any(missing):  # a fixed design's row short of its seeds: not final (`fixed_decision`), never supported
+        frame = frame.with_columns(pl.Series(MISSING_SEEDS, missing, dtype=pl.String))
+        notes = [*notes, *_missing_notes(frame, declared)]
     table = _table(DECLARED, "comparison", frame, runs, arms, notes=notes, differences=diffs)
     table = dataclasses.replace(table, frame=add_mark(table.frame, pl.col("n") == 0, NOT_RUN))
+    if any(missing):
+        table = dataclasses.replace(table, frame=add_mark(table.frame, pl.col(MISSING_SEEDS).is_not_null(),
+                                                          SEEDS_MISSING))
     return dataclasses.replace(table, family=declared.describe(frame, family, slopes=slopes))
+
+
+MISSING_SEEDS = "missing_seeds"  # the declared table's column: a fixed design's seeds a row has no pair of runs for
+SEEDS_MISSING = "seeds missing"
+MARK_NOTES.setdefault(SEEDS_MISSING, "a declared comparison with fewer seeds run than its fixed design: its decision "
+                                     "is not final (as a member that has not run) and it is never called supported "
+                                     "until every seed of the design has run")
+
+
+def seeds_missing(frame: pl.DataFrame, runs: Runs, declared: Declared) -> list[str | None]:
+    """Per row of the declared table (tier, minuend, subtrahend, n), the fixed design's seeds (0..n−1) that have no
+    run of one of its two arms that counts or diverged, as "3, 4" (None: none missing, a row that has not run at
+    all, a sequential design, which decides at its looks, or no design known). A diverged seed has run (the
+    diverged-arm rule handles it); a seed moved aside, running, failed or not counted is missing."""
+    if declared.design is not None:
+        return [None] * frame.height
+    ran = pl.concat([runs.completed.select("tier", "arm", "seed"),
+                     runs.frame.filter(pl.col("status") == "diverged").select("tier", "arm", "seed")])
+    done = {(t, a): set() for t, a in ran.select("tier", "arm").iter_rows()}
+    for tier, arm, seed in ran.iter_rows():
+        done[(tier, arm)].add(seed)
+    out = []
+    for tier, minuend, subtrahend, n in frame.select("tier", "minuend", "subtrahend", "n").iter_rows():
+        design = declared.seed_count(tier)
+        lacking = [k for k in range(design or 0)
+                   if not all(k in done.get((tier, a), ()) for a in (minuend, subtrahend))]
+        out.append(", ".join(map(str, lacking)) if lacking and n else None)
+    return out
+
+
+def _missing_notes(frame: pl.DataFrame, declared: Declared) -> list[str]:
+    return [f"{row['tier']} {row['comparison']}: seed(s) {row[MISSING_SEEDS]} of the design's "
+            f"{declared.seed_count(row['tier'])} not run (or moved aside): not final, never called supported until "
+            "they have run" for row in frame.iter_rows(named=True) if row[MISSING_SEEDS]]
 
 
 NOT_RUN = "not run"
@@ -384,10 +432,13 @@ def supported(family: Table, alpha: float = ALPHA) -> dict[tuple[str, str, str],
 def fixed_decision(row: dict, alpha: float = ALPHA) -> str:
     """A declared comparison's decision in a fixed design: "supported" (p_holm < α and Δ > 0: the subtrahend
     lowers the loss, as declared), "failed" (p_holm < α and Δ < 0: the opposite holds), "not run" (no pair of
-    runs yet), else "not supported" (no test, or p_holm ≥ α). A pipeline-check tier's comparison is never
+    runs yet), "not final" (seeds of the design missing: `seeds_missing`), else "not supported" (no test, or
+    p_holm ≥ α). A pipeline-check tier's comparison is never
     supported."""
     if not row.get("n"):
         return "not run"
+    if row.get(MISSING_SEEDS):
+        return "not final"
     if row.get("p_holm") is None or row["p_holm"] >= alpha or is_pipeline_check(row["tier"]):
         return "not supported"
     return "supported" if row["mean"] > 0 else "failed"
@@ -430,7 +481,8 @@ def seeds_to_queue(runs: Runs | None, declared: Declared, tiers) -> dict[str, in
 def declared_for(experiment, folder) -> Declared | None:
     """The declared comparisons a source's tables adjust over: those a `submit --sequential` recorded in the
     folder's ledger, with their design (which `experiment`, when given, must still declare: a changed design is
-    refused), else the experiment's own (`experiment`: an `ablate.experiment.Experiment` or None, taken as
+    refused), else the fixed design the first submit recorded there (`ablate.design`: likewise checked, its
+    history in `notes`), else the experiment's own (`experiment`: an `ablate.experiment.Experiment` or None, taken as
     given so the analysis never loads an experiment file). None: no family."""
     design = recorded_design(folder) if Path(folder).is_dir() else None
     if design is not None and experiment is not None:
@@ -439,7 +491,14 @@ def declared_for(experiment, folder) -> Declared | None:
     if design is not None:
         members = experiment.declared_family(sequential=True) if experiment is not None else None
         return Declared.of(design.comparisons, design.family, design.boundaries, members)
+    # a fixed design: decided under the declaration recorded at the first submit (`ablate.design`), which the
+    # experiment file must still declare
+    state = design_state(experiment, folder) if Path(folder).is_dir() else DesignState(None, ())
+    if state.declaration is not None:
+        recorded = state.declaration
+        return Declared.of(recorded.comparisons_of(), recorded.family, members=recorded.family_of(),
+                           seeds=dict(recorded.seeds), notes=state.notes)
     if experiment is not None and experiment.hypotheses:
         return Declared.of(experiment.hypotheses, experiment.family, members=experiment.declared_family(),
-                           seeds={tier: experiment.seed_count(tier) for tier in experiment.tiers})
+                           seeds={tier: experiment.seed_count(tier) for tier in experiment.tiers}, notes=state.notes)
     return None

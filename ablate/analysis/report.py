@@ -24,7 +24,8 @@ from typing import Callable
 import polars as pl
 
 from ablate.analysis.figures import figure
-from ablate.analysis.hypotheses import DECLARED, Declared, fixed_decision, supported as declared_support
+from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
+                                        supported as declared_support)
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
 from ablate.analysis.scale import ScaleTable, confounder_sentence
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
@@ -215,6 +216,7 @@ def flags_section(ctx: ReportContext) -> str:
     rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
     lines += supported or [_none_supported(family, verdicts, tested)]
+    lines += _not_final_lines(family)
     lines += ["", "## Effects whose 95% interval contains zero", ""]
     if contains_zero:
         lines += contains_zero
@@ -227,6 +229,16 @@ def flags_section(ctx: ReportContext) -> str:
     lines += ["", "## Effects from one seed (no interval and no test, so they cannot count either way)", ""]
     lines += single or ["- none: every effect has two or more seeds"]
     return "\n".join(lines)
+
+
+def _not_final_lines(family) -> list[str]:
+    """The declared comparisons short of their fixed design's seeds, each naming the seeds missing: not final."""
+    if family is None or MISSING_SEEDS not in family.columns:
+        return []
+    short = [f"- {r['tier']} {r['comparison']} ({r['minuend']} − {r['subtrahend']}): n = {r['n']}, seeds "
+             f"{r[MISSING_SEEDS]} missing" for r in family.frame.iter_rows(named=True) if r[MISSING_SEEDS]]
+    return ["", "Not final (fewer seeds run than the design declares; a seed moved aside counts as missing), so "
+                "never listed as supported until they have run:", *short]
 
 
 def _none_supported(family, verdicts, tested: int) -> str:
@@ -263,6 +275,8 @@ def declared_section(ctx: ReportContext) -> str:
              "over this family "
              "only. [declared.md](declared.md) has the table; rows of the other tables that are not declared "
              "comparisons are marked exploratory.", ""]
+    history = ctx.declared.notes if ctx.declared is not None else ()  # `ablate.design`: after runs, amendments
+    lines += [*(f"Design: {note}." for note in history), ""] if history else []
     sequential = "decision" in family.columns
     for row in family.frame.iter_rows(named=True):
         effect, interval = effect_cells(row)
@@ -275,6 +289,8 @@ def declared_section(ctx: ReportContext) -> str:
         else:
             line += (f", 95% CI {interval}, p {format_p(row['p'])}, p_holm {format_p(row['p_holm'])}, "
                      f"decision {fixed_decision(row)}")
+            if row.get(MISSING_SEEDS):
+                line += f" (seeds {row[MISSING_SEEDS]} of the design missing)"
         lines.append(line)
     return "\n".join(lines)
 

@@ -46,6 +46,9 @@ def add_commands(subparsers) -> None:
     sequential.add_argument("--looks", type=int, metavar="K", help="--sequential: looks (first submit only)")
     sequential.add_argument("--max-seeds", type=int, metavar="N", help="--sequential: seeds at the last look")
     sequential.add_argument("--alpha", type=float, default=None, help="--sequential: family-wise error (default 0.05)")
+    parser.add_argument("--amend", action="store_true",
+                        help="record the experiment file's changed design (comparisons, tiers, seeds, family) as a "
+                             "new, dated version of the design the first submit froze; the report names it")
     parser.set_defaults(func=submit_command)
 
 
@@ -132,7 +135,7 @@ def _submission(args, results, sequential: dict | None, grid):
         eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
                       if v is not None},
         **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
-        **({"grid": grid} if grid is not None else {}))
+        **({"grid": grid} if grid is not None else {}), amend=args.amend)
 
 
 def _submit_and_tell(args) -> int:

@@ -80,7 +80,7 @@ def _other_budget(testbed, experiment) -> str | None:
 
 def testbed_command(args) -> int:
     from ablate.analysis.build import build_table  # the library loads in the handler: see ablate.cli
-    from ablate.analysis.hypotheses import Declared, exploratory_table
+    from ablate.analysis.hypotheses import declared_for, exploratory_table
     from ablate.analysis.kinds import KINDS
     from ablate.analysis.load import load_runs
     from ablate.analysis.testbed import task_runs, testbed_markdown
@@ -90,12 +90,13 @@ def testbed_command(args) -> int:
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
     results = results_folder(args.results)
-    report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel))
+    report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel,
+                                                      declaration=testbed))  # the testbed's whole design
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
     runs = load_runs(results / experiment.name)
-    # The testbed's own declarations and family (m is the design's, whatever ran), as `ablate table testbed` reads them.
-    declared = Declared.of(testbed.hypotheses, testbed.family, members=testbed.declared_family(),
-                           seeds={tier: testbed.seed_count(tier) for tier in testbed.tiers})
+    # The testbed's own declarations and family (m is the design's, whatever ran), as `ablate table testbed` reads
+    # them: the design recorded at the folder's first submit, which the testbed must still declare.
+    declared = declared_for(testbed, results / experiment.name)
     unnamed = [arm for arm in args.arm if arm != "baseline" and not any(
         arm in (h.minuend, h.subtrahend) for h in experiment.hypotheses)]
     if unnamed:
