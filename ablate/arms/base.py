@@ -45,7 +45,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from ablate.arms.source import compute_identity, registering_file, remember
+from ablate.arms.source import compute_identity, registering_file
 from ablate.errors import choice_error
 
 SLOTS = ("value", "routing", "denominator", "output", "query-key", "score-bias")
@@ -211,7 +211,6 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         cls.name = name
         cls.registered_in = registering_file()
         cls.arm_identity = compute_identity(cls)  # the code it runs, as imported: each run's arm identity
-        remember(name, cls.arm_identity)
         _REGISTRY[name] = cls
         return cls
 

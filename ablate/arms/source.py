@@ -51,18 +51,14 @@ HOUSE_BASE = "ablate.arms.base"  # the module of `Arm`, the house's base: never 
 ABLATE = Path(__file__).resolve().parents[1]  # the ablate package: the house's code, recorded by the commit
 
 _TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module → its source as first read (≈ imported)
-_REGISTERED: dict[str, str] = {}  # arm name → the identity of the class registered under it in this process
-
-
-def remember(name: str, identity: str) -> None:
-    """`register_arm` keeps each arm's identity here too, so that torch-free readers (`ablate.status`, the commands)
-    compare a run's recorded identity with the arm's code now without importing the arms."""
-    _REGISTERED[name] = identity
 
 
 def registered_identity(name: str) -> str | None:
-    """The identity of the arm registered as `name` in this process, None when none is (not loaded here)."""
-    return _REGISTERED.get(name)
+    """The identity of the arm registered as `name` in this process, None when none is (the arms are not loaded
+    here): read from the registry where it lies, without importing it, so that torch-free readers (`ablate.status`)
+    compare a run's recorded identity with the arm's code now."""
+    registry = getattr(sys.modules.get(HOUSE_BASE), "_REGISTRY", {})
+    return arm_identity(registry[name]) if name in registry else None
 
 
 def stale(recorded: object, name: str) -> bool:
