@@ -55,7 +55,7 @@ class OtherSink(SinkLogit):
     window = 32
 
 
-EXPERIMENT = Experiment(name="{name}", tiers=("synthetic",), arms=("{name}",), seeds=2,
+EXPERIMENT = Experiment(name="{name}", tiers=("synthetic",), arms=("baseline", "{name}"), seeds=2,
                         overrides={{"steps": 3, "val_interval": 3}})
 '''
 
