@@ -125,11 +125,14 @@ def test_a_csv_or_an_older_scheme_is_said_not_checked(tmp_path):
     assert ablate_cli("table", folder).returncode == 0
 
 
-def test_a_run_of_two_arm_versions_is_refused_by_the_table(tmp_path, finished_runs):
+def test_a_run_of_two_arm_versions_is_refused_by_the_table(tmp_path):
     """Item 3: a run that holds two identities (resumed by --force-less older code, or edited by hand) is no run of
     either. Fails without the refusal (`refuse_hybrid`)."""
-    folder = finished_runs(tmp_path / "r", ("baseline", 0)) / "study"
-    summary = folder / "smoke/baseline/seed0/summary.json"
+    spec = Experiment(name="study", tiers=("synthetic",), arms=("baseline",), seeds=1,
+                      overrides={"steps": 3, "val_interval": 3}).runs()[0]
+    run(spec, tmp_path / "r", progress=False)
+    folder = tmp_path / "r" / "study"
+    summary = folder / "synthetic/baseline/seed0/summary.json"
     held = json.loads(summary.read_text())
     summary.write_text(json.dumps({**held, "arm_sources": ["v2:" + "1" * 64, held["arm_source"]]}))
     with pytest.raises(AblateError, match=r"trained under 2 versions of arm 'baseline'.s code .*no run of either"):
