@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import submitit
 
+from ablate.arms import list_arms
 from ablate.config import resolve_config
 from ablate.data.shards import read_manifest
 from ablate.design import record_design
@@ -39,7 +40,7 @@ from ablate.sequential import recorded_design
 from ablate.runconfig import chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
-from ablate.store import SUBMIT_LOCK, Status, experiment_dir, record_ledger
+from ablate.store import SUBMIT_LOCK, Status, experiment_dir, keep_aside, record_ledger, run_lock_path
 from ablate.tiers import get_gpu, get_tier
 from ablate.workers import RunJob, run_local
 
@@ -133,6 +134,7 @@ class Submission:
     # changed declaration is recorded as an amendment (`submit --amend`) rather than refused
     declaration: Experiment | None = None
     amend: bool = False
+    rerun_stale: bool = False  # move aside and train again the completed runs of an arm whose code changed since
 
 
 def submit(experiment: Experiment, experiment_file: str | None, request: Submission) -> dict:
@@ -169,8 +171,9 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     partitions = preflight(experiment, specs, executor, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
+    list_arms()  # every arm registered here (the built-ins too): a completed run of older arm code is stale
     if request.dry_run:
-        return {**_plan_submission(experiment, specs, results, resources), "misfits": misfits}
+        return {**_plan_submission(experiment, specs, results, resources, request.rerun_stale), "misfits": misfits}
     if misfits:
         raise AblateError(f"profile {resources['name']!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
                           f"nothing was queued (edit slurm/{resources['name']}.toml)")
@@ -181,8 +184,12 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
         elif sequential is None and recorded_design(folder) is None:  # a fixed design: frozen at its first submit
             record_design(folder, request.declaration or experiment, request.amend)
-        report = _plan_submission(experiment, specs, results, resources)
+        report = _plan_submission(experiment, specs, results, resources, request.rerun_stale)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
+        for spec in todo:
+            if spec.key in report["stale"]:
+                with FileLock(run_lock_path(spec.folder(results)), what=f"run {spec.key}"):
+                    report["stale"][spec.key] = str(keep_aside(spec.folder(results)))
         if not todo and not eval_tasks:
             return report
         if todo and executor == "slurm":
@@ -235,15 +242,25 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
 LEFT_ALONE = (Status.COMPLETED, Status.DIVERGED, "damaged")  # never queued again (damaged: `run --force` decides)
 
 
-def _plan_submission(experiment, specs, results, resources) -> dict:
+def _plan_submission(experiment, specs, results, resources, rerun_stale: bool = False) -> dict:
+    """What a submit queues: the runs neither finished nor held, and (`rerun_stale`) the completed runs whose arm's
+    code changed since they trained; without `rerun_stale` such runs are refused, named, before anything is queued."""
     rows = status(experiment, results, specs)
-    todo = [spec for spec, row in zip(specs, rows) if row["state"] not in LEFT_ALONE and not row["queued"]]
+    stale = [spec.key for spec, row in zip(specs, rows) if row["stale"] and not row["queued"]]
+    if stale and not rerun_stale:
+        arms = sorted({row["arm"] for row in rows if row["stale"]})
+        raise AblateError(f"{len(stale)} completed run(s) trained another version of their arm's code than the code "
+                          f"now (arm {', '.join(arms)}): {', '.join(stale)}; `--rerun-stale` moves them aside and "
+                          "trains the current code (or restore the code); nothing was queued")
+    todo = [spec for spec, row in zip(specs, rows)
+            if (row["state"] not in LEFT_ALONE or spec.key in stale) and not row["queued"]]
     skipped: dict[str, int] = {}
-    for row in rows:
-        if row["state"] in LEFT_ALONE or row["queued"]:
+    for spec, row in zip(specs, rows):
+        if (row["state"] in LEFT_ALONE and spec.key not in stale) or row["queued"]:
             skipped[row["state"]] = skipped.get(row["state"], 0) + 1
     return {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
-            "skipped": skipped, "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {}}
+            "skipped": skipped, "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {},
+            "stale": dict.fromkeys(stale)}
 
 
 def _gpu_hours(specs: list[RunSpec]) -> float:

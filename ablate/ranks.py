@@ -19,7 +19,8 @@ from ablate.errors import AblateError
 from ablate.lock import claimed_rank, held_by_step_sibling
 from ablate.runconfig import RunConfig
 from ablate.store import CONFIG, SUMMARY, read_json, read_json_file, run_lock_path
-from ablate.store_summary import read_summary
+from ablate.data.shards import TokenShards
+from ablate.store_summary import RunSummary, read_summary
 
 RANK0_WAIT_S = 600.0  # how long a SLURM task of rank > 0 waits for rank 0 to take the run
 
@@ -56,12 +57,25 @@ def check_child_run_dir(folder: Path, config: RunConfig) -> None:
         raise AblateError(f"{folder} has no {CONFIG}: {way_out}")
     previous = semantic(with_device_defaults(read_json_file(folder / CONFIG, way_out), torch.cuda.is_available()))
     current = semantic(config)
-    if previous != current:
+    if previous != current and not moved_data_only(previous, current, read_summary(folder, way_out)):
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         raise AblateError(f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); {way_out}")
     summary = read_summary(folder, way_out)
     if summary.done:
         raise AblateError(f"{folder} is already {summary.status}: {way_out}, never a finished one")
+
+
+def moved_data_only(previous: dict, current: dict, summary: RunSummary) -> bool:
+    """Whether a run's config (`semantic`) differs from the one it started with only in where its data lies, and the
+    data there is the data it trained on (the same `data_id`: the shards' checksums, whatever folder holds them).
+    Such a run resumes from the data's new place, which its summary then records (`data_dir`)."""
+    differing = {k for k in set(previous) | set(current) if previous.get(k) != current.get(k)}
+    if differing != {"data_dir"} or not summary.data_id or not current.get("data_dir"):
+        return False
+    try:
+        return TokenShards(current["data_dir"], verify=False).fingerprint == summary.data_id
+    except (AblateError, OSError, KeyError, ValueError):
+        return False
 
 
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")  # set by Lightning's launch

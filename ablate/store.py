@@ -189,6 +189,15 @@ def iter_lr_run_dirs(experiment_dir: str | os.PathLike, holding: str = SUMMARY) 
                       and not any(part.startswith(".") for part in p.parent.relative_to(root).parts))
 
 
+def keep_aside(folder: str | os.PathLike) -> Path:
+    """Move a run folder aside as `<seed folder>.old-<time>` (the store ignores it): what `--force` and
+    `submit --rerun-stale` do to a run before training it again. Never deletes. The caller holds the run's lock."""
+    folder = Path(folder)
+    aside = folder.with_name(f"{folder.name}.old-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}")
+    folder.rename(aside)
+    return aside
+
+
 def run_lock_path(folder: str | os.PathLike) -> Path:
     """The lock of a run folder lies beside it, so that `--force` can move the folder while holding it."""
     folder = Path(folder)

@@ -52,7 +52,8 @@ class RunSummary:
     data_dir: str | None = None
     data_id: str | None = None
     weights_sha256: str | None = None  # of the final weights, kept so that readers need not hash them
-    arm_source: str | None = None  # sha256 of the arm's code: its class's files and the registering one
+    arm_source: str | None = None  # the arm's identity, the code it trains (`ablate.arms.source`): "v2:<sha256>"
+    arm_sources: list | None = None  # every arm identity the run trained under, in order (a resume's too)
     # the model
     params_total: int | None = None
     params_non_embedding: int | None = None
@@ -162,6 +163,13 @@ def numerics_history(previous: RunSummary, current: dict, resumed: bool) -> list
     return [n for i, n in enumerate([*earlier, current]) if isinstance(n, dict) and n not in [*earlier, current][:i]]
 
 
+def arm_history(previous: RunSummary, current: str, resumed: bool) -> list:
+    """Every arm identity a run trained under, in order, each once: a resumed run keeps those before it (an older
+    summary without the list: its `arm_source`); a fresh one starts again with its own."""
+    earlier = (previous.arm_sources or [previous.arm_source]) if resumed else []
+    return list(dict.fromkeys(a for a in [*earlier, current] if isinstance(a, str)))
+
+
 def check_summary_fields(fields) -> None:
     """Refuse, in one line, a field that RunSummary does not declare."""
     for name in fields:
@@ -192,15 +200,17 @@ def which_run(config: RunConfig) -> dict:
 
 
 def started_summary(config: RunConfig, model: dict, *, made_by: tuple, started: str, data: tuple,
-                    arm_source: str) -> dict:
+                    arm_source: str, arm_sources: list | None = None) -> dict:
     """What every run's summary says of what it is and what computed it, a corpus run's (written as it starts) and a
     task run's (written with its results) alike: which run, its budget, the fingerprint of its config, its model
     (`ablate.model.model_summary`: the initial weights' fingerprints and the counts), `made_by` (the commit and the
-    stack's versions, `ablate.provenance`), `data` (the data folder, the data's id), and the arm's code."""
+    stack's versions, `ablate.provenance`), `data` (the data folder, the data's id), and the arm's code (its identity
+    now, and `arm_sources`: every one the run trained under, `arm_history`)."""
     (commit, run_versions), (data_dir, data_id) = made_by, data
     return {**which_run(config), "total_steps": config.steps, **model, "config_fingerprint": config_fingerprint(config),
             "match_params": bool(config.match_params), "git_commit": commit, "versions": run_versions,
-            "started": started, "data_dir": data_dir, "data_id": data_id, "error": None, "arm_source": arm_source}
+            "started": started, "data_dir": data_dir, "data_id": data_id, "error": None, "arm_source": arm_source,
+            "arm_sources": arm_sources or [arm_source]}
 
 
 def completed_summary(config: RunConfig, val_loss: float, *, val: tuple, data_fingerprint: str, weights_sha256,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ablate.arms.base import get_arm
-from ablate.arms.source import ARM_SOURCE, arm_source_hash
+from ablate.arms.source import ARM_SOURCE, arm_identity
 from ablate.config import lr_at
 from ablate.data.filter import FilterTask, task_batch, task_from_fields, task_validation
 from ablate.data.synthetic import IGNORE, SyntheticTask
@@ -56,7 +56,7 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
     every step and before every write, so a holder that was stopped and taken over writes nothing more."""
     started, clock = now(), time.time()
     task = task_from_fields(config.synthetic_task)
-    arm_source = arm_source_hash(get_arm(config.arm))  # the arm's code, as loaded: part of the run's identity
+    arm_source = arm_identity(get_arm(config.arm))  # the arm's code, as imported: part of the run's identity
     threads = torch.get_num_threads()
     torch.set_num_threads(int(config.threads or 1))  # a model this small runs no faster on more threads
     try:
@@ -71,7 +71,7 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
             **which_run(config), "status": Status.RUNNING, "val_loss": None, "steps": 0, "total_steps": config.steps,
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
-            ARM_SOURCE: arm_source})
+            ARM_SOURCE: arm_source, "arm_sources": [arm_source]})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
         try:
             curve, data_fingerprint = _train(model, task, config, validation, metrics)

@@ -11,7 +11,6 @@ is a pure function of (data, seed, global batch, seq len, k) (`ablate.data.Batch
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 import math
@@ -34,20 +33,20 @@ from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.lock import CHILD_RUN_ENV, FileLock, LockLost, claimed_rank, launched_child
 from ablate.arms.base import get_arm
-from ablate.arms.source import arm_source_hash
+from ablate.arms.source import arm_identity, current_scheme
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
-from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group
+from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group, moved_data_only
 from ablate.sizing import loss_chunk_for
 from ablate.runconfig import RunConfig
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, Status,
-                          atomic_write_json, file_sha256, read_json, read_json_file, read_metrics,
+                          atomic_write_json, file_sha256, keep_aside, read_json, read_json_file, read_metrics,
                           remove_stray_temporaries, run_key, run_lock_path)
-from ablate.store_summary import (RunSummary, completed_summary, numerics_history, read_summary, started_summary,
-                                  update_summary)
+from ablate.store_summary import (RunSummary, arm_history, completed_summary, numerics_history, read_summary,
+                                  started_summary, update_summary)
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -64,9 +63,7 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     """
     summary_path, config_path = folder / SUMMARY, folder / CONFIG
     if force and folder.exists():
-        aside = folder.with_name(f"{folder.name}.old-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
-        folder.rename(aside)
-        log.warning("kept the previous run aside in %s", aside)
+        log.warning("kept the previous run aside in %s", keep_aside(folder))
     way_out = "use --force to keep the old run aside and start again"
     if not config_path.exists():
         held = [name for name in (SUMMARY, METRICS, CHECKPOINTS) if (folder / name).exists()]
@@ -76,7 +73,7 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
     current = semantic(config)
     summary = read_summary(folder, way_out)
-    if previous != current:
+    if previous != current and not moved_data_only(previous, current, summary):
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         if not took_a_step(folder, summary):
             log.warning("%s never took a step: starting it again with the new settings (they differ in: %s)",
@@ -86,7 +83,23 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
         raise AblateError(
             f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
             "use another --results folder or --force to keep the old run aside and start again")
-    return "done" if summary.done else "resume"
+    if summary.done:
+        return "done"
+    if get_tier(config.tier).task is None and took_a_step(folder, summary):  # a task run starts again from step 0
+        refuse_changed_arm(folder, config, summary)
+    return "resume"
+
+
+def refuse_changed_arm(folder: Path, config: RunConfig, summary: RunSummary) -> None:
+    """A resume continues the code the run started under: an arm whose identity (`ablate.arms.source`) is not the
+    one the run last trained under is refused, so that no run is trained half by one version of an arm and half by
+    another. A run recorded under an older identity scheme is not compared (and resumes, recording both)."""
+    recorded = [a for a in (summary.arm_sources or [summary.arm_source]) if current_scheme(a)]
+    now_ = arm_identity(get_arm(config.arm))
+    if recorded and recorded[-1] != now_:
+        raise AblateError(f"{folder}: the arm's code changed since this run started (arm {config.arm!r}: "
+                          f"{recorded[-1][:15]}… then, {now_[:15]}… now): restore it, or --force to keep the old "
+                          "run aside and start again")
 
 
 def took_a_step(folder: Path, summary: RunSummary) -> bool:
@@ -283,11 +296,11 @@ class Trainer:
         every fingerprint known so far; what computed it, this process and (resumed) every one before it
         (`numerics_history`)."""
         config, previous = self.config, read_summary(self.folder)
-        run_versions = versions()
+        run_versions, arm = versions(), arm_identity(get_arm(config.arm))
         started = started_summary(config, model_summary(run.model, run.init_fingerprint, init_common),
                                   made_by=(git_commit(), run_versions), started=previous.started or now(),
-                                  data=(config.data_dir, shards.fingerprint),
-                                  arm_source=arm_source_hash(get_arm(config.arm)))
+                                  data=(config.data_dir, shards.fingerprint), arm_source=arm,
+                                  arm_sources=arm_history(previous, arm, resumed))
         self.write_summary(
             **started, status=Status.RUNNING, val_loss=None, steps=run.step, tokens=config.tokens(run.step),
             data_fingerprint=run.data_fp, loss_read_every=1 if config.host_sync == "step" else config.log_interval,

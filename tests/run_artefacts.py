@@ -30,7 +30,8 @@ CLOCKS = ("started", "finished", "wall_seconds", "evaluated_at", "git_commit", "
 # eval.json's metric `value`s are a task run's signature and accuracies: arithmetic too (two Intel CPUs, both AVX-512,
 # give the signature's masses and norms apart in their ninth digit).
 ARITHMETIC = ("val_loss", "selection_loss", "val_loss_auc", "val_accuracy", "absent_accuracy", "signature",
-              "init_fingerprint", "init_fingerprint_common", "weights_sha256", "arm_source", "value")
+              "init_fingerprint", "init_fingerprint_common", "weights_sha256", "arm_source", "arm_sources",
+              "value")
 STEPS = {"smoke": 4, "lr-sweep": 4, "abstain-stream": 12, "filter-norm": 12}
 
 

@@ -19,6 +19,7 @@ from ablate.errors import AblateError
 from ablate.analysis.numerics import NUMERICS, numerics_label
 from ablate.analysis.matching import ARM_SOURCE, DATA_ID, FINGERPRINTS, SETTINGS, check_matched
 from ablate.analysis.runs import NOT_EVALUATED, Runs
+from ablate.arms.source import current_scheme
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import fingerprints_without, shared_fingerprint
@@ -150,6 +151,7 @@ def store_row(run: Path, tier: str, arm: str, seed: int, summary: RunSummary, co
     """One run's row of RUN_SCHEMA, carrying every identity the grid's tables check (the fingerprints, data_id,
     the settings, the arm's code, what computed it). `varied`: the config keys the runs of this source may
     differ in (an LR sweep's or a tuned table's `lr`), left out of its config and settings fingerprints."""
+    refuse_hybrid(run, summary)
     row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.status, "val_loss": summary.val_loss,
            "mlp_hidden": summary.mlp_hidden, "eval_fingerprint": None, DATA_ID: summary.data_id,
            "init_fingerprint_common": summary.init_fingerprint_common, "path": str(run),
@@ -162,6 +164,16 @@ def store_row(run: Path, tier: str, arm: str, seed: int, summary: RunSummary, co
     row["verified"] = all(row[key] is not None for key in (*FINGERPRINTS, SETTINGS))
     row["reason"] = _exclusion_reason(row["status"], row["val_loss"], summary)
     return row
+
+
+def refuse_hybrid(run: Path, summary: RunSummary) -> None:
+    """A run that trained under more than one version of its arm's code (a resume after an edit, forced or from an
+    older ablate) is no run of either: refused, named."""
+    versions = [a for a in summary.arm_sources or [] if current_scheme(a)]
+    if len(versions) > 1:
+        raise AblateError(f"run {run} trained under {len(versions)} versions of arm {summary.arm!r}'s code "
+                          f"({', '.join(v[:15] + '…' for v in versions)}): it is no run of either; rerun it "
+                          "(`ablate run ... --force` keeps it aside) or move it out of the experiment folder")
 
 
 def _read_config(run: Path) -> dict | None:

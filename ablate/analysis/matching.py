@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.analysis.runs import Runs
-from ablate.arms.source import ARM_SOURCE
+from ablate.arms.source import ARM_SOURCE, current_scheme
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
 from ablate.store import CONFIG, read_json, run_key
@@ -70,7 +70,8 @@ def _refuse_unverified(completed) -> None:
 
 def _check_pair(a: dict, b: dict, columns, across_seeds: bool, varied: tuple[str, ...] = ()) -> None:
     differing = [c for c in columns if a[c] is not None and b[c] is not None and a[c] != b[c]
-                 and not (c == "init_fingerprint" and parameter_matched(a, b))]
+                 and not (c == "init_fingerprint" and parameter_matched(a, b))
+                 and not (c == ARM_SOURCE and current_scheme(a[c]) != current_scheme(b[c]))]  # schemes: not compared
     if not differing:
         return
     names = [_name(a), _name(b)]
@@ -115,8 +116,8 @@ def _mismatch(names: list[str], a: dict, b: dict, column: str, across_seeds: boo
         DATA_ID: ("; they were trained on different prepared data (data_id is the split's shard checksums, "
                   "whatever folder held them)"),
         EVAL: "; they were evaluated under other settings (task version, limit, data or lm-eval version)",
-        ARM_SOURCE: ("; the arm's code (the files of its class and the file that registers it) changed between "
-                     "them: two versions of an arm under one name"),
+        ARM_SOURCE: ("; the arm's code (its class, what it reads and the modules of your own it imports: "
+                     "`ablate.arms.source`) changed between them: two versions of an arm under one name"),
     }.get(column, "")
     if across_seeds:
         return text + (". The runs of one tier are averaged over seeds into one row, so they must differ only in the "

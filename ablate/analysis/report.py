@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import polars as pl
 
+from ablate.analysis.armcode import check_arm_code
 from ablate.analysis.figures import figure
 from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
                                         supported as declared_support)
@@ -407,16 +408,19 @@ def write_report(source: str | os.PathLike, sections: list[Section] | None = Non
 
 def make_report(source: str | os.PathLike, sections: list[Section] | None = None,
                 allow_unverified: bool = False, declared: Declared | None = None,
-                lr_sweep: LRSweep | None = None) -> ReportContext:
+                lr_sweep: LRSweep | None = None, arm_code: Mapping[str, str | None] | None = None) -> ReportContext:
     """Build the report of an experiment's folder of runs; its context says what was written and left out.
 
     `declared`: the experiment's declared comparisons (and sequential design), which decide the family
     p_holm adjusts over and what can be called supported (`ablate.analysis.hypotheses`). Sections the
-    experiment's arms cannot give (`cannot_have`) are left out, and the overview says so once."""
+    experiment's arms cannot give (`cannot_have`) are left out, and the overview says so once. `arm_code`: each
+    arm's identity now (`ablate.analysis.armcode`); None checks nothing."""
     if Path(source).suffix.lower() in TABLE_SUFFIXES:
         raise AblateError(f"a report needs an experiment's run store, not the table file {str(source)!r}; "
                           "use `ablate table` for a CSV/parquet source")
     runs = load_runs(source, allow_unverified=allow_unverified)
+    if arm_code is not None:  # each arm's identity now: a row of another version's runs is refused
+        runs = check_arm_code(runs, arm_code)
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
     tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)

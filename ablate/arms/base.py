@@ -45,7 +45,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from ablate.arms.source import registering_file
+from ablate.arms.source import compute_identity, registering_file
 from ablate.errors import choice_error
 
 SLOTS = ("value", "routing", "denominator", "output", "query-key", "score-bias")
@@ -209,7 +209,8 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
             raise TypeError(f"arm {name!r}: the normaliser hook (normalise) replaces the softmax whose denominator "
                             "the denominator slot (sink_logit) adds to; fill one of them")
         cls.name = name
-        cls.registered_in = registering_file()  # its code is part of each run's identity (ablate.arms.source)
+        cls.registered_in = registering_file()
+        cls.arm_identity = compute_identity(cls)  # the code it runs, as imported: each run's arm identity
         _REGISTRY[name] = cls
         return cls
 

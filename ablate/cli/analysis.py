@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ablate.analysis.kinds import KINDS  # import-light: names and words only (no polars)
 
@@ -80,7 +81,7 @@ def table_command(args: argparse.Namespace) -> int:
         return _lr_command(args, kind)
     experiment = named_experiment(args.source)  # its file is executed once, here
     folder = results_of(args.source, args.results, experiment)
-    runs = load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric)
+    runs = checked_arm_code(load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric))
     table = build_table(runs, kind.name, args.reference, declared_for(experiment, folder))
     text = kind.render(table, args.format)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
@@ -89,6 +90,25 @@ def table_command(args: argparse.Namespace) -> int:
         for warning in table.warnings:
             print(f"warning: {one_line(warning)}", file=sys.stderr)
     return _emit(args, text)
+
+
+def arms_now() -> dict[str, str | None]:
+    """Each registered arm's identity now (the built-ins and the experiment file's): what a table's runs must have
+    trained (`ablate.analysis.armcode`)."""
+    from ablate.arms.source import registered_identity  # the library loads in the handler: see ablate.cli
+    from ablate.cli.status import register_arms
+
+    register_arms()
+    from ablate.arms import list_arms
+
+    return {name: registered_identity(name) for name in list_arms()}
+
+
+def checked_arm_code(runs):
+    """`runs` checked against each arm's code now (a CSV/parquet source: noted as not checked, nothing imported)."""
+    from ablate.analysis.armcode import check_arm_code  # the library loads in the handler: see ablate.cli
+
+    return check_arm_code(runs, arms_now() if runs.root is not None else {})
 
 
 def lr_settings(experiment) -> tuple[float, float]:
@@ -167,7 +187,8 @@ def report_command(args: argparse.Namespace) -> int:
     experiment = named_experiment(args.experiment)  # its file is executed once, here
     source = results_of(args.experiment, args.results, experiment)
     report = make_report(source, allow_unverified=args.allow_unverified, declared=declared_for(experiment, source),
-                         lr_sweep=experiment.lr_sweep if experiment is not None else None)
+                         lr_sweep=experiment.lr_sweep if experiment is not None else None,
+                         arm_code=arms_now() if Path(source).is_dir() else None)
     names = [path.name for path in report.written]
     texts = [n for n in names if n.endswith(".md")]
     others = [n for n in names if not n.endswith(".md")]

@@ -75,6 +75,7 @@ def status_command(args) -> int:
 
     name, specs, adhoc = _runs(args)
     results = results_folder(args.results)
+    register_arms()  # the built-ins too: a completed run of an arm whose code changed since is stale
     rows = status(name, results, specs)
     counts = {state: sum(r["state"] == state for r in rows) for state in STATES}
     if args.json:
@@ -87,17 +88,28 @@ def status_command(args) -> int:
             r = {**r, "arm": f"{r['arm']} ×{r['lr_factor']:g}"}
         loss = "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}" + ("" if r["val_loss_final"] else "~")
         steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
-        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {r['state']:<13} {r['job_id'] or '-':<14} "
+        state = "stale" if r["stale"] else r["state"]
+        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {state:<13} {r['job_id'] or '-':<14} "
               f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>10}")
         if r["error"]:
             print(f"        {'error' if r['state'] in ('failed', 'diverged') else 'why'}: {r['error']}")
         if r.get("eval"):
             print(f"        eval: {r['eval']}")
-    print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})")
+    stale = sum(bool(r["stale"]) for r in rows)
+    print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})"
+          + (f"; {stale} of the completed are stale: `ablate submit ... --rerun-stale` retrains them" if stale else ""))
     if any(r["val_loss"] is not None and not r["val_loss_final"] for r in rows):
         print("~ a mid-run val_loss (the run's last evaluation so far), not its final loss")
     _hints(args, rows, results / name, counts, adhoc)
     return 0
+
+
+def register_arms() -> None:
+    """Every arm registered in this process, the built-ins with the experiment file's: what `status`, `table` and
+    `report` compare a run's recorded arm identity with (`ablate.arms.source.registered_identity`)."""
+    from ablate.arms import list_arms  # the library loads in the handler (torch: the arms' classes)
+
+    list_arms()
 
 
 def _hints(args, rows, folder, counts, adhoc) -> None:

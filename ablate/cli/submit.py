@@ -26,6 +26,9 @@ def add_commands(subparsers) -> None:
                         help="run arms that add parameters unmatched (overrides the experiment)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
+    parser.add_argument("--rerun-stale", action="store_true",
+                        help="completed runs whose arm's code changed since they trained (`ablate status` says "
+                             "stale): move them aside, as `run --force` does, and train the current code")
     parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
                         help="also evaluate the runs with lm-evaluation-harness (lambada_openai hellaswag wikitext): "
                              "after training, or now for completed runs")
@@ -131,7 +134,7 @@ def _submission(args, results, sequential: dict | None, grid):
         seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
         options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
                  **({"match_params": args.match_params} if args.match_params is not None else {})},
-        eval_tasks=args.eval_tasks,
+        eval_tasks=args.eval_tasks, rerun_stale=args.rerun_stale,
         eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
                       if v is not None},
         **({"seeds_by_tier": sequential["counts"], "sequential": sequential["record"]} if sequential else {}),
@@ -164,6 +167,9 @@ def _submit_and_tell(args) -> int:
               + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
                           for tier, n in counts.items()))
     report = submit(experiment, file, _submission(args, results, sequential, grid))
+    for key, aside in (report.get("stale") or {}).items():
+        print(f"{key}: stale (its arm's code changed since it trained): " + (
+            f"kept aside in {aside}, trained again" if aside else "would be moved aside and trained again"))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
         print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
