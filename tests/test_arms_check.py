@@ -338,3 +338,65 @@ def test_a_refused_decode_is_never_counted_as_holding(test_arms, capsys):
     assert check_command("test-uncached-memory", as_json=False) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == "5 of 6 checks hold; 1 refused (decoding: not checked); 0 do not apply; 0 fail", last
+
+
+LEAKY_FILE = '''import torch
+
+from ablate.arms import Arm, register_arm
+
+
+@register_arm("my-peek")
+class MyPeek(Arm):
+    no_decoding = "it reads the next position's x"
+
+    def score_modifier(self, context):
+        following = torch.roll(context.x, -1, dims=1).sum(dim=-1)
+
+        def mod(score, b, h, q_idx, kv_idx):
+            return score + 0.3 * following[b, kv_idx]
+
+        return mod
+'''
+
+EXPERIMENT_FILE = LEAKY_FILE + '''
+from ablate.experiment import Experiment
+
+EXPERIMENT = Experiment(name="peeking", tiers=["smoke"], arms=["baseline", "my-peek"], seeds=1)
+'''
+
+
+@pytest.mark.parametrize("command", ["run", "submit", "testbed"])
+def test_a_leaking_arm_from_a_users_file_is_refused_before_training(command, tmp_path, capsys, monkeypatch):
+    """`run --arm-file`, `submit` of an experiment file that registers the arm, `testbed --arm --arm-file`: one line
+    naming the arm and the failed check, exit 2, and no run folder (nothing was trained)."""
+    import ablate.arms.testbed  # noqa: F401 (oracle-gate, which `testbed` imports, stays registered after the test)
+    from ablate.cli import main
+
+    monkeypatch.setattr("ablate.arms.base._REGISTRY", dict(_REGISTRY))  # what the file registers goes away after
+
+    arm_file, experiment_file = tmp_path / "my_arms.py", tmp_path / "peeking.py"
+    arm_file.write_text(LEAKY_FILE)
+    experiment_file.write_text(EXPERIMENT_FILE)
+    results = tmp_path / "results"
+    argv = {"run": ["run", "--tier", "smoke", "--arm", "my-peek", "--arm-file", str(arm_file), "--max-steps", "2"],
+            "submit": ["submit", str(experiment_file), "--executor", "local"],
+            "testbed": ["testbed", "--arm", "my-peek", "--arm-file", str(arm_file), "--tier", "abstain-stream"]}
+    assert main(argv[command] + ["--results", str(results)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "arm 'my-peek' fails the check before training" in err, err
+    assert "causal attention" in err and "x changed at positions it may not see" in err
+    assert not results.exists()
+
+
+def test_the_arms_ablate_ships_do_not_pay_the_check_at_each_run(monkeypatch):
+    """The built-ins and examples are held by this file's tests; `refuse_unsound` checks a user's arm only."""
+    def no_check(name, checks):
+        raise AssertionError(f"checked {name}")
+
+    monkeypatch.setattr(armcheck, "run_checks", no_check)
+    assert not any(armcheck.is_users(name) for name in list_arms())
+    armcheck.refuse_unsound(list_arms())
+    monkeypatch.setattr(PeekNextX, "__module__", "my_arms")
+    monkeypatch.setitem(_REGISTRY, "test-peek-next-x", PeekNextX)
+    with pytest.raises(AssertionError, match="checked test-peek-next-x"):
+        armcheck.refuse_unsound(["baseline", "test-peek-next-x"])
