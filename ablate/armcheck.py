@@ -185,13 +185,214 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
 def check_arm(name: str) -> list[CheckResult]:
     """Every check, in order; an exception inside one is that check failing, in one line."""
     get_arm(name)  # an unknown name: one line naming the registered arms
+    results = run_checks(name, (check_attention, check_model, check_flex, check_decoding, check_causal,
+                                check_causal_model))
+    if torch.cuda.is_available():
+        results.append(check_flex(name, "cuda"))
+    return results
+
+
+# --------------------------------------------------------------------------------------- causality
+# A black box: change the inputs at positions a query may not see and require its outputs unchanged. `find_leak`
+# takes any call and any visibility rule (`causal`: key j visible from query i when j <= i); `check_causal` and
+# `check_causal_model` hold an arm to it at the attention call (every path it takes) and in the whole model.
+CAUSAL_RTOL = 1e-12  # float64: an output that may not see a change moves by no more than this, relative
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One input of a black box: its value, the dimension that is position, and for token ids the vocabulary
+    (a changed token is another id below it; a float input is changed by a draw of N(0, 1))."""
+
+    name: str
+    value: torch.Tensor
+    time_dim: int
+    vocab: int | None = None
+
+    def changed(self, where: torch.Tensor, gen: torch.Generator, batch: int | None = None) -> torch.Tensor:
+        """The value with the positions `where` (bool, (T,)) changed — in sequence `batch` only, if given."""
+        shape = [1] * self.value.dim()
+        shape[self.time_dim] = where.numel()
+        keep = where.view(shape).expand_as(self.value).clone()
+        if batch is not None:
+            keep[:batch] = False
+            keep[batch + 1:] = False
+        if self.vocab is not None:
+            shift = torch.randint(1, self.vocab, self.value.shape, generator=gen)
+            other = (self.value + shift) % self.vocab
+        else:
+            other = self.value + torch.randn(self.value.shape, generator=gen, dtype=self.value.dtype)
+        return torch.where(keep, other, self.value)
+
+
+def causal(query: int, keys: torch.Tensor) -> torch.Tensor:
+    """The causal rule: which of the positions `keys` query position `query` may see."""
+    return keys <= query
+
+
+def _moved(before: torch.Tensor, after: torch.Tensor) -> float:
+    if not (torch.isfinite(before).all() and torch.isfinite(after).all()):
+        return float("nan")
+    return _relative(after, before)
+
+
+def find_leak(call, probes: list[Probe], *, out_time_dim: int, visible=causal, seed: int = 0,
+              rtol: float = CAUSAL_RTOL) -> str | None:
+    """None when `call(*values)` is blind to what it may not see, else one line saying what leaked.
+
+    For each query position i: every probe changed at the positions that `visible(i, positions)` hides, the output
+    at position i (along `out_time_dim`) must move by ≤ rtol relative; and every probe changed in the second
+    sequence of the batch (dim 0) alone, the first sequence's outputs must not move. A leak is then traced to the
+    probe(s) that make it alone. A non-finite output is a leak too (it hides one)."""
+    gen = torch.Generator().manual_seed(seed)
+    values = [p.value for p in probes]
+    base = call(*values)
+    n = base.shape[out_time_dim]
+    positions = torch.arange(n)
+
+    def moved(which, where, batch=None) -> float:
+        out = call(*[p.changed(where, gen, batch) if k in which else p.value for k, p in enumerate(probes)])
+        if batch is not None:
+            return _moved(base[0], out[0])
+        return _moved(base.select(out_time_dim, i), out.select(out_time_dim, i))
+
+    def traced(where, batch=None) -> str:
+        names = [p.name for k, p in enumerate(probes) if not moved({k}, where, batch) <= rtol]
+        return " and ".join(names) or "the inputs together"
+
+    everything = set(range(len(probes)))
+    for i in range(n):
+        hidden = ~visible(i, positions)
+        if hidden.any() and not (error := moved(everything, hidden)) <= rtol:
+            return (f"the output at position {i} moved by {error:.2e} (relative) when {traced(hidden)} changed at "
+                    f"positions it may not see ({', '.join(map(str, positions[hidden].tolist()))})")
+    every = torch.ones(n, dtype=torch.bool)
+    if base.shape[0] > 1 and not (error := moved(everything, every, batch=1)) <= rtol:
+        return (f"sequence 0's output moved by {error:.2e} (relative) when {traced(every, batch=1)} of sequence 1 "
+                "changed")
+    return None
+
+
+def attention_calls(name: str) -> dict[str, object]:
+    """The arm's attention as calls (q, k, v, x) -> o on every path it takes, a fresh context each call: 'training'
+    (what it trains through on a CPU), 'reference', and 'flex (eager)' for an arm that takes flex on CUDA."""
+    arm = make_checked_arm(name)
+
+    def kernel(fused: bool):
+        def call(q, k, v, x):
+            return attention(arm, q, k, v, x, fused=fused, context=AttentionContext.full(x, train_len=32))[0]
+        return call
+
+    calls = {f"training ({arm.path('cpu')})": kernel(True), "reference": kernel(False)}
+    if arm.path("cuda") == "flex":
+        def flex(q, k, v, x):
+            values, _, log_gate = key_signals(arm, v, x)
+            sink = arm.sink_logit() if arm.has_slot("denominator") else None
+            bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
+            with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled: on purpose here
+                warnings.simplefilter("ignore", UserWarning)
+                o = _flex(q, k, values, sink, log_gate, bias, Hooks.of(arm, AttentionContext.full(x, train_len=32)),
+                          compiled=False)
+            return o * arm.output_gate(o, x) if arm.has_slot("output") else o
+        calls["flex (eager)"] = flex
+    return calls
+
+
+def masked_weight(name: str) -> float:
+    """The most weight the arm's normaliser gives a masked (later) key, from its raw weights on masked logits; 0.0
+    for an arm without a normaliser. The check fails on anything but 0: the kernel must not be what hides it."""
+    cls = get_arm(name)
+    if not cls.has_hook("normaliser"):
+        return 0.0
+    arm = make_checked_arm(name)
+    q, _, _, x = (t.detach() for t in check_inputs())
+    T = q.shape[2]
+    logits = torch.randn(q.shape[0], HEADS, T, T, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
+    later = torch.ones(T, T, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        weights = arm.normalise(logits.masked_fill(later, float("-inf")), AttentionContext.full(x, train_len=32))
+    return weights.masked_select(later.expand_as(weights)).abs().max().item()
+
+
+def check_causal(name: str) -> CheckResult:
+    """Causality at the attention call: q, k, v, x changed at later positions (or in another sequence) never move
+    o at earlier ones, on every path the arm takes; a normaliser puts no weight on a masked key."""
+    calls = attention_calls(name)
+    check = f"causal attention: o at ≤ t blind to q, k, v, x after t and to other sequences ({', '.join(calls)})"
+    weight = masked_weight(name)
+    if weight != 0.0:
+        return CheckResult(check, "fails", f"the normaliser puts weight {weight:.3g} on masked (later) keys")
+    q, k, v, x = (t.detach() for t in check_inputs())
+    probes = [Probe("q", q, 2), Probe("k", k, 2), Probe("v", v, 2), Probe("x", x, 1)]
+    with torch.no_grad():
+        for path, call in calls.items():
+            leak = find_leak(call, probes, out_time_dim=2)
+            if leak is not None:
+                return CheckResult(check, "fails", f"{path}: {leak}")
+    return CheckResult(check, "holds", f"{len(calls)} path(s), 4 inputs, every position and sequence")
+
+
+def check_causal_model(name: str) -> CheckResult:
+    """Causality of the whole model: tokens changed after t (or in another sequence) never move logits at ≤ t,
+    on the training path and the reference path."""
+    check = "causal model: logits at ≤ t blind to tokens after t and to other sequences (training, reference)"
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for fused in (True, False):
+            model = small_model(name, fused=fused)
+            leak = find_leak(lambda tokens: model(tokens).logits, [Probe("the tokens", idx, 1, vocab=97)],
+                             out_time_dim=1)
+            if leak is not None:
+                return CheckResult(check, "fails", f"{'training' if fused else 'reference'}: {leak}")
+    return CheckResult(check, "holds", "2 paths, every position and sequence")
+
+
+def check_finite(name: str) -> CheckResult:
+    """The small model's loss and every parameter's gradient on the training path are finite numbers."""
+    check = "finite: the model's loss and every parameter's gradient (training path)"
+    model = small_model(name)
+    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    out = model(idx[:, :-1], idx[:, 1:])
+    out.loss.backward()
+    if not torch.isfinite(out.loss):
+        return CheckResult(check, "fails", f"loss {out.loss.item()}")
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad:
+        return CheckResult(check, "fails", f"non-finite gradient of {', '.join(bad)}")
+    return CheckResult(check, "holds", f"loss {out.loss.item():.4f}")
+
+
+FAST_CHECKS = (check_finite, check_causal, check_causal_model)  # what a run of a user's arm is held to first
+
+
+def run_checks(name: str, checks) -> list[CheckResult]:
+    """Each check on arm `name`, in order; an exception inside one is that check failing, in one line."""
     results = []
-    for check in (check_attention, check_model, check_flex, check_decoding):
+    for check in checks:
         try:
             results.append(check(name))
         except Exception as err:  # a user's arm may raise anything: report it as that check's failure
             results.append(CheckResult(check.__name__.removeprefix("check_"), "fails",
                                        f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
-    if torch.cuda.is_available():
-        results.append(check_flex(name, "cuda"))
     return results
+
+
+def is_users(name: str) -> bool:
+    """Whether arm `name` is a user's (its class defined outside the ablate package): the arms ablate ships are
+    held to every check by its test suite, a user's before each run that trains it."""
+    module = get_arm(name).__module__
+    return not (module == "ablate" or module.startswith("ablate."))
+
+
+def refuse_unsound(names, file: str | None = None) -> None:
+    """Before training: the fast part of the check (finiteness and causality) on every user's arm of `names`; the
+    first that fails is refused in one line naming the arm, the check and what failed."""
+    for name in dict.fromkeys(names):
+        if not is_users(name):
+            continue
+        for result in run_checks(name, FAST_CHECKS):
+            if not result.ok:
+                where = f" --arm-file {file}" if file else ""
+                raise AblateError(f"arm {name!r} fails the check before training, so nothing was trained: "
+                                  f"{result.check.split(':')[0]}: {result.detail} (every check: `ablate arms --check "
+                                  f"{name}{where}`)")

@@ -20,7 +20,7 @@ from ablate.paths import default_data_dir
 from ablate.runconfig import (RunConfig, chosen_options, device_defaults, settable_options, stored,
                               tier_options)
 from ablate.sizing import model_config
-from ablate.tiers import TASK_CONFIG_KEY, TASKS, get_tier
+from ablate.tiers import TASK_CONFIG_KEY, TASKS, TIERS, get_tier
 
 # ---------------------------------------------------------------------------------------------- config
 def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> RunConfig:
@@ -30,7 +30,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> Run
     (`RunConfig.with_device_defaults`) before its config.json is written, so the file says what the run did.
     Every reader takes its attributes: the dict (`to_dict`) is what config.json holds."""
     tier = get_tier(spec.tier)
-    get_arm(spec.arm)
+    check_arm_tier(spec.arm, tier)
     chosen = chosen_options(spec.overrides, options)
     model_overrides = dict(chosen.pop("model", {}))
     for key in chosen:
@@ -52,6 +52,16 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> Run
     steps = run.steps if run.max_steps is None else min(int(run.max_steps), run.steps)
     return dataclasses.replace(run, steps=steps, max_steps=None, model=model, data_dir=data_dir,
                                betas=list(run.betas), **{TASK_CONFIG_KEY: task})
+
+
+def check_arm_tier(arm: str, tier) -> None:
+    """An arm that runs on some tasks' tiers only (`Arm.only_tasks`: the oracle gate reads the value-junk task's
+    mask) is refused at any other tier, in one line naming the tiers it runs on, before a run folder exists."""
+    only = get_arm(arm).only_tasks
+    if only and tier.task not in only:
+        valid = [name for name, t in TIERS.items() if t.task in only]
+        raise AblateError(f"arm {arm!r} runs on the tiers of the task(s) {', '.join(only)} only, not on tier "
+                          f"{tier.name!r}; valid tiers: {', '.join(valid)}")
 
 
 def valid_options() -> list[str]:

@@ -77,6 +77,7 @@ class RunSummary:
     val_accuracy: float | None = None
     absent_accuracy: float | None = None
     signature: dict | None = None
+    received_junk_mask: bool | None = None  # True: its arm read the value-junk task's answer (the oracle control)
 
     @classmethod
     def from_dict(cls, summary: dict) -> RunSummary:

@@ -16,6 +16,7 @@ gets the bias of query i: its distances are one short).
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
@@ -78,9 +79,18 @@ class ValueJunkAttention(StrictCausalAttention):
         median = v.detach().norm(dim=-1).transpose(0, 1).reshape(self.n_kv_head, -1).median(dim=1).values
         marker = self.dose * median.view(1, -1, 1, 1) * directions.to(device=v.device, dtype=v.dtype)
         junk = mask[:, None, :, None]
-        if hasattr(self.arm, "junk_mask"):  # the testbed's oracle gate reads the same mask (`ablate.arms.testbed`)
+        if hands_junk_mask(self.arm):  # the testbed's oracle gate reads the same mask (`ablate.arms.testbed`)
             self.arm.junk_mask = mask
         return q, k, torch.where(junk, decoy.transpose(1, 2) + marker, v)
+
+
+def hands_junk_mask(arm) -> bool:
+    """Whether the value-junk attention hands `arm` the batch's ground-truth junk mask: only the oracle control's
+    own class (`ablate.arms.testbed.OracleGate`, not a subclass, not an arm that merely has a `junk_mask`
+    attribute), so that no arm of one's own can read the answer. A run whose arm received it records
+    `received_junk_mask` in its summary (`ablate.taskrun`). Looked up, not imported: importing it registers it."""
+    oracle = sys.modules.get("ablate.arms.testbed")
+    return oracle is not None and type(arm) is oracle.OracleGate
 
 
 class ValueJunkGPT(GPT):
@@ -103,6 +113,11 @@ class ValueJunkGPT(GPT):
         attn = self.blocks[0].attn
         if isinstance(attn, ValueJunkAttention):
             attn.directions = fixed_directions(seed, attn.n_kv_head, attn.head_dim).to(self.wte.weight.device)
+
+    @property
+    def hands_junk_mask(self) -> bool:
+        """Whether its arm receives the ground-truth junk mask (the oracle control: `hands_junk_mask`)."""
+        return hands_junk_mask(self.blocks[0].attn.arm)
 
     def forward(self, idx, targets=None, **kwargs):
         attn = self.blocks[0].attn

@@ -65,13 +65,14 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
         model.init_weights(config.seed)
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         init_common = common_fingerprint(model)  # of the initial weights, as a corpus run's: what an LR sweep pairs
+        oracle = {"received_junk_mask": True} if getattr(model, "hands_junk_mask", False) else {}  # a control's run
         metrics = MetricsLog(folder / METRICS, holding=holding)  # checks the lock at every step's row
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
         holding()
         write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
             **which_run(config), "status": Status.RUNNING, "val_loss": None, "steps": 0, "total_steps": config.steps,
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
-            ARM_SOURCE: arm_source, "arm_sources": [arm_source]})
+            ARM_SOURCE: arm_source, "arm_sources": [arm_source], **oracle})
         validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
         try:
             curve, data_fingerprint = _train(model, task, config, validation, metrics)
@@ -100,7 +101,7 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
                                    data_fingerprint=data_fingerprint, weights_sha256=weights_sha256,
                                    finished=(finished := now()), wall_seconds=time.time() - clock),
                "val_loss_auc": curve_area(curve), "val_accuracy": accuracy, "absent_accuracy": absent_accuracy,
-               "signature": signature}
+               "signature": signature, **oracle}
     holding()
     _write_signature_eval(folder, task, {**signature, "val_accuracy": accuracy, "absent_accuracy": absent_accuracy},
                           weights_sha256, finished)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from ablate.arms import Arm
 from ablate.data.filter import task_batch, task_from_fields
 from ablate.data.stream import StreamTask, stream_batch
 from ablate.data.synthetic import IGNORE
@@ -249,3 +250,71 @@ def test_saved_weights_of_a_value_junk_run_load_as_the_strict_causal_model(tmp_p
     loaded = load_model(tmp_path / "w.pt")
     assert type(loaded) is GPT and isinstance(loaded.blocks[0].attn, StrictCausalAttention)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+class PeekingGate(Arm):
+    """A user's value gate that reads a `junk_mask` attribute if anything hands it one: the answer of the task."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.junk_mask = None
+
+    def value_gate(self, v, x):
+        if self.junk_mask is None:
+            return torch.ones_like(v[..., :1])
+        return (~self.junk_mask[:, None, : v.shape[2], None]).to(v.dtype)
+
+
+def test_only_the_oracle_class_receives_the_junk_mask(monkeypatch):
+    """An arm with a `junk_mask` attribute is not handed the task's answer, nor is a subclass of the oracle; the
+    oracle control's own class is."""
+    import ablate.arms.testbed as testbed
+    from ablate.arms.base import _REGISTRY
+    from ablate.taskmodel import hands_junk_mask
+
+    class OracleImitation(testbed.OracleGate):
+        pass
+
+    for name, cls in (("test-peeking-gate", PeekingGate), ("test-oracle-imitation", OracleImitation)):
+        monkeypatch.setattr(cls, "name", name)
+        monkeypatch.setitem(_REGISTRY, name, cls)
+    task, peeking = _model("value-junk-norm", "test-peeking-gate")
+    inputs = value_junk_batch(task, 16, seed=0)[0]
+    peeking(inputs)
+    assert peeking.blocks[0].attn.arm.junk_mask is None and not peeking.hands_junk_mask
+    _, imitation = _model("value-junk-norm", "test-oracle-imitation")
+    assert not imitation.hands_junk_mask
+    with pytest.raises(ValueError, match="reads the junk mask"):
+        imitation(inputs)
+    _, oracle = _model("value-junk-norm", "oracle-gate")
+    oracle(inputs)
+    assert oracle.hands_junk_mask and hands_junk_mask(oracle.blocks[0].attn.arm)
+    assert torch.equal(oracle.blocks[0].attn.arm.junk_mask, junk_plan(task, inputs, 2, 32).mask)
+
+
+def test_a_run_of_the_oracle_is_marked_as_having_received_the_mask(tmp_path):
+    """`received_junk_mask` in the summary: True for the oracle's run, absent for any other arm's."""
+    import ablate.arms.testbed  # noqa: F401
+    from ablate.experiment import RunSpec
+    from ablate.store_summary import read_summary
+    from ablate.train import run
+
+    marks = {}
+    for arm in ("oracle-gate", "baseline"):
+        spec = RunSpec("junk", "value-junk-norm", arm, 0)
+        run(spec, tmp_path, max_steps=2)
+        marks[arm] = read_summary(spec.folder(tmp_path)).received_junk_mask
+    assert marks == {"oracle-gate": True, "baseline": None}
+
+
+def test_the_oracle_off_its_task_is_refused_before_a_run_folder(tmp_path, capsys):
+    """`ablate run --tier smoke --arm oracle-gate`: one line naming the arm, the tier and the valid tiers; no folder."""
+    import ablate.arms.testbed  # noqa: F401
+    from ablate.cli import main
+
+    results = tmp_path / "results"
+    assert main(["run", "--tier", "smoke", "--arm", "oracle-gate", "--max-steps", "2", "--results", str(results)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("ablate: error: arm 'oracle-gate' runs on the tiers of the task(s) value-junk-norm, "
+                   "value-junk-direction only, not on tier 'smoke'; valid tiers: value-junk-norm, value-junk-direction")
+    assert not results.exists()

@@ -110,6 +110,9 @@ class Arm(nn.Module):
     no_weight_decay: ClassVar[frozenset[str]] = frozenset()
     # Why a KV cache cannot decode this arm (state the cache does not hold); empty: it can.
     no_decoding: ClassVar[str] = ""
+    # The synthetic tasks (`ablate.tiers.TASKS`) whose tiers alone the arm runs on; empty: any tier. A run of it at
+    # another tier is refused in one line before it starts (`ablate.config.resolve_config`).
+    only_tasks: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: ArmContext):
         super().__init__()

@@ -4,7 +4,8 @@
 junk reads (g_j = 0 there, 1 elsewhere), reading the same junk mask that the task model used to inject them
 (`ablate.taskmodel.ValueJunkAttention` hands it over each forward). It is what a perfect value-slot filter does,
 known by construction to lower the loss where junk hurts, so a design that cannot detect it cannot test a gate.
-It has no parameters and no meaning elsewhere: on any other model it has no mask and refuses in one line.
+It has no parameters and no meaning elsewhere: a run of it at any other tier is refused in one line before it starts
+(`only_tasks`), and on any other model it has no mask and refuses in one line.
 Registered by the testbed's experiment file (experiments/testbed.py imports this module), as an example is:
 an experiment's `arms="all"` leaves it out.
 """
@@ -21,6 +22,7 @@ class OracleGate(Arm):
     description = ("testbed control: a value gate that zeroes the value-junk task's junk reads (reads the task's "
                    "junk mask; nothing else)")
     example = True  # outside the study: arms="all" leaves it out
+    only_tasks = ("value-junk-norm", "value-junk-direction")  # elsewhere there is no junk mask: refused before a run
 
     def __init__(self, ctx: ArmContext):
         super().__init__(ctx)

@@ -2,8 +2,9 @@
 (fused SDPA, or the reference path on a CPU and flex_attention on CUDA) and a description.
 
 `ablate arms --check NAME [--arm-file FILE.py]` runs the check every registered arm is held to (`ablate.armcheck`:
-fused = reference in float64, values and every gradient; KV-cache decoding = the full forward, or refused in one
-line) on one arm, a user's included, and prints what holds.
+fused = reference in float64, values and every gradient; causal on every path; KV-cache decoding = the full
+forward, or refused in one line) on one arm, a user's included, and prints what holds, what was refused (not
+checked) and what fails; it exits 1 when any check fails.
 
 Given an experiment (name or file), the file is loaded first, so arms it registers are known, and the
 table lists the experiment's arms with their parameters counted at each of its tiers (their width and
@@ -62,9 +63,19 @@ def check_command(name: str, as_json: bool) -> int:
               f"{cls.path('cpu')} on a CPU, {cls.path('cuda')} on CUDA")
         for r in results:
             print(f"  {r.status:<8} {r.check}: {r.detail}")
-        failed = sum(not r.ok for r in results)
-        print(f"{len(results) - failed} of {len(results)} checks hold or do not apply; {failed} fail")
+        print(check_tally(results))
     return 0 if all(r.ok for r in results) else 1
+
+
+def check_tally(results) -> str:
+    """The last line of `arms --check`: how many checks hold, were refused (not checked: never a reason to call the
+    arm sound) or do not apply, and how many fail (a causality leak among them)."""
+    count = {status: [r.check.split(":")[0] for r in results if r.status == status]
+             for status in ("holds", "refused", "not run", "fails")}
+    refused = f" ({', '.join(count['refused'])}: not checked)" if count["refused"] else ""
+    failed = f" ({', '.join(count['fails'])})" if count["fails"] else ""
+    return (f"{len(count['holds'])} of {len(results)} checks hold; {len(count['refused'])} refused{refused}; "
+            f"{len(count['not run'])} do not apply; {len(count['fails'])} fail{failed}")
 
 
 def arms_command(args) -> int:

@@ -30,13 +30,15 @@ def add_commands(subparsers) -> None:
 
 
 def run_command(args) -> int:
-    from ablate.experiment import RunSpec  # the library loads in the handler: `ablate --help` stays torch-free
+    from ablate.armcheck import refuse_unsound  # the library loads in the handler: `ablate --help` stays torch-free
+    from ablate.experiment import RunSpec
     from ablate.store import Status
     from ablate.store_summary import RunSummary
     from ablate.train import run_as
 
     if args.arm_file:
         load_arm_file(args.arm_file)
+    refuse_unsound([args.arm], args.arm_file)  # a user's arm: causal and finite, or refused before any folder exists
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
     options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
                    compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)

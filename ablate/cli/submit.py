@@ -146,7 +146,10 @@ def _submit_and_tell(args) -> int:
 
     from ablate.dispatch import submit
 
+    from ablate.armcheck import refuse_unsound
+
     experiment, file, results = _resolve(args)
+    refuse_unsound(experiment.arm_names(), file)  # the arms its file registers: causal and finite, before any run
     sequential = None
     grid = lr_runs(args, experiment, results)
     if args.sequential:

@@ -81,6 +81,7 @@ def _other_budget(testbed, experiment) -> str | None:
 def testbed_command(args) -> int:
     from ablate.analysis.build import build_table  # the library loads in the handler: see ablate.cli
     from ablate.analysis.hypotheses import declared_for, exploratory_table
+    from ablate.armcheck import refuse_unsound
     from ablate.analysis.kinds import KINDS
     from ablate.analysis.load import load_runs
     from ablate.analysis.testbed import task_runs, testbed_markdown
@@ -89,6 +90,7 @@ def testbed_command(args) -> int:
 
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
+    refuse_unsound(args.arm, args.arm_file)  # a user's arm: causal and finite, before any run of the grid
     results = results_folder(args.results)
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel,
                                                       declaration=testbed))  # the testbed's whole design
