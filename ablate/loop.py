@@ -295,9 +295,8 @@ class MetricsLog:
     """RUN_DIR/metrics.jsonl, one row a line with the time it was written, and the loggers' copy of it.
 
     Why `truncate`: on resume the rows after the checkpoint are produced again (the same numbers), so the
-    ones already written are dropped first and the file never holds a step twice. `holding` is called before
-    every write: it raises once the run's lock is not this process's any more (`ablate.lock.FileLock.check_held`).
-    """
+    ones already written are dropped first and the file never holds a step twice. `holding()`, before each write,
+    raises once the run's lock is another process's (`ablate.lock.FileLock.check_held`)."""
 
     def __init__(self, path: Path, log_dict: Callable[..., None] | None = None,
                  holding: Callable[[], None] = lambda: None):

@@ -86,7 +86,7 @@ class RunSummary:
         return cls(**summary)
 
     @classmethod
-    def of(cls, summary: dict, source: str | os.PathLike = "summary.json") -> RunSummary:
+    def of(cls, summary: dict, source: str | os.PathLike = SUMMARY) -> RunSummary:
         """What a reader reads of a summary: its declared fields; one no RunSummary declares (written by another
         version of ablate) is left out, as the readers always left it. A declared field of another type than
         declared (hand-edited: status ["completed"], steps "40") is refused in one line naming `source` and the

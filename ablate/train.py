@@ -154,12 +154,10 @@ def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tupl
 
 class Trainer:
     def __init__(self, folder: Path, config: RunConfig, holding: Callable[[], None] = lambda: None):
-        """`holding` raises once the run's lock is not this process's any more (`FileLock.check_held`): called at
-        every step boundary and before every write (a data-parallel child holds no lock and writes nothing)."""
+        """`holding()` raises once the run's lock is another's (`FileLock.check_held`): at every step boundary and
+        before every write (a data-parallel child holds no lock and writes nothing)."""
         self.folder, self.config = folder, config.with_device_defaults(torch.cuda.is_available())
-        self.summary_path = folder / SUMMARY
-        self.state_path = folder / CHECKPOINTS / STATE
-        self.holding = holding
+        self.summary_path, self.state_path, self.holding = folder / SUMMARY, folder / CHECKPOINTS / STATE, holding
 
     def write_summary(self, **fields):
         if self.fabric.global_rank != 0:
@@ -350,8 +348,7 @@ class Trainer:
                 run.step += 1
                 run.stream.step = run.step  # the position a checkpoint records
                 readback.add(run.step, lr, loss, grad_norm)
-                if rank == 0:
-                    self.holding()  # a step boundary: a holder that was stopped and taken over goes no further
+                self.holding() if rank == 0 else None  # a holder stopped and taken over goes no further
                 self._boundary(run, evaluate, curve_windows, readback, requests, every_step)
             readback.flush(run.step)
         finally:
