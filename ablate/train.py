@@ -59,7 +59,9 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
 
     A folder holding results (a summary, metrics, checkpoints) but no config.json is damaged: refused,
     never retrained in place. A run of other settings is refused, unless it never took a step (nothing
-    of it would be lost): then it starts again with the new settings.
+    of it would be lost): then it starts again with the new settings. An unfinished run whose data moved (the
+    same data_id elsewhere) resumes from there; one whose arm's code changed since it started is refused
+    (`ablate.ranks`).
     """
     summary_path, config_path = folder / SUMMARY, folder / CONFIG
     if force and folder.exists():
@@ -73,7 +75,7 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
     current = semantic(config)
     summary = read_summary(folder, way_out)
-    if previous != current and not (not summary.done and moved_data_only(previous, current, summary)):
+    if previous != current and (summary.done or not moved_data_only(previous, current, summary)):
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         if not took_a_step(folder, summary):
             log.warning("%s never took a step: starting it again with the new settings (they differ in: %s)",
