@@ -131,7 +131,7 @@ def interpreter_module(name: str, module=None) -> bool:
     of one, torch's `Module` or `object`, is never part of an arm's identity)."""
     file = module_file(name, module)
     if file is None:
-        return name in sys.builtin_module_names or name in sys.stdlib_module_names or module is not None
+        return name in sys.builtin_module_names or name in sys.stdlib_module_names  # else `__main__` of `-c`: own
     path = Path(file).resolve()
     return any(path.is_relative_to(root) for root in _interpreter_roots())
 
