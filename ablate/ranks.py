@@ -3,7 +3,9 @@ guards it runs under (the same as every process), and the end of a run's process
 
 A child holds no lock and writes nothing; what makes a process a child is checked in `ablate.lock`
 (`launched_child`: the live process tree and a secret only its parent had). Whether or not it is one,
-no process trains a run that is finished or has other settings.
+no process trains a run that is finished or has other settings. Two guards of a resume live here too, for
+`ablate.train.prepare_run_dir` and the children alike: data that moved (`moved_data_only`) and an arm whose code
+changed since the run started (`refuse_changed_arm`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ablate.arms.base import get_arm
+from ablate.arms.source import arm_identity, current_scheme
 from ablate.config import semantic, with_device_defaults
 from ablate.errors import AblateError
 from ablate.lock import claimed_rank, held_by_step_sibling
@@ -68,7 +72,8 @@ def check_child_run_dir(folder: Path, config: RunConfig) -> None:
 def moved_data_only(previous: dict, current: dict, summary: RunSummary) -> bool:
     """Whether a run's config (`semantic`) differs from the one it started with only in where its data lies, and the
     data there is the data it trained on (the same `data_id`: the shards' checksums, whatever folder holds them).
-    Such a run resumes from the data's new place, which its summary then records (`data_dir`)."""
+    Such a run, unfinished, resumes from the data's new place, which its summary then records (`data_dir`); a
+    finished one is still refused other settings (nothing is trained, and nothing says the folder is whole)."""
     differing = {k for k in set(previous) | set(current) if previous.get(k) != current.get(k)}
     if differing != {"data_dir"} or not summary.data_id or not current.get("data_dir"):
         return False
@@ -76,6 +81,18 @@ def moved_data_only(previous: dict, current: dict, summary: RunSummary) -> bool:
         return TokenShards(current["data_dir"], verify=False).fingerprint == summary.data_id
     except (AblateError, OSError, KeyError, ValueError):
         return False
+
+
+def refuse_changed_arm(folder: Path, config: RunConfig, summary: RunSummary) -> None:
+    """A resume continues the code the run started under: an arm whose identity (`ablate.arms.source`) is not the
+    one the run last trained under is refused, so that no run is trained half by one version of an arm and half by
+    another. A run recorded under an older identity scheme is not compared (and resumes, recording both)."""
+    recorded = [a for a in (summary.arm_sources or [summary.arm_source]) if current_scheme(a)]
+    now_ = arm_identity(get_arm(config.arm))
+    if recorded and recorded[-1] != now_:
+        raise AblateError(f"{folder}: the arm's code changed since this run started (arm {config.arm!r}: "
+                          f"{recorded[-1][:15]}… then, {now_[:15]}… now): restore it, or --force to keep the old "
+                          "run aside and start again")
 
 
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")  # set by Lightning's launch

@@ -42,7 +42,7 @@ from ablate.store import (
     run_of,
 )
 from ablate.store_summary import RunSummary, read_summary
-from ablate.arms.source import stale
+from ablate.arms.source import is_stale
 
 ACTIVE = ("queued", "running", "requeued")  # SLURM (or the local submit) still holds the run
 STATES = ("not-submitted", "queued", "running", "requeued", "completed", "diverged", "cancelled", "failed",
@@ -267,7 +267,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
 
     `queued` in the row means: something still holds the run (SLURM, the local submit, or a run lock
     that is not provably dead), so `submit` must not queue it again. `stale`: a completed run whose recorded arm
-    identity is not the code of the arm registered in this process now (`ablate.arms.source.stale`).
+    identity is not the code of the arm registered in this process now (`ablate.arms.source.is_stale`).
     """
     folder = spec.folder(results)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
@@ -290,7 +290,7 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
                                                        or config_disagreement(folder, summary), way_out)
     if row["state"] != "running":
         row["eta_s"] = None
-    row["stale"] = row["state"] == Status.COMPLETED and stale(summary.arm_source, spec.arm)
+    row["stale"] = row["state"] == Status.COMPLETED and is_stale(summary.arm_source, spec.arm)
     if row["stale"]:
         row["error"] = (f"stale: arm {spec.arm!r}'s code changed since it trained (`ablate.arms.source`); "
                         "`ablate submit ... --rerun-stale` retrains it")

@@ -33,13 +33,14 @@ from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
 from ablate.lock import CHILD_RUN_ENV, FileLock, LockLost, claimed_rank, launched_child
 from ablate.arms.base import get_arm
-from ablate.arms.source import arm_identity, current_scheme
+from ablate.arms.source import arm_identity
 from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
-from ablate.ranks import LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group, moved_data_only
+from ablate.ranks import (LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group, moved_data_only,
+                          refuse_changed_arm)
 from ablate.sizing import loss_chunk_for
 from ablate.runconfig import RunConfig
 from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, Status,
@@ -59,7 +60,9 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
 
     A folder holding results (a summary, metrics, checkpoints) but no config.json is damaged: refused,
     never retrained in place. A run of other settings is refused, unless it never took a step (nothing
-    of it would be lost): then it starts again with the new settings.
+    of it would be lost): then it starts again with the new settings. An unfinished run whose data moved (the
+    same data_id elsewhere) resumes from there; one whose arm's code changed since it started is refused
+    (`ablate.ranks`).
     """
     summary_path, config_path = folder / SUMMARY, folder / CONFIG
     if force and folder.exists():
@@ -73,7 +76,7 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
     current = semantic(config)
     summary = read_summary(folder, way_out)
-    if previous != current and not moved_data_only(previous, current, summary):
+    if previous != current and (summary.done or not moved_data_only(previous, current, summary)):
         diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
         if not took_a_step(folder, summary):
             log.warning("%s never took a step: starting it again with the new settings (they differ in: %s)",
@@ -88,18 +91,6 @@ def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
     if get_tier(config.tier).task is None and took_a_step(folder, summary):  # a task run starts again from step 0
         refuse_changed_arm(folder, config, summary)
     return "resume"
-
-
-def refuse_changed_arm(folder: Path, config: RunConfig, summary: RunSummary) -> None:
-    """A resume continues the code the run started under: an arm whose identity (`ablate.arms.source`) is not the
-    one the run last trained under is refused, so that no run is trained half by one version of an arm and half by
-    another. A run recorded under an older identity scheme is not compared (and resumes, recording both)."""
-    recorded = [a for a in (summary.arm_sources or [summary.arm_source]) if current_scheme(a)]
-    now_ = arm_identity(get_arm(config.arm))
-    if recorded and recorded[-1] != now_:
-        raise AblateError(f"{folder}: the arm's code changed since this run started (arm {config.arm!r}: "
-                          f"{recorded[-1][:15]}… then, {now_[:15]}… now): restore it, or --force to keep the old "
-                          "run aside and start again")
 
 
 def took_a_step(folder: Path, summary: RunSummary) -> bool:

@@ -32,7 +32,7 @@ A run recorded under the older scheme (a bare sha256 of whole files) is not comp
 from __future__ import annotations
 
 import ast
-import copy
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -61,7 +61,7 @@ def registered_identity(name: str) -> str | None:
     return arm_identity(registry[name]) if name in registry else None
 
 
-def stale(recorded: object, name: str) -> bool:
+def is_stale(recorded: object, name: str) -> bool:
     """Whether a run's recorded identity (of this scheme) is not the code of the arm registered as `name` now (an
     identity of an older scheme, or an arm not registered here, is not compared)."""
     now = registered_identity(name)
@@ -131,11 +131,12 @@ def interpreter_module(name: str, module=None) -> bool:
     of one, torch's `Module` or `object`, is never part of an arm's identity)."""
     file = module_file(name, module)
     if file is None:
-        return name in sys.builtin_module_names or name in sys.stdlib_module_names or module is not None
+        return name in sys.builtin_module_names or name in sys.stdlib_module_names  # else `__main__` of `-c`: own
     path = Path(file).resolve()
     return any(path.is_relative_to(root) for root in _interpreter_roots())
 
 
+@functools.lru_cache(maxsize=1)
 def _interpreter_roots() -> list[Path]:
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages(),
              site.getusersitepackages(), *(sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib",
@@ -159,34 +160,33 @@ def source_text(name: str) -> str | None:
     return text
 
 
-def _tree(name: str) -> ast.Module | None:
-    text = source_text(name)
+@functools.lru_cache(maxsize=64)
+def _parse(text: str) -> ast.Module | None:
+    """A module's tree, parsed once per text (every arm of builtin.py reads one); never changed by its readers."""
     try:
-        return ast.parse(text) if text is not None else None
+        return ast.parse(text)
     except SyntaxError:
         return None
 
 
-def dump(node: ast.AST) -> str:
-    """The syntax tree without line numbers and docstrings: comments, formatting and docstrings stay out."""
-    return ast.dump(_without_docstrings(node), include_attributes=False)
-
-
-def _without_docstrings(node: ast.AST) -> ast.AST:
-    """A copy of `node` whose modules, classes and functions have no docstring."""
-    node = copy.deepcopy(node)
-    for item in ast.walk(node):
+@functools.lru_cache(maxsize=64)
+def statement_dumps(text: str) -> tuple[str, ...]:
+    """Each top-level statement's syntax tree (`ast.dump`, without line numbers), docstrings left out (the module's
+    own reads as `pass`, so that the indices stay those of `_parse(text).body`): comments, formatting and docstrings
+    stay out of the identity. Once per text."""
+    tree = ast.parse(text)  # a tree of its own: the docstrings are taken out in place
+    for item in ast.walk(tree):
         body = getattr(item, "body", None)
         if (isinstance(item, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
-            item.body = body[1:] or [ast.Pass()]
-    return node
+            item.body = ([ast.Pass()] + body[1:]) if isinstance(item, ast.Module) else (body[1:] or [ast.Pass()])
+    return tuple(ast.dump(stmt, include_attributes=False) for stmt in tree.body)
 
 
 def module_code(name: str) -> str:
-    tree = _tree(name)
-    return dump(tree) if tree is not None else NO_SOURCE
+    text = source_text(name)
+    return "\n".join(statement_dumps(text)) if text is not None and _parse(text) is not None else NO_SOURCE
 
 
 # ---------------------------------------------------------------------------------------------- a class's own code
@@ -194,40 +194,53 @@ def class_code(klass: type, module=None) -> str:
     """The class statement and every module-level statement it reads (a name it uses that the statement binds,
     followed through what that statement reads), and module-level assignments to their attributes, in file order.
     A class defined inside a function or another class counts by the top-level statement that holds it."""
-    tree = _tree(klass.__module__)
-    found = _top_level_index(tree, klass) if tree is not None else None
+    text = source_text(klass.__module__)
+    found = _top_level_index(text, klass) if text is not None and _parse(text) is not None else None
     if found is None:
         return f"{NO_SOURCE} {klass.__module__}:{klass.__qualname__}"
-    body = tree.body
-    chosen, used = {found}, _used(body[found])
-    star = {i for i, stmt in enumerate(body) if isinstance(stmt, ast.ImportFrom)
-            and any(alias.name == "*" for alias in stmt.names)}
-    chosen |= star
+    facts = _statement_facts(text)
+    chosen = {found} | {i for i, (_, _, _, star) in enumerate(facts) if star}
+    used = set().union(*(facts[i][1] for i in chosen))
     changed = True
     while changed:
         changed = False
-        defined = set().union(*(_bound(body[i]) for i in chosen))
-        for i, stmt in enumerate(body):
-            if i not in chosen and (_bound(stmt) & used or _assigns_attribute_of(stmt, defined)):
+        defined = set().union(*(facts[i][0] for i in chosen))
+        for i, (bound, uses, attribute_roots, _) in enumerate(facts):
+            if i not in chosen and (bound & used or attribute_roots & defined):
                 chosen.add(i)
-                used |= _used(stmt)
+                used |= uses
                 changed = True
-    return "\n".join(dump(body[i]) for i in sorted(chosen))
+    dumps = statement_dumps(text)
+    return "\n".join(dumps[i] for i in sorted(chosen))
 
 
-def _top_level_index(tree: ast.Module, klass: type) -> int | None:
+@functools.lru_cache(maxsize=64)
+def _statement_facts(text: str) -> tuple[tuple[frozenset, frozenset, frozenset, bool], ...]:
+    """Per top-level statement: the names it binds, the names it uses, the names whose attribute or item it
+    assigns (`Gate.window = 16`), and whether it is a star import. Once per text."""
+    return tuple((frozenset(_bound(stmt)), frozenset(_used(stmt)), frozenset(_attribute_roots(stmt)),
+                  isinstance(stmt, ast.ImportFrom) and any(alias.name == "*" for alias in stmt.names))
+                 for stmt in _parse(text).body)
+
+
+@functools.lru_cache(maxsize=64)
+def _class_statements(text: str) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """Qualified name → (top-level index, first line, last line) of each class statement of that name."""
+    found: dict[str, list] = {}
+    for index, stmt in enumerate(_parse(text).body):
+        for node, qualname in _classes(stmt, ""):
+            found.setdefault(qualname, []).append((index, node.lineno, node.end_lineno))
+    return {name: tuple(places) for name, places in found.items()}
+
+
+def _top_level_index(text: str, klass: type) -> int | None:
     """The index of the top-level statement that defines `klass` (by its qualified name; between two definitions
     of one name, the one that holds the class's methods' first line)."""
-    candidates = []
-    for index, stmt in enumerate(tree.body):
-        for node, qualname in _classes(stmt, ""):
-            if qualname == klass.__qualname__:
-                candidates.append((index, node))
+    candidates = _class_statements(text).get(klass.__qualname__, ())
     if len(candidates) > 1:
         lines = [getattr(getattr(v, "__func__", v), "__code__").co_firstlineno for v in vars(klass).values()
                  if hasattr(getattr(v, "__func__", v), "__code__")]
-        held = [(i, n) for i, n in candidates if any(n.lineno <= line <= n.end_lineno for line in lines)]
-        candidates = held or candidates
+        candidates = [c for c in candidates if any(c[1] <= line <= c[2] for line in lines)] or candidates
     return candidates[-1][0] if candidates else None
 
 
@@ -265,16 +278,17 @@ def _used(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _assigns_attribute_of(stmt: ast.stmt, names: set[str]) -> bool:
-    """`Gate.window = 16` or `TABLE[k] = v` at module level, of a name in `names`."""
+def _attribute_roots(stmt: ast.stmt) -> set[str]:
+    """The names whose attribute or item a module-level assignment sets (`Gate.window = 16`, `TABLE[k] = v`)."""
     if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        return False
+        return set()
+    roots = set()
     for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
         while isinstance(target, (ast.Attribute, ast.Subscript)):
             target = target.value
-            if isinstance(target, ast.Name) and target.id in names:
-                return True
-    return False
+            if isinstance(target, ast.Name):
+                roots.add(target.id)
+    return roots
 
 
 # ---------------------------------------------------------------------------------------------- reachable modules
@@ -296,8 +310,8 @@ def reachable_modules(defining: list[str]) -> list[str]:
 def imports_of(name: str) -> set[str]:
     """The modules a module's file imports, anywhere in it (a package's parents too, `from p import m`'s m when it
     is a module), relative imports resolved against its package."""
-    tree = _tree(name)
-    if tree is None:
+    text = source_text(name)
+    if text is None or _parse(text) is None:
         return set()
     module = sys.modules.get(name)
     package = getattr(module, "__package__", None)
@@ -305,19 +319,26 @@ def imports_of(name: str) -> set[str]:
         file = module_file(name, module) or ""
         package = name if file.endswith("__init__.py") else name.rpartition(".")[0]
     names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {prefix for alias in node.names for prefix in _prefixes(alias.name)}
-        elif isinstance(node, ast.ImportFrom):
-            try:
-                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
-                    if node.level else node.module
-            except (ImportError, ValueError):
-                continue
-            names |= set(_prefixes(base))
-            names |= {f"{base}.{alias.name}" for alias in node.names if alias.name != "*"
-                      and (f"{base}.{alias.name}" in sys.modules or module_file(f"{base}.{alias.name}"))}
+    for level, base, aliases in _import_statements(text):
+        if level < 0:  # `import a.b`
+            names |= {prefix for alias in aliases for prefix in _prefixes(alias)}
+            continue
+        try:
+            base = importlib.util.resolve_name("." * level + (base or ""), package) if level else base
+        except (ImportError, ValueError):
+            continue
+        names |= set(_prefixes(base))
+        names |= {f"{base}.{alias}" for alias in aliases if alias != "*"
+                  and (f"{base}.{alias}" in sys.modules or module_file(f"{base}.{alias}"))}
     return names
+
+
+@functools.lru_cache(maxsize=64)
+def _import_statements(text: str) -> tuple[tuple[int, str | None, tuple[str, ...]], ...]:
+    """Every import statement of a text, anywhere in it: (level, module, names); `import a.b` has level -1."""
+    return tuple((-1, None, tuple(a.name for a in node.names)) if isinstance(node, ast.Import)
+                 else (node.level, node.module, tuple(a.name for a in node.names))
+                 for node in ast.walk(_parse(text)) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _prefixes(dotted: str) -> list[str]:

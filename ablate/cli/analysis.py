@@ -95,11 +95,8 @@ def table_command(args: argparse.Namespace) -> int:
 def arms_now() -> dict[str, str | None]:
     """Each registered arm's identity now (the built-ins and the experiment file's): what a table's runs must have
     trained (`ablate.analysis.armcode`)."""
-    from ablate.arms.source import registered_identity  # the library loads in the handler: see ablate.cli
-    from ablate.cli.status import register_arms
-
-    register_arms()
-    from ablate.arms import list_arms
+    from ablate.arms import list_arms  # the library loads in the handler (the arms' classes: torch)
+    from ablate.arms.source import registered_identity
 
     return {name: registered_identity(name) for name in list_arms()}
 
