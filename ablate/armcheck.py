@@ -7,7 +7,27 @@
 * flex: for an arm that trains through flex_attention on CUDA, its flex path = the reference path, forward, run
   eagerly on a CPU (PyTorch 2.13 has no flex backward there) and compiled with gradients on CUDA when there is one;
 * decoding: KV-cache decoding (a prefix, then one token at a time) = the full forward, or a one-line refusal
-  naming the arm and why (`Arm.no_decoding`).
+  naming the arm and why (`Arm.no_decoding`) — a refusal is not a check that holds: `ablate arms --check` counts
+  it apart;
+* causal attention: q, k, v and x changed at positions after t, or in another sequence of the batch, move no
+  output o at ≤ t (or of the first sequence) by more than 1e-12 relative, on every path the arm takes (training,
+  reference, flex run eagerly where it takes flex); and a normaliser's raw weights on masked logits put nothing
+  on a later key (the kernel's masking must not be what hides it);
+* causal model: tokens changed after t, or another sequence, move no logit at ≤ t, on the training and the
+  reference path. Every arm is held to both, `no_decoding` or not.
+
+The causal checks are black boxes, reusable over any call (a document mask's, say):
+
+    find_leak(call, [Probe("x", x, time_dim=1), ...], out_time_dim=1, visible=causal) -> None | "what leaked"
+
+changes every probe at the positions `visible(i, positions)` hides from query i and requires call's output at i
+unchanged, then changes the second sequence of dim 0 and requires the first's unchanged; a token probe gives its
+`vocab`. `check_causal(name)`, `check_causal_model(name)` apply it to an arm (`attention_calls(name)`: the
+arm's attention per path as (q, k, v, x) -> o; `masked_weight(name)`: its normaliser's weight on masked keys).
+
+The fast part (`FAST_CHECKS`: finiteness and causality, about a second on a CPU for a slot arm, a few for a hooked
+one) is what `ablate run --arm-file`, `ablate submit` and `ablate testbed --arm` hold a user's arm to before
+anything trains (`refuse_unsound`: one line, no run folder); the arms ablate ships are held by the test suite.
 """
 
 from __future__ import annotations

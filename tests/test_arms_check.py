@@ -380,7 +380,8 @@ def test_a_leaking_arm_from_a_users_file_is_refused_before_training(command, tmp
     results = tmp_path / "results"
     argv = {"run": ["run", "--tier", "smoke", "--arm", "my-peek", "--arm-file", str(arm_file), "--max-steps", "2"],
             "submit": ["submit", str(experiment_file), "--executor", "local"],
-            "testbed": ["testbed", "--arm", "my-peek", "--arm-file", str(arm_file), "--tier", "abstain-stream"]}
+            "testbed": ["testbed", "--arm", "my-peek", "--arm-file", str(arm_file), "--tier", "abstain-stream",
+                        "--steps", "2", "--seed-count", "1"]}
     assert main(argv[command] + ["--results", str(results)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "arm 'my-peek' fails the check before training" in err, err

@@ -232,13 +232,16 @@ def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_pa
     file = tmp_path / "crashy.py"
     file.write_text(
         "import os\n"
+        "import torch\n"
         "from ablate.arms import Arm, register_arm\n"
         "from ablate.experiment import Experiment\n\n"
         "@register_arm('test-crash')\n"
         "class Crash(Arm):\n"
-        "    description = 'kills its process in the first forward pass'\n"
+        "    description = 'kills its process in the first forward pass of training'\n"
         "    def value_gate(self, v, x):\n"
-        "        os._exit(9)\n\n"
+        "        if v.dtype != torch.float64:  # not in the float64 check that submit runs on it first\n"
+        "            os._exit(9)\n"
+        "        return torch.ones_like(v)\n\n"
         "EXPERIMENT = Experiment(name='crashy', tiers=['smoke'], arms=['test-crash', 'baseline', 'sink-logit'],\n"
         f"    seeds=1, overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
     results = tmp_path / "results"

@@ -307,13 +307,14 @@ def test_a_run_of_the_oracle_is_marked_as_having_received_the_mask(tmp_path):
     assert marks == {"oracle-gate": True, "baseline": None}
 
 
-def test_the_oracle_off_its_task_is_refused_before_a_run_folder(tmp_path, capsys):
+def test_the_oracle_off_its_task_is_refused_before_a_run_folder(tmp_path, sample_data, capsys):
     """`ablate run --tier smoke --arm oracle-gate`: one line naming the arm, the tier and the valid tiers; no folder."""
     import ablate.arms.testbed  # noqa: F401
     from ablate.cli import main
 
     results = tmp_path / "results"
-    assert main(["run", "--tier", "smoke", "--arm", "oracle-gate", "--max-steps", "2", "--results", str(results)]) == 2
+    assert main(["run", "--tier", "smoke", "--arm", "oracle-gate", "--max-steps", "2", "--data", str(sample_data),
+                 "--results", str(results)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("ablate: error: arm 'oracle-gate' runs on the tiers of the task(s) value-junk-norm, "
                    "value-junk-direction only, not on tier 'smoke'; valid tiers: value-junk-norm, value-junk-direction")
