@@ -76,20 +76,31 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     return runs
 
 
-def _validation_reach(config: RunConfig, summary: RunSummary) -> int | None:
-    """Where a run's final validation windows end in the val split (tokens from its start), from the tokens it
-    evaluated (windows × seq_len) and its windows of seq_len + 1; None when not recorded."""
-    evaluated, seq_len = summary.val_tokens_evaluated, config.seq_len
-    if not isinstance(evaluated, int) or not isinstance(seq_len, int) or seq_len <= 0:
-        return None
-    return evaluated // seq_len * (seq_len + 1)
+def _validation_reach(run: Path, config: RunConfig, summary: RunSummary) -> int:
+    """Where a run's final validation windows end in the val split (tokens from its start): from the tokens its
+    summary says it evaluated (windows × seq_len), or, in a summary without `val_tokens_evaluated` (an older run),
+    from its config's final_val_tokens (at most final_val_tokens // seq_len windows: a val split too small for them
+    gives fewer, all of it, which reaches any selection split after them anyway); windows of seq_len + 1 tokens.
+    A run that records neither is refused, named: its reach cannot be checked."""
+    evaluated, seq_len, final = summary.val_tokens_evaluated, config.seq_len, config.final_val_tokens
+    if _positive(seq_len) and isinstance(evaluated, int) and not isinstance(evaluated, bool) and evaluated >= 0:
+        return evaluated // seq_len * (seq_len + 1)
+    if _positive(seq_len) and _positive(final):
+        return max(1, final // seq_len) * (seq_len + 1)
+    raise AblateError(f"run {run} records neither val_tokens_evaluated (summary.json) nor final_val_tokens and "
+                      f"seq_len ({CONFIG}): whether its validation windows reach the LR sweep's selection split "
+                      f"cannot be checked; {WAY_OUT}")
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _note_selection_start(starts: dict, tier: str, run: Path, config: RunConfig, summary: RunSummary) -> None:
     """The first val-split token of the sweep's selection split (right after the sweep run's own validation
     windows: `ablate.data.order.selection_windows`), the earliest over the tier's sweep runs."""
-    start = _validation_reach(config, summary)
-    if start is not None and (tier not in starts or start < starts[tier][0]):
+    start = _validation_reach(run, config, summary)
+    if tier not in starts or start < starts[tier][0]:
         starts[tier] = (start, str(run))
 
 
@@ -101,9 +112,9 @@ def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
             continue
         run = Path(row["path"])
         config = RunConfig.from_dict(read_json_file(run / CONFIG, WAY_OUT)) if (run / CONFIG).is_file() else RunConfig()
-        reach = _validation_reach(config, read_summary(run, WAY_OUT))
+        reach = _validation_reach(run, config, read_summary(run, WAY_OUT))
         start, sweep_run = starts[row["tier"]]
-        if reach is not None and reach > start:
+        if reach > start:
             raise AblateError(
                 f"confirmatory run {run} reports its loss on val-split tokens 0–{reach - 1}, which reach the LR "
                 f"sweep's selection split (from token {start}, after the validation windows of {sweep_run}): its "
