@@ -1,4 +1,6 @@
-"""The tuned paired table (`ablate table EXPERIMENT --kind paired --tuned`): each arm at its own best LR.
+"""The tuned paired table (`ablate table EXPERIMENT --kind paired --tuned`): each arm at its own best LR, and its
+test: did the picked LRs change the comparison? (Whether an arm's optimum moved is the LR table's other test,
+`ablate.analysis.lr_optimum`.)
 
 Each arm's best LR is chosen by its LR sweep on the selection loss (`ablate.analysis.lr`); the confirmatory
 runs are the grid's seeds at that LR — seeds the sweep did not use — at `<tier>/<arm>/lr<f>/seed<k>`, or,
@@ -122,7 +124,7 @@ def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
                 f"rerun it with the sweep's final_val_tokens (`ablate run ... --force` keeps the old folder aside)")
 
 
-CHANGED, NO_CHANGE = "changed by tuning", "no change detected"
+CHANGED, NO_CHANGE = "changed by the picked LRs", "no change detected"
 
 
 def did_statistics(shared: np.ndarray, tuned: np.ndarray, scale: float | None = None) -> dict[str, np.ndarray]:
@@ -144,7 +146,7 @@ def did_statistics(shared: np.ndarray, tuned: np.ndarray, scale: float | None = 
 
 
 def tuning_decision(p_holm: float | None, alpha: float = ALPHA) -> str:
-    """"changed by tuning" when the difference-in-differences is significant in the family (p_holm < α), else
+    """"changed by the picked LRs" when the difference-in-differences is significant in the family (p_holm < α), else
     "no change detected" (which is not evidence of no change: the interval says how large a change it allows)."""
     return CHANGED if p_holm is not None and p_holm < alpha else NO_CHANGE
 
@@ -219,9 +221,11 @@ def tuning_text(rows: list[dict], key: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-TUNING_NOTE = ("Does tuning change a comparison? The paired difference-in-differences t over the grid seeds "
-               "(Δ_tuned,s − Δ_shared,s), its p Holm-adjusted in the study's family; whether the sign and the "
-               "significance agree is description only")
+TUNING_NOTE = ("Did the picked LRs change the comparison? The paired difference-in-differences t over the grid "
+               "seeds (Δ_tuned,s − Δ_shared,s: each arm at the LR its sweep picked against the shared LR), its p "
+               "Holm-adjusted in the study's family; whether the sign and the significance agree is description "
+               "only. It does not ask whether an arm's optimum moved: with one sweep seed the picked LR is noise on "
+               "a flat curve (the LR table's optimum test asks that, from the sweep seeds' vertices)")
 
 
 def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference: str | None = None, declared=None,
