@@ -349,3 +349,36 @@ def sequential_plan(experiment, looks: int, max_seeds: int, alpha: float = 0.05,
             "assumption": grid["assumption"],
             "next": f"ablate submit {experiment.name} --sequential --looks {looks} --max-seeds {max_seeds}"
                     + (f" --alpha {alpha:g}" if alpha != 0.05 else "")}
+
+
+# A downstream evaluation's by-item interval (`ablate table --metric M --by-item`) at n seeds, as a multiple of the
+# width an oracle that knew the seed, item and residual variances would give: the range over the variance mixes of
+# tests/test_items_coverage.py (50 and 200 items) of the median ratio; tests/test_plan_eval.py simulates it.
+EVAL_MIN_SEEDS = 3
+EVAL_WIDTH = {2: (2.5, 5.2), 3: (1.0, 2.0)}
+
+
+def eval_advice(plan: dict, tasks) -> dict:
+    """For a downstream evaluation of a grid (`submit --eval TASKS`, `ablate eval`): per tier of `plan` (a
+    `plan_grid` result) its seeds and, below EVAL_MIN_SEEDS, why they are too few; the recommended seed count."""
+    from ablate.evals.tasks import TASKS  # the task registry: imported only when a plan asks about evaluation
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise AblateError(f"unknown task {unknown[0]!r} for --eval; valid tasks: {', '.join(TASKS)}")
+    low, high = EVAL_WIDTH[2]
+    at3 = EVAL_WIDTH[3]
+    tiers = []
+    for tier in plan["tiers"]:
+        seeds = max((r["seeds"] for r in tier["runs"]), default=0)
+        why = None
+        if seeds == 1:
+            why = "one seed: its by-item interval is items-only (it covers the items, not the training seeds)"
+        elif seeds == 2:
+            why = (f"two seeds: by-item intervals are {low:g}–{high:g}× an oracle's width ({at3[0]:g}–{at3[1]:g}× at "
+                   "three)")
+        tiers.append({"tier": tier["tier"], "seeds": seeds, "enough": seeds >= EVAL_MIN_SEEDS, "why": why})
+    return {"tasks": list(tasks), "min_seeds": EVAL_MIN_SEEDS, "tiers": tiers,
+            "recommendation": f"a downstream evaluation wants at least {EVAL_MIN_SEEDS} seeds per tier: the by-item "
+                              f"interval at two seeds is {low:g}–{high:g}× an oracle's width, at three "
+                              f"{at3[0]:g}–{at3[1]:g}×"}

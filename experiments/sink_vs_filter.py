@@ -20,6 +20,7 @@ EXPERIMENT = Experiment(
         Comparison("filtering_norm", "sink-logit", "combo"),
         Comparison("filtering_proj", "sink-logit", "combo2"),
     ),
-    # every arm at its own learning rate at 10M: `ablate submit sink_vs_filter --sweep`, `table --kind lr`
-    lr_sweep=LRSweep(factors=(0.25, 0.5, 1, 2, 4, 8), seeds=1, tiers=("10M",)),
+    # every arm at its own learning rate at 10M: `ablate submit sink_vs_filter --sweep`, `table --kind lr`; two sweep
+    # seeds per factor, so that whether an arm's optimum moved has an interval (docs/lr-sweeps.md)
+    lr_sweep=LRSweep(factors=(0.25, 0.5, 1, 2, 4, 8), seeds=2, tiers=("10M",)),
 )

@@ -327,7 +327,7 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
 def test_kind_format_and_reference_errors(runs):
     with pytest.raises(AblateError, match="unknown kind 'pairs'.*paired, increments, overlap"):
         build_table(runs, "pairs")
-    with pytest.raises(AblateError, match="--reference applies to --kind paired only"):
+    with pytest.raises(AblateError, match="--reference applies to --kind paired or budgets only"):
         build_table(runs, "increments", "sink-logit")
     with pytest.raises(AblateError, match="unknown format 'html'.*md, csv, latex, json"):
         render(paired_table(runs), "html")

@@ -82,7 +82,7 @@ def test_the_commands_ask_the_kind_not_its_name(csv, test_kind, capsys):
              (["--kind", "lr", "--metric", "hellaswag/acc"], "applies to --kind paired, increments, overlap, losses "
                                                              "or scale only, not lr"),
              (["--kind", "lr", "--reference", "sink-logit"],
-              "--reference applies to --kind paired only; the lr table has fixed arms (each arm's sweep)"),
+              "--reference applies to --kind paired or budgets only; the lr table has fixed arms (each arm's sweep)"),
              (["--kind", "overlap", "--by-item", "--metric", "hellaswag/acc"],
               "--by-item makes the paired table only, not --kind overlap; drop --kind or --by-item"),
              (["--tuned", "--metric", "hellaswag/acc"], "--tuned compares the validation loss at each arm's own best "

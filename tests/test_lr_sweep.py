@@ -202,6 +202,49 @@ def test_tuned_pairs_each_arm_at_its_own_best_lr(tmp_path):
     assert ("smoke sink-logit: no test (fewer than two seeds or no spread): no change detected; described: shared LR "
             "+0.0150 (not significant), tuned +0.1050 (significant), sign kept") in summary
     assert "Each arm at its own best LR" in (report / "tuned.md").read_text()
+    assert "Did the picked LRs change the comparison?" in summary  # what the tuned test asks, named
+    assert "It does not ask whether an arm's optimum moved" in summary
+    assert "Did an arm's optimum move?" in summary  # the other question, its own test: one sweep seed, none
+    assert "- smoke sink-logit vs baseline: no test (0 sweep seed(s) with a vertex at both arms" in summary
+
+
+def test_the_optimum_test_is_the_paired_t_of_the_sweep_seeds_parabola_vertices(tmp_path):
+    """Issue 57 item 4: per sweep seed, the vertex of the parabola through its losses at the arm's best LR and its
+    neighbours (numpy's polyfit here), the shift against the baseline's on the same seed, the t over the seeds."""
+    from scipy import stats
+
+    from ablate.analysis.lr import render_lr
+    from ablate.analysis.lr_optimum import MOVED, NOT_MOVED, optimum_text
+
+    factors = (0.25, 0.5, 1.0, 2.0, 4.0)
+    experiment = sweep_experiment(factors=factors, seeds=2)
+    rng = np.random.default_rng(5)
+    centre = {"baseline": 0.1, "sink-logit": 1.2}  # sink-logit's optimum an octave above: ×2.3 vs ×1.07
+    loss = {(spec.arm, spec.lr_factor, spec.seed): 4.0 + 0.03 * (math.log2(spec.lr_factor) - centre[spec.arm]) ** 2
+            + float(rng.normal(0, 0.003)) for spec in experiment.sweep_runs()}
+    for spec in experiment.sweep_runs():
+        write_run(tmp_path, spec, loss=loss[(spec.arm, spec.lr_factor, spec.seed)], val=5.0)
+    table = lr_table(tmp_path / "lrx")
+    [row] = table.optimum
+    best = table.best_factors()["smoke"]
+
+    def vertex(arm, seed):
+        i = factors.index(best[arm])
+        x = [math.log2(BASE_LR * f) for f in factors[i - 1:i + 2]]
+        a, b, _ = np.polyfit(x, [loss[(arm, f, seed)] for f in factors[i - 1:i + 2]], 2)
+        return -b / (2 * a)
+
+    d = [vertex("sink-logit", s) - vertex("baseline", s) for s in (1000, 1001)]
+    se = np.std(d, ddof=1) / math.sqrt(2)
+    p = 2 * stats.t.sf(abs(np.mean(d) / se), 1)
+    assert (row["arm"], row["reference"], row["seeds"], row["df"]) == ("sink-logit", "baseline", 2, 1)
+    assert row["shift_octaves"] == pytest.approx(np.mean(d), rel=1e-9) and row["se"] == pytest.approx(se, rel=1e-9)
+    assert (row["low"], row["high"]) == pytest.approx((np.mean(d) - 12.7062 * se, np.mean(d) + 12.7062 * se), rel=1e-4)
+    assert row["p"] == pytest.approx(p, rel=1e-9) and row["p_holm"] == row["p"]  # one arm against the reference
+    assert row["decision"] == (MOVED if p < 0.05 else NOT_MOVED)
+    assert "Did an arm's optimum move?" in render_lr(table, "md")
+    assert json.loads(render_lr(table, "json"))["optimum"][0]["shift_octaves"] == pytest.approx(np.mean(d))
+    assert f"smoke sink-logit vs baseline: optimum shift {np.mean(d):+.2f} octaves" in optimum_text(table.optimum)
 
 
 # ---------------------------------------------------------------------------------------------- real runs
@@ -259,7 +302,7 @@ def test_the_lr_page_s_costs_are_those_plan_computes():
     assert (f"**{plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours**" in text
             and f"**{plan['confirmatory_runs_at_most']} runs, {plan['confirmatory_gpu_hours_at_most']:.2f} GPU-hours**"
             in text and f"the grid's {plan['grid_runs']} runs, {plan['grid_gpu_hours']:.1f} GPU-hours" in text)
-    assert plan["factors"] == [0.25, 0.5, 1, 2, 4, 8] and plan["seeds"] == [1000]
+    assert plan["factors"] == [0.25, 0.5, 1, 2, 4, 8] and plan["seeds"] == [1000, 1001]  # 2 seeds: an interval
 
 
 def test_the_lr_page_s_sweep_example_runs_as_written(tmp_path, sample_data):

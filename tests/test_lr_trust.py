@@ -157,3 +157,27 @@ def test_confirmatory_runs_reporting_on_the_sweeps_selection_tokens_are_refused(
     with pytest.raises(AblateError, match=r"reports its loss on val-split tokens 0–1039, which reach the LR sweep's "
                                           r"selection split \(from token 520"):
         tuned_tables(tmp_path / "lrx", best)
+
+
+def test_older_runs_without_val_tokens_evaluated_are_checked_from_their_config_or_refused(tmp_path):
+    """Issue 54 item 17: a summary without val_tokens_evaluated (an older run) passed the selection-split check
+    unchecked. Its reach is read from config.json's final_val_tokens and seq_len (smoke: 8192 tokens of windows
+    of 64 + 1, so 128 windows, val-split tokens 0–8319; the sweep's selection split starts after them)."""
+    experiment = a_sweep(tmp_path)  # no summary here records val_tokens_evaluated
+    raised = 2 * 64 * 128  # final_val_tokens doubled after the sweep: 256 windows, tokens 0–16639
+    for spec in experiment.runs():
+        write_run(tmp_path, spec, val=4.0 + 0.01 * spec.seed, final_val_tokens=raised)
+    for spec in experiment.confirmatory_runs({"smoke": {"sink-logit": 2.0}}):
+        write_run(tmp_path, spec, val=3.9 + 0.01 * spec.seed, final_val_tokens=raised)
+    best = lr_table(tmp_path / "lrx").best_factors()
+    with pytest.raises(AblateError, match=r"reports its loss on val-split tokens 0–16639, which reach the LR sweep's "
+                                          r"selection split \(from token 8320"):
+        tuned_tables(tmp_path / "lrx", best)
+    for spec in [*experiment.runs(), *experiment.confirmatory_runs({"smoke": {"sink-logit": 2.0}})]:
+        write_run(tmp_path, spec, val=4.0 + 0.01 * spec.seed)  # the sweep's final_val_tokens: disjoint, tabled
+    tuned_tables(tmp_path / "lrx", best)
+    confirmatory = tmp_path / "lrx" / "smoke" / "sink-logit" / "lr2" / "seed1"
+    (confirmatory / "config.json").unlink()  # neither record: refused, named, not passed unchecked
+    with pytest.raises(AblateError, match=r"run .*sink-logit/lr2/seed1 records neither val_tokens_evaluated "
+                                          r"\(summary.json\) nor final_val_tokens and seq_len \(config.json\)"):
+        tuned_tables(tmp_path / "lrx", best, allow_unverified=True)

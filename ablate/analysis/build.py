@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ablate.analysis import budgets  # noqa: F401  (registers the budgets kind's builder)
 from ablate.analysis.hypotheses import adjust_over_family, count_diverged, exploratory_metric_table
 from ablate.analysis.kinds import builds, check_options, get_kind
 from ablate.analysis.lr import lr_table, render_lr

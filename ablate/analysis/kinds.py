@@ -208,3 +208,13 @@ register_kind(TableKind(
     "the final loss of each arm at every lr factor of its sweep (LRSweep), and the factor that minimises it",
     "the LR sweep: each arm's loss per lr factor, its best factor (ablate.analysis.lr)",
     fixed="each arm's sweep", takes_metric=False, sweep=True))
+register_kind(TableKind(
+    "budgets", "Each comparison at 25 / 50 / 75 / 100% of the budget and as AUC (exploratory)",
+    "Δ = L_minuend − L_subtrahend per seed for each declared comparison, and L_{reference} − L_arm for each arm, "
+    "read from the logged validation curve (the in-training evaluation windows, never the final larger "
+    "validation): at each fraction of the budget the last logged evaluation at or before it, and AUC, the area "
+    "under the curve per step; positive: the subtrahend lowers the loss. Every row exploratory (no family, p "
+    "unadjusted): whether a gain is a speed effect that closes by the end",
+    "each declared and paired comparison at 25/50/75/100% of the budget and as AUC, from the logged curve "
+    "(exploratory)",
+    takes_reference=True, takes_metric=False, fixed="each declared comparison and each arm against the reference"))

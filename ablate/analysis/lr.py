@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, refuse_twice, store_row
+from ablate.analysis.lr_optimum import OPTIMUM_NOTE, optimum_rows
 from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
@@ -69,6 +70,7 @@ class LRTable:
     margin: float
     delta: float
     warnings: tuple[str, ...] = ()
+    optimum: list[dict] = field(default_factory=list)  # did an arm's optimum move? (`ablate.analysis.lr_optimum`)
 
     def best_factors(self) -> dict[str, dict[str, float]]:
         """{tier: {arm: the best LR's factor}}: what the confirmatory runs train at."""
@@ -80,7 +82,7 @@ class LRTable:
 
     def as_json(self) -> dict:
         return {"rows": [{k: r[k] for k in ROW_KEYS} for r in self.rows],
-                "best": [{k: b[k] for k in BEST_KEYS} for b in self.best]}
+                "best": [{k: b[k] for k in BEST_KEYS} for b in self.best], "optimum": self.optimum}
 
 
 def _finite(value) -> float | None:
@@ -256,9 +258,10 @@ def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA, *
         best.append(chosen)
         curvature[(tier, arm)] = curve
         warnings += [warning] if warning else []
-    points = [{"tier": r.tier, "arm": r.arm, "seed": r.seed, "lr": r.lr,
+    points = [{"tier": r.tier, "arm": r.arm, "seed": r.seed, "lr": r.lr, "factor": r.factor,
                "loss": r.selection_loss if r.reason is None else None} for r in runs]
-    return LRTable(Path(folder).name, rows, best, points, curvature, margin, delta, tuple(warnings))
+    return LRTable(Path(folder).name, rows, best, points, curvature, margin, delta, tuple(warnings),
+                   optimum_rows(points, best))
 
 
 def _row(tier: str, arm: str, at_lr: list[SweepRun]) -> dict:
@@ -324,8 +327,10 @@ def render_lr(table: LRTable, fmt: str = "md") -> str:
         return json.dumps(table.as_json(), indent=2) + "\n"
     best = [{**{k: b[k] for k in BEST_KEYS}, "curvature": table.curvature[(b["tier"], b["arm"])]} for b in table.best]
     rows = [{k: r[k] for k in ROW_KEYS} for r in table.rows]
+    optimum = table.optimum
     if fmt == "csv":
-        return pl.DataFrame(rows).write_csv() + "\n" + pl.DataFrame(best).write_csv()
+        return (pl.DataFrame(rows).write_csv() + "\n" + pl.DataFrame(best).write_csv()
+                + ("\n" + pl.DataFrame(optimum).write_csv() if optimum else ""))
     head = (f"LR sweep of {table.name}: the selection loss (nats) at each lr, mean over the sweep's seeds; the "
             f"best LR is chosen on it (val_loss_mean: the validation loss, reported only). max_stable_lr: the "
             f"largest lr that did not diverge and ended within {table.margin:g} nats of the best; range_width_log2: "
@@ -333,7 +338,8 @@ def render_lr(table: LRTable, fmt: str = "md") -> str:
             f"curvature: a parabola in log2(lr) through the best LR and its neighbours. The runs of a tier differ "
             f"only in {VARIED} (and the arm and seed).")
     notes = "".join(f"\nwarning: {w}" for w in table.warnings)
-    return f"{head}\n\n{_markdown(rows)}\n{_markdown(best)}{notes}\n"
+    moved = f"\n{OPTIMUM_NOTE}.\n\n{_markdown(optimum)}" if optimum else ""
+    return f"{head}\n\n{_markdown(rows)}\n{_markdown(best)}{moved}{notes}\n"
 
 
 def _cell(value) -> str:

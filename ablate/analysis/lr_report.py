@@ -1,6 +1,6 @@
-"""The report's LR section: the LR table, its U-curves (lr.png), and the tuned paired table beside the shared-LR
-one with whether tuning changes each declared comparison (a difference-in-differences t over the seeds). Empty
-when the experiment has no LR-sweep runs."""
+"""The report's LR section: the LR table, its U-curves (lr.png), whether each arm's optimum moved (the sweep seeds'
+vertices), and the tuned paired table beside the shared-LR one with whether the picked LRs changed each declared
+comparison (a difference-in-differences t over the seeds). Empty when the experiment has no LR-sweep runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ablate.analysis.lr import lr_table, render_lr, stable
+from ablate.analysis.lr_optimum import OPTIMUM_NOTE, optimum_text
 from ablate.analysis.plots import _save, arm_colours, figure, tier_title
 from ablate.analysis.render import render
 from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
@@ -68,6 +69,8 @@ def lr_section(ctx) -> str:
                      f"largest stable {_lr(best['max_stable_lr'])}, range within δ "
                      f"{'–' if width is None else f'{width:g}'} octaves")
     lines += [f"- warning: {w}" for w in table.warnings]
+    if table.optimum:
+        lines += ["", OPTIMUM_NOTE + ".", "", optimum_text(table.optimum).rstrip()]
     lines += ["", "![lr](lr.png)"]
     try:
         shared, tuned, survived, key = tuned_tables(root, table.best_factors(), "paired",

@@ -120,6 +120,8 @@ def to_markdown(table: Table) -> str:
     key = table.key
     if table.kind == "losses":
         return _losses_markdown(table)
+    if table.kind == "budgets":
+        return _budgets_markdown(table)
     holm, sequential = "p_holm" in table.columns, "decision" in table.columns
     head = ["tier", key, "n", "mean ± sd", "se", "95% CI", "min", "max", "agree", "p", *(["p_holm"] if holm else []),
             *(["look", "decision", "design interval"] if sequential else []), "marks"]
@@ -188,6 +190,20 @@ def _losses_markdown(table: Table) -> str:
                                     _num(row["se"], signed=False), _num(row["min"], signed=False),
                                     _num(row["max"], signed=False), _marks(row)]))
     return "\n".join(lines + ["", LOSS_FOOTER] + footer_lines(table) + _markdown_tail(table)) + "\n"
+
+
+def _budgets_markdown(table: Table) -> str:
+    """A row per comparison and budget (`ablate.analysis.budgets`), with the logged step it was read at."""
+    head = ["tier", "comparison", "budget", "step", "n", "mean ± sd", "se", "95% CI", "agree", "p", "marks"]
+    lines = _markdown_head(table, head)
+    for row in table.frame.iter_rows(named=True):
+        effect, interval = effect_cells(row)
+        lines.append(_markdown_row([row["tier"], f"{row['comparison']} ({row['minuend']} − {row['subtrahend']})",
+                                    row["budget"], str(row["step"]), str(row["n"]), effect,
+                                    _num(row["se"], signed=False), interval, f"{row['agree']}/{row['n']}",
+                                    format_p(row["p"]), _marks(row)]))
+    lines += ["", FOOTER + " Statistics use complete pairs only; p is unadjusted: every row is exploratory."]
+    return "\n".join(lines + _markdown_tail(table)) + "\n"
 
 
 def _markdown_row(cells: list) -> str:
@@ -268,7 +284,8 @@ def to_latex(table: Table) -> str:
         f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
     ]
     for row in table.frame.iter_rows(named=True):
-        tier, label, marks = latex_text(row["tier"]), latex_text(row[key]), latex_text(_marks(row))
+        label = f"{row[key]} at {row['budget']}" if table.kind == "budgets" else row[key]
+        tier, label, marks = latex_text(row["tier"]), latex_text(label), latex_text(_marks(row))
         se = f"${_tex(row['se'], signed=False)}$"
         if table.kind == "losses":
             effect = f"${_tex(row['mean'], signed=False)}" + (f" \\pm {_tex(row['sd'], signed=False)}$"

@@ -1,4 +1,6 @@
-"""The tuned paired table (`ablate table EXPERIMENT --kind paired --tuned`): each arm at its own best LR.
+"""The tuned paired table (`ablate table EXPERIMENT --kind paired --tuned`): each arm at its own best LR, and its
+test: did the picked LRs change the comparison? (Whether an arm's optimum moved is the LR table's other test,
+`ablate.analysis.lr_optimum`.)
 
 Each arm's best LR is chosen by its LR sweep on the selection loss (`ablate.analysis.lr`); the confirmatory
 runs are the grid's seeds at that LR — seeds the sweep did not use — at `<tier>/<arm>/lr<f>/seed<k>`, or,
@@ -76,20 +78,31 @@ def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unve
     return runs
 
 
-def _validation_reach(config: RunConfig, summary: RunSummary) -> int | None:
-    """Where a run's final validation windows end in the val split (tokens from its start), from the tokens it
-    evaluated (windows × seq_len) and its windows of seq_len + 1; None when not recorded."""
-    evaluated, seq_len = summary.val_tokens_evaluated, config.seq_len
-    if not isinstance(evaluated, int) or not isinstance(seq_len, int) or seq_len <= 0:
-        return None
-    return evaluated // seq_len * (seq_len + 1)
+def _validation_reach(run: Path, config: RunConfig, summary: RunSummary) -> int:
+    """Where a run's final validation windows end in the val split (tokens from its start): from the tokens its
+    summary says it evaluated (windows × seq_len), or, in a summary without `val_tokens_evaluated` (an older run),
+    from its config's final_val_tokens (at most final_val_tokens // seq_len windows: a val split too small for them
+    gives fewer, all of it, which reaches any selection split after them anyway); windows of seq_len + 1 tokens.
+    A run that records neither is refused, named: its reach cannot be checked."""
+    evaluated, seq_len, final = summary.val_tokens_evaluated, config.seq_len, config.final_val_tokens
+    if _positive(seq_len) and isinstance(evaluated, int) and not isinstance(evaluated, bool) and evaluated >= 0:
+        return evaluated // seq_len * (seq_len + 1)
+    if _positive(seq_len) and _positive(final):
+        return max(1, final // seq_len) * (seq_len + 1)
+    raise AblateError(f"run {run} records neither val_tokens_evaluated (summary.json) nor final_val_tokens and "
+                      f"seq_len ({CONFIG}): whether its validation windows reach the LR sweep's selection split "
+                      f"cannot be checked; {WAY_OUT}")
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _note_selection_start(starts: dict, tier: str, run: Path, config: RunConfig, summary: RunSummary) -> None:
     """The first val-split token of the sweep's selection split (right after the sweep run's own validation
     windows: `ablate.data.order.selection_windows`), the earliest over the tier's sweep runs."""
-    start = _validation_reach(config, summary)
-    if start is not None and (tier not in starts or start < starts[tier][0]):
+    start = _validation_reach(run, config, summary)
+    if tier not in starts or start < starts[tier][0]:
         starts[tier] = (start, str(run))
 
 
@@ -101,9 +114,9 @@ def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
             continue
         run = Path(row["path"])
         config = RunConfig.from_dict(read_json_file(run / CONFIG, WAY_OUT)) if (run / CONFIG).is_file() else RunConfig()
-        reach = _validation_reach(config, read_summary(run, WAY_OUT))
+        reach = _validation_reach(run, config, read_summary(run, WAY_OUT))
         start, sweep_run = starts[row["tier"]]
-        if reach is not None and reach > start:
+        if reach > start:
             raise AblateError(
                 f"confirmatory run {run} reports its loss on val-split tokens 0–{reach - 1}, which reach the LR "
                 f"sweep's selection split (from token {start}, after the validation windows of {sweep_run}): its "
@@ -111,7 +124,7 @@ def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
                 f"rerun it with the sweep's final_val_tokens (`ablate run ... --force` keeps the old folder aside)")
 
 
-CHANGED, NO_CHANGE = "changed by tuning", "no change detected"
+CHANGED, NO_CHANGE = "changed by the picked LRs", "no change detected"
 
 
 def did_statistics(shared: np.ndarray, tuned: np.ndarray, scale: float | None = None) -> dict[str, np.ndarray]:
@@ -133,7 +146,7 @@ def did_statistics(shared: np.ndarray, tuned: np.ndarray, scale: float | None = 
 
 
 def tuning_decision(p_holm: float | None, alpha: float = ALPHA) -> str:
-    """"changed by tuning" when the difference-in-differences is significant in the family (p_holm < α), else
+    """"changed by the picked LRs" when the difference-in-differences is significant in the family (p_holm < α), else
     "no change detected" (which is not evidence of no change: the interval says how large a change it allows)."""
     return CHANGED if p_holm is not None and p_holm < alpha else NO_CHANGE
 
@@ -208,9 +221,11 @@ def tuning_text(rows: list[dict], key: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-TUNING_NOTE = ("Does tuning change a comparison? The paired difference-in-differences t over the grid seeds "
-               "(Δ_tuned,s − Δ_shared,s), its p Holm-adjusted in the study's family; whether the sign and the "
-               "significance agree is description only")
+TUNING_NOTE = ("Did the picked LRs change the comparison? The paired difference-in-differences t over the grid "
+               "seeds (Δ_tuned,s − Δ_shared,s: each arm at the LR its sweep picked against the shared LR), its p "
+               "Holm-adjusted in the study's family; whether the sign and the significance agree is description "
+               "only. It does not ask whether an arm's optimum moved: with one sweep seed the picked LR is noise on "
+               "a flat curve (the LR table's optimum test asks that, from the sweep seeds' vertices)")
 
 
 def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference: str | None = None, declared=None,

@@ -41,9 +41,9 @@ def add_commands(subparsers) -> None:
                        help="pair older runs that carry no fingerprints (the footer names them)")
     table.add_argument("--tuned", action="store_true",
                        help="each arm at its own best LR of the LR sweep (the confirmatory runs), beside the shared-LR "
-                            "table, and whether tuning changes each declared comparison: a paired difference-in-"
-                            "differences t over the seeds, its p in the study's family (sign and significance "
-                            "agreement shown as description)")
+                            "table, and whether the picked LRs changed each declared comparison: a paired "
+                            "difference-in-differences t over the seeds, its p in the study's family (sign and "
+                            "significance agreement shown as description)")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(

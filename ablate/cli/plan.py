@@ -35,6 +35,9 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="the experiment's LR sweep (lr_sweep=LRSweep(...)): its runs and GPU-hours, beside the "
                              "grid's and the confirmatory runs'")
+    parser.add_argument("--eval", nargs="+", metavar="TASK", dest="eval_tasks",
+                        help="a downstream evaluation of the grid (as `submit --eval`): the seeds each tier has for "
+                             "its by-item intervals; at least 3 are recommended")
     power = parser.add_argument_group("how many seeds (needs an experiment that declares hypotheses=)")
     power.add_argument("--power", action="store_true",
                        help="seeds a paired t-test needs per tier and declared comparison, and their GPU-hours")
@@ -193,6 +196,10 @@ def plan_command(args) -> int:
         return _sweep(args, experiment, throughput(gpu, args.gpu_check))
     plan = plan_grid(experiment, tiers=args.tiers, arms=args.arms, seeds=args.seeds, seed_count=args.seed_count,
                      match_params=args.match_params, speed=throughput(gpu, args.gpu_check), world_size=world_size)
+    if args.eval_tasks:
+        from ablate.plan import eval_advice
+
+        plan["downstream"] = eval_advice(plan, args.eval_tasks)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -209,7 +216,17 @@ def plan_command(args) -> int:
         print(f"LR sweep: {sweep['total_runs']} runs, {sweep['total_gpu_hours']:.1f} GPU-hours; confirmatory runs at "
               f"each arm's best LR: at most {sweep['confirmatory_runs_at_most']} runs, "
               f"{sweep['confirmatory_gpu_hours_at_most']:.1f} GPU-hours (`ablate plan {experiment.name} --sweep`)")
+    if args.eval_tasks:
+        _print_downstream(plan["downstream"])
     return 0
+
+
+def _print_downstream(advice: dict) -> None:
+    print(f"downstream evaluation ({', '.join(advice['tasks'])}): {advice['recommendation']}")
+    for tier in advice["tiers"]:
+        if not tier["enough"]:
+            print(f"warning: tier {tier['tier']} has {tier['why']}: give it {advice['min_seeds']} seeds (--seed-count "
+                  f"{advice['min_seeds']}, or the experiment's seeds) before evaluating it downstream")
 
 
 def _sweep(args, experiment, speed) -> int:
