@@ -5,8 +5,9 @@ and the filtering increment (sink-logit − combo / combo2) grows with size, so 
 
 Where, and how firmly, comes from the scale model (`ablate.analysis.scale`): the gap filtering − zero
 option per seed (both from that seed's matched runs) is fitted as a line in log10(trained non-embedding
-parameters, `ablate.analysis.scale_sizes`) over the real tiers, seeds as repeated observations, spread pooled within tiers; the crossover
-is where that line is 0, with Fieller's 95% interval, reported only when it is identified (the slope
+parameters, `ablate.analysis.scale_sizes`) over the real tiers, seeds as repeated observations, spread pooled
+within tiers; the crossover is where that line is 0, with Fieller's 95% interval (across these tier recipes, and
+beside it as a law of N), reported only when it is identified (the slope
 significant, and the crossing between two adjacent tiers that both have two or more seeds). This replaced
 a percentile seed bootstrap whose "95%" interval covered the true crossing 62–71% of the time with the
 study's reference effects at 3/3/3/1 seeds; the line's interval covers 93–97% (docs/method.md).
