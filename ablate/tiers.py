@@ -31,6 +31,16 @@ Where the values come from
 * micro_batch: what fits one 80 GB GPU in bf16 at seq 1024 (gradient accumulation fills the global
   batch; identical across arms, so it changes no comparison). `micro_batch_for` estimates it for
   another GPU's memory.
+* The dense ladder (20M, 35M, 80M, 200M between the study's four): a scale *law* is decided on the tiers'
+  scatter about a line in log N, and four tiers leave it 2 degrees of freedom (docs/power.md). These tiers are
+  built by the ladder's own rules: head dim 64, widths 384, 448, 640, 896 (between 320, 512, 768 and 1024) with
+  the layers that put the baseline within ±5% of the name (11, 15, 16, 21 layers: 19.5M, 36.1M, 78.7M, 202.3M);
+  20 tokens per nominal non-embedding parameter (0.4B, 0.7B, 1.6B, 4B); the learning rate interpolated
+  log-linearly in log N between the two study tiers around it (`interpolated_lr`: 1.26e-3, 1.09e-3, 7.68e-4,
+  4.36e-4); the global batch's log2 likewise, rounded to a whole power of two (`interpolated_batch`: 128, 256,
+  512, 512 sequences); warm-up 2% of the steps; micro_batch what fits 80 GB. They join the tier order. The
+  study's experiment keeps its four tiers and budgets; `experiments/sink_vs_filter_dense.py` runs the eight, each
+  at 20 tokens per parameter (`at_tokens_per_param`: any ladder at one ratio, as step overrides).
 * smoke: a tiny shape for CPU tests and the demo (~100 steps in well under a minute on one core).
   Its cost is the 50,304-way output layer (d_model · V per token), so it keeps 256 tokens per step.
 """
@@ -99,6 +109,67 @@ TIERS: dict[str, Tier] = {
              tokens=5_800_000_000, lr=3e-4, warmup_steps=220, seeds=1, micro_batch=8),
     )
 }
+# The study's ladder: the points the dense tiers' learning rate and batch are interpolated between.
+LADDER = ("10M", "50M", "124M", "350M")
+DENSE_LADDER = ("10M", "20M", "35M", "50M", "80M", "124M", "200M", "350M")
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal training tokens per parameter
+WARMUP_FRACTION = 0.02  # of the steps (nanoGPT's GPT-2 recipe: 700 of ~19k steps)
+
+
+def _bracket(params: float) -> tuple[Tier, Tier, float]:
+    """The two study tiers around `params` and where it lies between them in log N (0 at the lower, 1 at the upper)."""
+    points = [TIERS[name] for name in LADDER]
+    for low, high in zip(points, points[1:]):
+        if low.nominal_params <= params <= high.nominal_params:
+            return low, high, math.log(params / low.nominal_params) / math.log(high.nominal_params / low.nominal_params)
+    raise ValueError(f"{params:g} parameters lie outside the study's ladder {LADDER[0]}–{LADDER[-1]}")
+
+
+def interpolated_lr(params: float) -> float:
+    """The ladder's learning rate at `params` nominal parameters: log-linear in log N between the study tiers
+    around it (so 1.5e-3 at 10M and 1e-3 at 50M give 1.26e-3 at 20M), to three significant figures."""
+    low, high, t = _bracket(params)
+    return float(f"{math.exp((1 - t) * math.log(low.lr) + t * math.log(high.lr)):.3g}")
+
+
+def interpolated_batch(params: float) -> int:
+    """The ladder's global batch (sequences) at `params`: its log2 linear in log N between the study tiers around
+    it, rounded to a whole power of two (128 at 10M and 256 at 50M give 128 at 20M, 256 at 35M)."""
+    low, high, t = _bracket(params)
+    return 2 ** round((1 - t) * math.log2(low.global_batch) + t * math.log2(high.global_batch))
+
+
+def _dense_tier(name: str, params: float, n_layer: int, d_model: int, micro_batch: int) -> Tier:
+    """A dense-ladder tier by the ladder's rules: head dim 64, 20 tokens per nominal parameter, the interpolated
+    learning rate and batch, warm-up WARMUP_FRACTION of the steps."""
+    batch = interpolated_batch(params)
+    tokens = int(CHINCHILLA_TOKENS_PER_PARAM * params)
+    steps = math.ceil(tokens / (batch * 1024))
+    return Tier(name, params, n_layer=n_layer, d_model=d_model, n_head=d_model // 64, n_kv_head=d_model // 64,
+                seq_len=1024, global_batch=batch, tokens=tokens, lr=interpolated_lr(params),
+                warmup_steps=round(WARMUP_FRACTION * steps), micro_batch=micro_batch)
+
+
+for _tier in (_dense_tier("20M", 20e6, 11, 384, 64), _dense_tier("35M", 35e6, 15, 448, 32),
+              _dense_tier("80M", 80e6, 16, 640, 32), _dense_tier("200M", 200e6, 21, 896, 32)):
+    TIERS[_tier.name] = _tier
+
+
+def at_tokens_per_param(tiers, ratio: float = CHINCHILLA_TOKENS_PER_PARAM) -> dict[str, dict]:
+    """Run-config overrides ({tier: {"steps", "warmup_steps"}}, an Experiment's `overrides`) that train each of
+    `tiers` at `ratio` training tokens per nominal non-embedding parameter (steps rounded up to whole global
+    batches), the warm-up kept at the tier's own fraction of its steps. Today 124M and 350M train at 12.9 and 16.6;
+    at 20 they take 4,731 and 13,352 steps."""
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"tokens per parameter {ratio!r} must be a positive number")
+    out = {}
+    for name in tiers:
+        tier = get_tier(name)
+        steps = math.ceil(ratio * tier.nominal_params / tier.tokens_per_step)
+        out[name] = {"steps": steps, "warmup_steps": max(1, round(tier.warmup_steps * steps / tier.steps))}
+    return out
+
+
 # The synthetic tasks of the mechanism testbed (`ablate.data.synthetic.SyntheticTask` fields; torch-free here so
 # that a plan or a table knows a task tier's vocabulary and sequence length without loading the task).
 TASK_CONFIG_KEY = "synthetic_task"  # config.json key of a task tier's run: its task's fields

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ablate.identity import config_fingerprint
 from ablate.store import run_dir
+from ablate.tiers import tier_rank
 
 TIERS = ("10M", "50M", "124M", "350M")
 SEEDS = {"10M": 3, "50M": 3, "124M": 3, "350M": 1}
@@ -75,6 +76,12 @@ def fingerprint(kind: str, tier: str, seed: int) -> str:
     return hashlib.sha256(f"{kind}-{tier}-{seed}".encode()).hexdigest()[:16]
 
 
+def _trained_size(tier: str) -> int:
+    """The size a tier's runs trained at: its nominal size (the ladder builds the baseline within ±5% of it)."""
+    size = tier_rank(tier)
+    return round(size) if math.isfinite(size) else 1
+
+
 def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, val_loss: float | None,
               status: str = "completed", curve_points: int = 12, train_every: int = 0, settings: dict | None = None,
               **summary_extra) -> Path:
@@ -93,7 +100,7 @@ def write_run(results: Path, experiment: str, tier: str, arm: str, seed: int, va
         "experiment": experiment,
         "init_fingerprint": fingerprint("init", tier, seed), "data_fingerprint": fingerprint("data", tier, seed),
         "config_fingerprint": fingerprint("config", tier, seed), "val_fingerprint": fingerprint("val", tier, 0),
-        "params_total": 1, "params_non_embedding": 1, "params_arm_extra": 0, "git_commit": "0" * 40,
+        "params_total": 1, "params_non_embedding": _trained_size(tier), "params_arm_extra": 0, "git_commit": "0" * 40,
         "versions": {}, "started": "2025-01-01T00:00:00", "finished": "2025-01-01T01:00:00", "wall_seconds": 3600.0,
     }
     folder.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,39 @@ def test_the_crossover_is_the_scale_models_crossing(tmp_path):
     assert crossing["identified"] and proj.identified
     assert (proj.params, proj.low, proj.high) == (crossing["params"], crossing["ci_low"], crossing["ci_high"])
     assert (proj.below, proj.above) == ("50M", "124M") and proj.low < proj.params < proj.high
-    assert "95% Fieller interval" in proj.message
+    assert "95% Fieller interval across these tier recipes" in proj.message
+    assert (proj.law_identified, proj.law_low, proj.law_high) == (crossing["law_identified"], crossing["law_low"],
+                                                                   crossing["law_high"])
+    assert "as a law of N" in proj.message  # the sentence names both intervals, whichever is identified
+    if proj.law_identified:
+        assert proj.law_low <= proj.low < proj.high <= proj.law_high  # the law error is never the smaller
+
+
+LAW_STUDIES = 20000  # vectorised: about a second for all twelve cells
+
+
+@pytest.mark.parametrize("quantity", ["gap_proj", "gap_norm"])
+def test_the_crossings_law_interval_covers_the_laws_root_and_the_recipe_one_does_not(quantity):
+    """The law: the gap is the seed-weighted line through the reference means, each tier's mean scattering about it
+    by τ (0, ½, 1 × the seed sd); the crossing's law interval (Fieller with the law error) covers the line's root
+    ≥ 0.93 among the identified ones at the study's 3/3/3/1, where the recipe interval covers 0.73–0.84 at τ = 1."""
+    slope, root = _true_line(REFERENCE[quantity])
+    intercept = -slope * root
+    rng = np.random.default_rng(20261206)
+    for sd in (0.002, 0.004):
+        found = {}
+        for tau in (0.0, 0.5, 1.0):
+            truth = intercept + slope * LOG_SIZES + rng.normal(0.0, tau * sd, (LAW_STUDIES, 4))
+            per_seed = np.repeat(truth, SEEDS, axis=1) + rng.normal(0.0, sd, (LAW_STUDIES, SEEDS.sum()))
+            fit = _fit(per_seed)
+            means = np.stack([g.mean(axis=1) for g in np.split(per_seed, np.cumsum(SEEDS)[:-1], axis=1)], axis=-1)
+            covers = []
+            for law in (None, means):
+                _, low, high, identified = identified_crossings(fit, LOG_SIZES, SEEDS, law)
+                covers.append(((low <= root) & (root <= high))[identified].mean())
+            found[tau] = covers
+        assert all(law >= COVERAGE_FLOOR for _, law in found.values()), (quantity, sd, found)
+        assert found[1.0][0] < 0.9, (quantity, sd, found)  # the recipe interval is not the law's
 
 
 def _losses_csv(path, gaps: dict[str, list[float]], zero: dict[str, list[float]]):
@@ -127,7 +159,8 @@ def test_balanced_slope_is_the_ols_slope_of_the_tier_means(tmp_path, capsys):
                for r in out["rows"])
     assert all(r["decision"] == "exploratory" and r["p_holm"] is None for r in out["rows"])  # a CSV declares nothing
     assert "no declared comparisons" in out["family"]
-    assert list(out["crossings"][0]) == ["quantity", "params", "ci_low", "ci_high", "identified"]
+    assert list(out["crossings"][0]) == ["quantity", "params", "ci_low", "ci_high", "identified", "law_low",
+                                         "law_high", "law_identified"]
     from scipy import stats
 
     for quantity, values in (("zero_option", zero), ("gap_proj", gaps)):

@@ -75,7 +75,8 @@ def test_gpt2_tiers_have_gpt2_shapes_and_the_same_budgets():
         assert abs(non_embedding(name, "baseline", False) / non_emb - 1) < 0.01
         assert abs(tier.nominal_params / non_emb - 1) < 0.01
     assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "abstain-stream", "value-junk-norm",
-                          "value-junk-direction", "10M", "50M", "124M-gpt2", "124M", "350M-gpt2", "350M")
+                          "value-junk-direction", "10M", "20M", "35M", "50M", "80M", "124M-gpt2", "124M", "200M",
+                          "350M-gpt2", "350M")
 
 
 def test_docstring_names_the_learning_rates_the_tiers_use():

@@ -44,6 +44,7 @@ RUN_SCHEMA = {
     "init_fingerprint_common": pl.String,
     ARM_SOURCE: pl.String,  # the arm's code (`ablate.arms.source`): equal for every seed of one row
     "mlp_hidden": pl.Int64,
+    "params_non_embedding": pl.Int64,  # the run's trained size: the baseline's is its tier's x in the scale model
     "verified": pl.Boolean,
     NUMERICS: pl.String,  # what computed the run (`ablate.analysis.numerics.numerics_label`): execution, not identity
     "reason": pl.String,
@@ -153,7 +154,8 @@ def store_row(run: Path, tier: str, arm: str, seed: int, summary: RunSummary, co
     differ in (an LR sweep's or a tuned table's `lr`), left out of its config and settings fingerprints."""
     refuse_hybrid(run, summary)
     row = {"tier": tier, "arm": arm, "seed": seed, "status": summary.status, "val_loss": summary.val_loss,
-           "mlp_hidden": summary.mlp_hidden, "eval_fingerprint": None, DATA_ID: summary.data_id,
+           "mlp_hidden": summary.mlp_hidden, "params_non_embedding": summary.params_non_embedding,
+           "eval_fingerprint": None, DATA_ID: summary.data_id,
            "init_fingerprint_common": summary.init_fingerprint_common, "path": str(run),
            ARM_SOURCE: summary.arm_source, NUMERICS: numerics_label(summary.versions, summary.numerics_history)}
     row.update({key: getattr(summary, key) for key in FINGERPRINTS})
@@ -201,12 +203,14 @@ def _exclusion_reason(status, val_loss, summary: RunSummary) -> str | None:
 def _runs_from_table(path: Path) -> Runs:
     table = read_table(path)
     optional = [c for c in ("status", *FINGERPRINTS) if c in table.columns]
+    sized = "params_non_embedding" in table.columns  # the trained sizes, when the table carries them
     frame = table.select(
         pl.col("tier").cast(pl.String),
         pl.col("arm").cast(pl.String),
         pl.col("seed").cast(pl.Int64),
         pl.col("val_loss").cast(pl.Float64),
         *[pl.col(c).cast(pl.String) for c in optional],
+        *([pl.col("params_non_embedding").cast(pl.Int64)] if sized else []),
     )
     dupes = frame.filter(pl.struct("tier", "arm", "seed").is_duplicated())
     if dupes.height:
@@ -226,6 +230,7 @@ def _runs_from_table(path: Path) -> Runs:
         .when(~finite).then(pl.lit("completed but val_loss is missing or not finite")),
         path=pl.lit(None, dtype=pl.String), **{DATA_ID: pl.lit(None, dtype=pl.String)},
                                mlp_hidden=pl.lit(None, dtype=pl.Int64), verified=pl.lit(False),
+        **({} if sized else {"params_non_embedding": pl.lit(None, dtype=pl.Int64)}),
         eval_fingerprint=pl.lit(None, dtype=pl.String), init_fingerprint_common=pl.lit(None, dtype=pl.String),
         **{ARM_SOURCE: pl.lit(None, dtype=pl.String)},
         **{SETTINGS: pl.lit(None, dtype=pl.String), NUMERICS: pl.lit(None, dtype=pl.String)},

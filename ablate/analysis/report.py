@@ -28,7 +28,7 @@ from ablate.analysis.figures import figure
 from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
                                         supported as declared_support)
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
-from ablate.analysis.scale import ScaleTable, confounder_sentence
+from ablate.analysis.scale import ScaleTable, confounder_sentence, sizes_of
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
@@ -425,7 +425,7 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
     declared = declared if declared is not None and declared.comparisons else None
     tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
               for kind in report_kinds(declared is not None)}
-    crossovers = [find_crossover(tables["increments"], form) for form in FILTERING_FORMS
+    crossovers = [find_crossover(tables["increments"], form, sizes_of(runs)) for form in FILTERING_FORMS
                   if not tables["increments"].frame.filter(quantity=form).is_empty()]
     ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
                         scale=build_table(runs, "scale", declared=declared), allow_unverified=allow_unverified,

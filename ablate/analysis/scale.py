@@ -4,22 +4,22 @@ The study's headline is a statement about scale ("the zero-option gain shrinks, 
 filtering overtakes between 50M and 124M"), so the trend itself is the tested quantity, not each tier's
 increment against zero.
 
-Model. For one quantity (an increment, a declared comparison, or the gap filtering − zero option, each a
-paired difference per seed), d_ts = a + b·x_t + e_ts with x_t = log10(the tier's nominal non-embedding
-parameters), over the tiers that can carry evidence (pipeline-check tiers never enter). Seeds are repeated
-observations within a tier: the fit is least squares over every seed, which is weighted least squares of
-the tier means with weights n_t, so a tier with one seed contributes its mean (weight 1) and no spread of
-its own. The spread is the *pooled within-tier* (pure-error) variance s² = Σ_t Σ_s (d_ts − d̄_t)² / df
-with df = Σ_t (n_t − 1), from the tiers with two or more seeds only; the residuals about the line are not
-used, because the tier means need not lie on a line, and their lack of fit is not seed noise. With this s²
-the interval for b is exact (Student t, df) under normal, equal-variance seed noise *whatever the shape of
-the true tier means*: b̂ is then unbiased for the n_t-weighted least-squares slope through them, which is
-the slope when the truth is a line: the *recipe* interval ("across these tier recipes"). Read as a *law of
-N* (tiers as draws around a line in log N, their means scattering about it by a tier-level τ) it undercovers
-once the tiers scatter, so each row also has the *law* interval (`law_interval`: s² = max(pure error,
-lack-of-fit mean square), its df, never narrower), which a family's decision uses. b is reported per decade
-of parameters. Built here every slope is
-exploratory; `ablate.analysis.scale_family` puts the declared comparisons' and the gaps' slopes in the
+Model. For one quantity (an increment, a declared comparison, or the gap filtering − zero option, each a paired
+difference per seed), d_ts = a + b·x_t + e_ts with x_t = log10(the tier's trained non-embedding parameters: the
+baseline's, `ablate.analysis.scale_sizes`, which also says when they cannot carry a decision), over the tiers
+that can carry evidence (pipeline-check tiers never enter). Seeds are repeated observations within a tier: the
+fit is least squares over every seed, which is weighted least squares of the tier means with weights n_t, so a
+tier with one seed contributes its mean (weight 1) and no spread of its own. The spread is the *pooled
+within-tier* (pure-error) variance s² = Σ_t Σ_s (d_ts − d̄_t)² / df with df = Σ_t (n_t − 1), from the tiers with
+two or more seeds only; the residuals about the line are not used, because the tier means need not lie on a
+line, and their lack of fit is not seed noise. With this s² the interval for b is exact (Student t, df) under
+normal, equal-variance seed noise *whatever the shape of the true tier means*: b̂ is then unbiased for the
+n_t-weighted least-squares slope through them, which is the slope when the truth is a line: the *recipe*
+interval ("across these tier recipes"). Read as a *law of N* (tiers as draws around a line in log N, their means
+scattering about it by a tier-level τ) it undercovers once the tiers scatter, so each row also has the *law*
+interval (`law_interval`: of the pure error and the lack-of-fit mean square, the larger t-scaled half-width, its
+df, never narrower), which a family's decision uses. b is reported per decade of parameters. Built here every
+slope is exploratory; `ablate.analysis.scale_family` puts the declared comparisons' and the gaps' slopes in the
 study-wide Holm family when the experiment declares `family="experiment"` (p_holm, decision, family).
 
 Crossing. Where the gap's fitted line a + b·x crosses 0: x0 = −a/b, with Fieller's interval, the set of x
@@ -41,131 +41,24 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy.special import fdtrc, stdtr, stdtrit
+from scipy.special import fdtrc
 
 from ablate.analysis.hypotheses import comparison_differences
+from ablate.analysis.scale_core import (CONFIDENCE, LineFit, fieller, fit_lines, identified_crossings,  # noqa: F401
+                                        lack_mean_square, law_interval, law_variance, replicated_bracket,
+                                        slope_interval)
+from ablate.analysis.scale_sizes import NOMINAL, TierSizes, trained_sizes
 from ablate.analysis.stats import RESOLUTION
 from ablate.analysis.tables import increments_table, is_pipeline_check
 from ablate.increments import GAPS, INCREMENTS, ZERO_OPTION
-from ablate.power import law_error
 from ablate.tiers import TIERS, tier_rank
 
 SCALE = "scale"
-CONFIDENCE = 0.95
 GAP_DESCRIPTIONS = {gap: f"{gap} ({form} − {ZERO_OPTION})" for gap, form in GAPS.items()}
 ROW_COLUMNS = ("quantity", "tiers", "seeds", "slope_per_decade", "ci_low", "ci_high", "df", "p", "law_low", "law_high",
                "law_df", "law_p", "p_holm", "decision", "family")
 EXPLORATORY = "exploratory"  # a row's decision when its slope is in no family (`ablate.analysis.scale_family`)
-CROSSING_COLUMNS = ("quantity", "params", "ci_low", "ci_high", "identified")
-
-
-# ------------------------------------------------------------------------------ the vectorised core
-@dataclass(frozen=True)
-class LineFit:
-    """Least squares over seeds of one quantity, centred at the seeds' mean log size (arrays broadcast over
-    any leading axes, e.g. simulation repetitions): line(x) = level + slope·(x − center)."""
-
-    center: float
-    weight: float  # total seeds W
-    sxx: float  # Σ_t n_t (x_t − center)²
-    level: np.ndarray  # grand mean of the seeds (the line at `center`)
-    slope: np.ndarray  # per decade
-    s2: np.ndarray  # pooled within-tier variance (NaN when df = 0)
-    df: int
-
-    @property
-    def se_slope(self) -> np.ndarray:
-        return np.sqrt(self.s2 / self.sxx)
-
-    def t_quantile(self) -> float:
-        return float(stdtrit(self.df, 0.5 + CONFIDENCE / 2)) if self.df > 0 else math.nan
-
-
-def fit_lines(log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray, within_ss: np.ndarray) -> LineFit:
-    """The fit from per-tier means (..., T) and the within-tier sum of squares (...); needs ≥ 2 distinct sizes."""
-    x, n = np.asarray(log_sizes, float), np.asarray(counts, float)
-    weight = n.sum()
-    center = float((n * x).sum() / weight)
-    sxx = float((n * (x - center) ** 2).sum())
-    means = np.asarray(means, float)
-    df = int((n - 1).sum())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.asarray(within_ss, float) / df if df > 0 else np.full(np.shape(within_ss), np.nan)
-    return LineFit(center, float(weight), sxx, (means * n).sum(-1) / weight,
-                   (means * n * (x - center)).sum(-1) / sxx, s2, df)
-
-
-def slope_interval(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(low, high, two-sided p) of the slope; NaN without a spread (df = 0 or s² = 0)."""
-    se = fit.se_slope
-    half = fit.t_quantile() * se
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = 2.0 * stdtr(max(fit.df, 1), -np.abs(fit.slope / se))
-    p = np.where((se > 0) & np.isfinite(se), p, np.nan)
-    return fit.slope - half, fit.slope + half, p
-
-
-def law_interval(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(low, high, df, two-sided p) of the slope *as a law of N*: the tiers as draws around a line in log N, the
-    tier means scattering about it by a tier-level τ besides the seeds' noise. The error term between tiers is
-    s² = max(pure error, lack-of-fit mean square Σ n_t (d̄_t − line_t)²/(T − 2)) with the df of the one taken;
-    the interval is never narrower than the recipe one (`slope_interval`), nor its p smaller. NaN with fewer
-    than three tiers (no lack-of-fit df: a law through two points has no error estimate). Vectorised like
-    `fit_lines` (means: (..., T))."""
-    x, n = np.asarray(log_sizes, float), np.asarray(counts, float)
-    tiers = x.size
-    recipe_low, recipe_high, recipe_p = slope_interval(fit)
-    if tiers < 3:
-        nan = np.full(np.shape(fit.slope), np.nan)
-        return nan, nan, nan, nan
-    line = fit.level[..., None] + fit.slope[..., None] * (x - fit.center)
-    lack = (n * (np.asarray(means, float) - line) ** 2).sum(-1) / (tiers - 2)
-    s2, df = law_error(fit.s2, fit.df, lack, tiers)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        se = np.sqrt(s2 / fit.sxx)
-        half = stdtrit(df, 0.5 + CONFIDENCE / 2) * se
-        p = 2.0 * stdtr(df, -np.abs(fit.slope / se))
-    p = np.where((se > 0) & np.isfinite(se), p, np.nan)
-    recipe_half = (recipe_high - recipe_low) / 2
-    half = np.fmax(half, recipe_half)  # never narrower than the recipe interval (NaN where neither exists)
-    p = np.fmax(p, recipe_p)
-    return fit.slope - half, fit.slope + half, df, p
-
-
-def fieller(fit: LineFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(root, low, high, bounded) in log10 parameters: the root of the line and Fieller's 95% set for it,
-    low/high NaN where the set is not one bounded interval (the slope not significant, or no spread)."""
-    t2 = fit.t_quantile() ** 2
-    level, slope = fit.level, fit.slope
-    with np.errstate(divide="ignore", invalid="ignore"):
-        root = fit.center - level / slope
-        a = slope**2 - t2 * fit.s2 / fit.sxx
-        b = 2.0 * level * slope
-        c = level**2 - t2 * fit.s2 / fit.weight
-        bounded = (a > 0) & np.isfinite(a) & (fit.s2 > 0)
-        half = np.sqrt(np.where(bounded, b * b - 4 * a * c, np.nan)) / (2 * a)
-        middle = fit.center - b / (2 * a)
-    return root, np.where(bounded, middle - half, np.nan), np.where(bounded, middle + half, np.nan), bounded
-
-
-def replicated_bracket(log_sizes: np.ndarray, counts: np.ndarray, root: np.ndarray) -> np.ndarray:
-    """Whether the root lies between two adjacent tiers that both have two or more seeds (not beyond the
-    measured range, not next to a tier with one seed): the crossing's identification rule besides a
-    bounded Fieller set."""
-    x, n = np.asarray(log_sizes, float), np.asarray(counts)
-    inside = np.zeros(np.shape(root), bool)
-    for k in range(len(x) - 1):
-        if n[k] >= 2 and n[k + 1] >= 2:
-            inside |= (root >= x[k]) & (root <= x[k + 1])
-    return inside
-
-
-def identified_crossings(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray):
-    """(root, low, high, identified) of the line's crossing: Fieller's set bounded and the root between two
-    adjacent tiers that both have two or more seeds (vectorised like `fieller`)."""
-    root, low, high, bounded = fieller(fit)
-    return root, low, high, bounded & replicated_bracket(log_sizes, counts, root)
+CROSSING_COLUMNS = ("quantity", "params", "ci_low", "ci_high", "identified", "law_low", "law_high", "law_identified")
 
 
 # ------------------------------------------------------------------------------ the table
@@ -184,6 +77,7 @@ class ScaleTable:
     kind: str = SCALE
     unit: str = "nats"  # of the differences: nats of val_loss, or the `ablate eval` metric's own units
     family: str | None = None
+    unsized: str | None = None  # why the tiers' trained sizes cannot carry a decision (`scale_sizes`), or None
 
     @property
     def warnings(self) -> list[str]:
@@ -233,40 +127,63 @@ def lack_of_fit(fit: LineFit, log_sizes: np.ndarray, counts: np.ndarray, means: 
     return float(fdtrc(tiers - 2, fit.df, statistic))
 
 
-def fit_quantity(per_seed: pl.DataFrame) -> tuple[dict, LineFit | None, list[str], np.ndarray]:
-    """One row of the table (ROW_COLUMNS less quantity) and its fit (None when fewer than two tiers); the
-    row's private `_lack_of_fit` is the p of `lack_of_fit` (not a table column)."""
+@dataclass(frozen=True)
+class QuantityFit:
+    """One quantity's scale model: its table row (ROW_COLUMNS less quantity; the private `_lack_of_fit` is the p
+    of `lack_of_fit`, not a column), the fit (None when fewer than two tiers, or the tiers' sizes not distinct),
+    and the tiers (by size), their seed counts, means and log10 sizes (the model's x)."""
+
+    row: dict
+    fit: LineFit | None
+    tiers: list[str]
+    counts: np.ndarray
+    means: np.ndarray
+    log_sizes: np.ndarray
+
+
+def fit_quantity(per_seed: pl.DataFrame, sizes: TierSizes = NOMINAL) -> QuantityFit:
+    """The scale model of one quantity's per-seed rows (tier, diff), x = log10 of each tier's size in `sizes`
+    (`ablate.analysis.scale_sizes`: the trained sizes; by default the nominal ones)."""
 
     tiers, counts, means, within, biggest = per_tier(per_seed)
     row = {"tiers": tiers, "seeds": [int(c) for c in counts], "slope_per_decade": None, "ci_low": None,
            "ci_high": None, "df": int((counts - 1).sum()) if len(tiers) else 0, "p": None, "law_low": None,
            "law_high": None, "law_df": None, "law_p": None}
-    if len(tiers) < 2:
-        return row, None, tiers, counts
+    log_sizes = sizes.log10(tiers) if tiers else np.array([])
+    if len(tiers) < 2 or not sizes.distinct:
+        return QuantityFit(row, None, tiers, counts, means, log_sizes)
     if within <= (RESOLUTION * max(biggest, 1.0)) ** 2 * max(row["df"], 1):
         within = 0.0  # a spread at float resolution is no spread (as in ablate.analysis.stats.summarise)
-    fit = fit_lines(np.log10([tier_rank(t) for t in tiers]), counts, means, within)
+    fit = fit_lines(log_sizes, counts, means, within)
     low, high, p = slope_interval(fit)
     row["slope_per_decade"] = float(fit.slope)
-    sizes = np.log10([tier_rank(t) for t in tiers])
-    row["_lack_of_fit"] = lack_of_fit(fit, sizes, counts, means)
+    row["_lack_of_fit"] = lack_of_fit(fit, log_sizes, counts, means)
     if np.isfinite(p):
         row.update(ci_low=float(low), ci_high=float(high), p=float(p))
-    law_low, law_high, law_df, law_p = law_interval(fit, sizes, counts, means)
+    law_low, law_high, law_df, law_p = law_interval(fit, log_sizes, counts, means)
     if np.isfinite(law_p):
         row.update(law_low=float(law_low), law_high=float(law_high), law_df=int(law_df), law_p=float(law_p))
-    return row, fit, tiers, counts
+    return QuantityFit(row, fit, tiers, counts, means, log_sizes)
 
 
-def crossing_of(fit: LineFit | None, tiers: list[str], counts: np.ndarray) -> tuple[dict, str | None]:
-    """The crossing row (CROSSING_COLUMNS less quantity) and, when not identified, why."""
+def crossing_of(quantity: QuantityFit) -> tuple[dict, str | None]:
+    """The crossing row (CROSSING_COLUMNS less quantity) and, when the recipe interval is not identified, why.
+    Two Fieller intervals: across these tier recipes (`ci_low`/`ci_high`: the pure error) and as a law of N
+    (`law_low`/`law_high`: the law error of `law_variance`, three or more tiers), each identified on its own
+    (`identified`, `law_identified`: its set bounded and the root between two adjacent tiers with two or more
+    seeds)."""
+    fit, tiers, counts = quantity.fit, quantity.tiers, quantity.counts
+    row = {"params": None, "ci_low": None, "ci_high": None, "identified": False, "law_low": None, "law_high": None,
+           "law_identified": False}
     if fit is None:
-        return {"params": None, "ci_low": None, "ci_high": None, "identified": False}, "fewer than two tiers"
-    sizes = np.log10([tier_rank(t) for t in tiers])
+        return row, "fewer than two tiers of distinct size"
+    sizes = quantity.log_sizes
     root, low, high, identified = (np.asarray(v) for v in identified_crossings(fit, sizes, counts))
+    _, law_low, law_high, law_identified = identified_crossings(fit, sizes, counts, quantity.means)
+    if bool(law_identified):
+        row.update(law_low=float(10**law_low), law_high=float(10**law_high), law_identified=True)
     bounded = np.isfinite(low)
-    row = {"params": float(10**root) if np.isfinite(root) else None, "ci_low": None, "ci_high": None,
-           "identified": False}
+    row["params"] = float(10**root) if np.isfinite(root) else None
     if fit.df == 0 or not fit.s2 > 0:
         return row, "no tier has two or more seeds with a spread, so the line has no error estimate"
     if not bounded:
@@ -324,22 +241,34 @@ def scale_table(runs, declared=None) -> ScaleTable:
 
     increments = increments_table(runs)
     comparisons = comparison_differences(runs, declared)[0] if declared is not None and declared.comparisons else None
-    table = scale_from_differences(runs.name, increments.differences, comparisons, increments.notes)
+    table = scale_from_differences(runs.name, increments.differences, comparisons, increments.notes,
+                                   sizes_of(runs))
     return table if runs.metric is None else dataclasses.replace(table, unit=f"units of {runs.metric}")
 
 
+def sizes_of(runs) -> TierSizes:
+    """The trained sizes of the tiers `runs`' slopes span (`ablate.analysis.scale_sizes`), from its baseline's runs
+    (the first arm's when it has no baseline)."""
+    reference = "baseline" if "baseline" in runs.arm_order else (runs.arm_order or [""])[0]
+    return trained_sizes(runs.frame, slope_tiers(runs.frame["tier"].to_list())[0], reference)
+
+
 def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.DataFrame | None = None,
-                           notes: tuple[str, ...] = ()) -> ScaleTable:
+                           notes: tuple[str, ...] = (), sizes: TierSizes = NOMINAL) -> ScaleTable:
     """The table from per-seed rows: increments (tier, quantity, seed, diff), comparisons (tier, comparison,
-    seed, diff) or None."""
+    seed, diff) or None; x the tiers' `sizes` (`ablate.analysis.scale_sizes`; by default the nominal ones,
+    unchecked)."""
     rows, crossings, why, used = [], [], list(notes), set()
     left_out = slope_tiers(increments["tier"].to_list() + (comparisons["tier"].to_list() if comparisons is not None
                                                           else []))[1]
+    if sizes.problem:
+        why.append(f"Scale model's x: {sizes.problem}")
     if left_out:
         why.append(f"{', '.join(left_out)} left out of every slope: a slope spans the corpus tiers of one task "
                    f"(the tiers of a synthetic task are another experiment, not another model size)")
     for quantity, per_seed in quantities(increments, comparisons).items():
-        row, fit, tiers, counts = fit_quantity(per_seed)
+        fitted = fit_quantity(per_seed, sizes)
+        row, fit, tiers = fitted.row, fitted.fit, fitted.tiers
         used.update(tiers)
         misfit = row.pop("_lack_of_fit", None)
         if misfit is not None and misfit < 0.05:
@@ -347,12 +276,12 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                        "slope is the trend of the least-squares line through them, not a description of every tier; "
                        "the law interval takes that scatter as its error")
         rows.append({"quantity": quantity, **row, "p_holm": None, "decision": EXPLORATORY, "family": None})
-        if row["p"] is None:
+        if row["p"] is None and (sizes.distinct or len(tiers) < 2):
             why.append(f"{quantity}: no slope interval (" + ("fewer than two real tiers of known size; pipeline-check "
                                                              "tiers never enter" if fit is None else
                        "no tier has two or more seeds with a spread") + ")")
         if quantity in GAPS:
-            crossing, reason = crossing_of(fit, tiers, counts)
+            crossing, reason = crossing_of(fitted)
             crossings.append({"quantity": quantity, **crossing})
             if reason:
                 why.append(f"{quantity} crossing not identified: {reason}")
@@ -361,9 +290,10 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                   "p": pl.Float64, "law_low": pl.Float64, "law_high": pl.Float64, "law_df": pl.Int64,
                   "law_p": pl.Float64, "p_holm": pl.Float64, "decision": pl.String, "family": pl.String}
     crossing_schema = {"quantity": pl.String, "params": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64,
-                       "identified": pl.Boolean}
+                       "identified": pl.Boolean, "law_low": pl.Float64, "law_high": pl.Float64,
+                       "law_identified": pl.Boolean}
     return ScaleTable(name, pl.DataFrame(rows, schema=row_schema), pl.DataFrame(crossings, schema=crossing_schema),
-                      confounders(sorted(used, key=tier_rank)), tuple(why))
+                      confounders(sorted(used, key=tier_rank)), tuple(why), unsized=sizes.problem)
 
 
 def confounder_sentence(table: ScaleTable) -> str:

@@ -7,6 +7,10 @@ zero option). The m the family states is then the m Holm used, and the chance of
 across the whole study, tiers and slopes together, is ≤ α. Every other slope (an increment that is not
 declared) is exploratory: its unadjusted p, never called supported.
 
+A slope is decided only on tiers whose trained sizes are known, distinct and the ladder's (within ±5% of their
+nominal sizes: `ablate.analysis.scale_sizes`); otherwise every slope is exploratory, the table's `family` says
+why, and each declared slope still counts in the family's m at p = 1 (the other members' Holm does not loosen).
+
 With `family="tier"` each tier is a family of its own and a slope spans the tiers, so every slope is
 exploratory; so is every slope of a downstream metric (the declarations are on the loss), of a source
 with no declarations, and of a sequential study (its design spends α over the declared comparisons only).
@@ -64,8 +68,13 @@ def study_family(runs: Runs, declared: Declared | None) -> tuple[Table | None, S
     members = scale_members(scale, declared, runs)
     # a "shrinks/grows with scale" claim is about N, so the family tests each slope on its law interval's p
     slopes = {q: p for q, p in scale.rows.select("quantity", "law_p").iter_rows() if q in members}
+    if scale.unsized:  # sizes that cannot carry a slope: each stays in the family's m at p = 1, none is decided
+        slopes = dict.fromkeys(slopes)
     family = count_diverged(declared_table(runs, declared, slopes if why is None else None), runs)
     adjusted = study_holm(family.frame, declared.family_of(runs), slopes)[1] if why is None else {}
+    if scale.unsized:
+        return family, adjust_scale(scale, {}, why or f"{scale.unsized} (each declared slope still counts in the "
+                                                      "family's m, at p = 1)")
     return family, adjust_scale(scale, adjusted, why or family.family)
 
 

@@ -73,7 +73,7 @@ def _exploratory_sentence(what: str, row: dict, stats: str) -> str:
 def scale_intro(table: ScaleTable) -> str:
     """What the report's Scale section says of its rows before them: the model, and the family they are in."""
     return ("From the scale model ([scale.md](scale.md), [json](scale.json)): per quantity, the slope of its paired "
-            "difference against log10 of the tier's nominal non-embedding parameters (per decade), with two 95% "
+            "difference against log10 of the tier's trained non-embedding parameters (per decade), with two 95% "
             "intervals: across these tier recipes (seeds pooled within tiers: exact for the line through these "
             "tiers' means) and as a law of N (the tiers' scatter about the line counted as error: wider where the "
             "tier means depart from a line). " + family_sentence(table))
@@ -97,9 +97,13 @@ def crossing_sentence(table: ScaleTable, crossing: dict) -> str:
     decision = _slope_decision(gap.row(0, named=True)) if gap.height else ""
     if crossing["identified"]:
         verb = "overtakes" if slope and slope[0] > 0 else "falls behind"
+        law = (f"as a law of N 95% Fieller interval {_params(crossing['law_low'])}–{_params(crossing['law_high'])}"
+               if crossing.get("law_identified") else
+               "as a law of N not identified (with the tiers' scatter about the line as error, Fieller's set is not "
+               "one bounded interval between tiers with two or more seeds)")
         return (f"across these tier recipes, filtering ({form}) {verb} the zero option at ≈ "
                 f"{_params(crossing['params'])} parameters (95% Fieller interval {_params(crossing['ci_low'])}–"
-                f"{_params(crossing['ci_high'])}){decision}")
+                f"{_params(crossing['ci_high'])}); {law}{decision}")
     reason = next((n.split(": ", 1)[1] for n in table.notes
                    if n.startswith(f"{crossing['quantity']} crossing not identified")), "")
     point = f" (the fitted line crosses 0 at ≈ {_params(crossing['params'])})" if crossing["params"] else ""
@@ -114,14 +118,15 @@ def _slope_decision(row: dict) -> str:
 
 CAPTION = ("Slope of each paired difference (positive: the quantity is better, e.g. lowers the loss) against log10 "
            "of the tier's "
-           "nominal non-embedding parameters, per decade: least squares over seeds (tier means weighted "
+           "trained non-embedding parameters, per decade: least squares over seeds (tier means weighted "
            "by their seeds). Two estimands: the recipe 95% CI, across these tier recipes (spread pooled within "
            "tiers, df = Σ(n_t − 1), exact for the weighted line through these tiers' means), and the law 95% CI, "
-           "as a law of N (tiers as draws around a line in log N: s² = max(pure error, lack-of-fit mean square) "
-           "with its df, never narrower); a family's decision is on the law one. Pipeline-check "
-           "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval, or not "
-           "identified (slope not significant, or the crossing beyond the tiers with two or more seeds or next "
-           "to a tier with one seed).")
+           "as a law of N (tiers as draws around a line in log N: of the pure error and the lack-of-fit mean square, "
+           "the one with the larger t-scaled half-width, with its df); a family's decision is on the law one. "
+           "x is each tier's trained size (the baseline's non-embedding parameters). Pipeline-check "
+           "tiers left out. Crossing: where a gap's fitted line is 0, with Fieller's 95% interval across these tier "
+           "recipes and as a law of N (the law error), each or both not identified when the set is not one bounded "
+           "interval or the crossing is beyond the tiers with two or more seeds or next to a tier with one seed).")
 
 
 def render_scale(table: ScaleTable, fmt: str) -> str:
@@ -176,11 +181,13 @@ def _markdown(table: ScaleTable) -> str:
                    "p_holm", "decision")),
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [line(row) for row in _text_rows(table)]
-    lines += ["", line(("crossing", "params", "95% interval", "identified")), "|---|---|---|---|"]
+    lines += ["", line(("crossing", "params", "recipe 95% interval", "law 95% interval", "identified")),
+              "|---|---|---|---|---|"]
     for c in table.crossings.iter_rows(named=True):
         interval = f"{_params(c['ci_low'])}–{_params(c['ci_high'])}" if c["identified"] else "not identified"
+        law = f"{_params(c['law_low'])}–{_params(c['law_high'])}" if c["law_identified"] else "not identified"
         lines.append(line((describe(c["quantity"]), "–" if c["params"] is None else _params(c["params"]), interval,
-                           "yes" if c["identified"] else "no")))
+                           law, "yes" if c["identified"] else "no")))
     lines += ["", line(("tier", "tokens per parameter", "learning rate", "batch (sequences × tokens)")),
               "|---|---|---|---|"]
     for r in table.confounders.iter_rows(named=True):

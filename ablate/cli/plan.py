@@ -88,7 +88,9 @@ def _power(args, experiment) -> int:
     plan = power_plan(experiment, args.effect, sd=args.sd, pilots=pilots, alpha=args.alpha,
                       target_power=args.target_power, tiers=args.tiers, speed=throughput(args.gpu, args.gpu_check))
     if args.slope is not None:
-        plan["slopes"] = slope_powers(experiment, args.slope, args.sd, args.tier_sd, args.alpha)
+        if args.sd is not None or args.pilot is None:
+            plan["slopes"] = slope_powers(experiment, args.slope, args.sd, args.tier_sd, args.alpha)
+        plan["ladder"] = _ladder(args, experiment)
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -110,12 +112,69 @@ def _power(args, experiment) -> int:
         print(f"slope {r['quantity']}: {r['slope']:g} nats per decade at {'/'.join(map(str, r['seeds']))} seeds, "
               f"{level}: power across these tier recipes {_power_cell(r['recipe_power'])} ({r['recipe_df']} df), "
               f"as a law of N {_power_cell(r['law_power'])} (tier sd {r['tier_sd']:g})")
+    if "ladder" in plan:
+        _print_ladder(plan["ladder"])
     print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
     for note in plan["notes"]:
         print(f"note: {note}")
     for warning in plan["warnings"]:
         print(f"warning: {warning}")
     return 0
+
+
+def _ladder(args, experiment) -> dict:
+    """The ladder proposal (`ablate.plan_ladder`) for each declared slope, from the pilot's slope, sd and tier
+    scatter where it has them, else from --slope, --sd and --tier-sd."""
+    from ablate.family import Family
+    from ablate.plan import throughput
+    from ablate.plan_ladder import SlopeInput, ladder_plan
+
+    family = experiment.declared_family()
+    members = family.slopes or Family.of(experiment.hypotheses, experiment.tiers, "experiment").slopes
+    pilot = _pilot_slopes(args, experiment) if args.pilot else {}
+    given = "--slope, --sd, --tier-sd"
+    tier_sd = args.tier_sd if args.tier_sd is not None else (args.sd / 2 if args.sd is not None else None)
+    inputs = []
+    for quantity in members:
+        found = pilot.get(quantity)
+        if found is not None:
+            inputs.append(SlopeInput(quantity, found.slope, found.sd,
+                                     found.tier_sd if found.tier_sd is not None else (tier_sd or found.sd / 2),
+                                     found.source))
+        elif args.sd is not None:
+            inputs.append(SlopeInput(quantity, args.slope, args.sd, tier_sd, given))
+    return ladder_plan(experiment, inputs, alpha=args.alpha, target_power=args.target_power,
+                       speed=throughput(args.gpu, args.gpu_check))
+
+
+def _pilot_slopes(args, experiment) -> dict:
+    from ablate.analysis.hypotheses import Declared, comparison_differences  # the library loads in the handler
+    from ablate.analysis.load import load_runs
+    from ablate.analysis.scale_pilot import pilot_slopes
+    from ablate.experiment import results_of
+
+    runs = load_runs(results_of(args.pilot, args.results))
+    declared = Declared.of(experiment.hypotheses, experiment.family)
+    return pilot_slopes(runs, comparison_differences(runs, declared)[0] if declared.comparisons else None)
+
+
+def _print_ladder(ladder: dict) -> None:
+    design = ladder["design"]
+    for r in design["slopes"]:
+        print(f"law of N, {r['quantity']}: power {_power_cell(r['law_power'])} at this design "
+              f"({'/'.join(map(str, design['seeds']))} seeds, m = {design['family_size']}; slope {r['slope']:+.4g}, "
+              f"sd {r['sd']:.3g}, tier sd {r['tier_sd']:.3g}, from {r['source']})")
+    for c in ladder["candidates"]:
+        print(f"  ladder {c['ladder']} × {c['seeds']} seeds: {c['gpu_hours']:.1f} GPU-hours, m = {c['family_size']}, "
+              f"weakest law power {_power_cell(c['weakest'])}")
+    best = ladder["proposal"]
+    if best is None:
+        print(f"proposal: no candidate ladder reaches law power {ladder['target_power']:g} for every declared slope")
+    else:
+        print(f"proposal: {', '.join(best['tiers'])} × {best['seeds']} seeds at {ladder['tokens_per_param']} tokens "
+              f"per parameter, {best['gpu_hours']:.1f} GPU-hours: every declared slope's law power ≥ "
+              f"{ladder['target_power']:g} (weakest {best['weakest']:.3f})")
+    print(f"caveat: {ladder['caveat']}")
 
 
 def _power_cell(value) -> str:
@@ -158,6 +217,8 @@ def _sequential(args, experiment) -> int:
         else:
             line += f" (the fixed design: {_seeds(t['fixed_seeds'])}, {t['fixed_gpu_hours']:.1f} GPU-hours)"
         print(line)
+    if "ladder" in plan:
+        _print_ladder(plan["ladder"])
     print(f"GPU-hours per seed: {plan['gpu_hours_basis']}; assuming {plan['assumption']}")
     print(f"next: {plan['next']}")
     return 0
