@@ -135,15 +135,21 @@ def tier_ceiling(tier: str) -> float:
     return task_ceiling(TASKS[TIERS[tier].task])
 
 
-def pick_dose(pilot: dict[float, list[float]], floor: float, ceiling: float) -> float:
+def pick_dose(pilot: dict[float, list[float]], ceilings: dict[float, float], floor: float = 0.0) -> float:
     """The graded testbed's rule, on the baseline alone: of the pilot's doses whose every baseline seed lies
-    strictly between the floor and the ceiling, the one whose mean loss lies nearest the middle of the two (most
-    room on both sides: an arm can be seen to remove part of the loss, or all of it, or none)."""
-    inside = {dose: losses for dose, losses in pilot.items() if losses and all(floor < x < ceiling for x in losses)}
+    strictly between the floor and that dose's ceiling, the one whose mean loss lies nearest the middle of the two,
+    as a share of the span (most room on both sides: an arm can be seen to remove part of the loss, all of it, or
+    none). `pilot`: {dose: baseline val_loss per seed}; `ceilings`: {dose: the task's ceiling there}."""
+    inside = {dose: losses for dose, losses in pilot.items()
+              if losses and all(floor < x < ceilings[dose] for x in losses)}
     if not inside:
-        raise ValueError(f"no pilot dose has its baseline strictly between floor {floor} and ceiling {ceiling}")
-    middle = (floor + ceiling) / 2
-    return min(inside, key=lambda dose: (abs(statistics.fmean(inside[dose]) - middle), dose))
+        raise ValueError(f"no pilot dose of {sorted(pilot)} has its baseline strictly between the floor and the "
+                         "ceiling")
+
+    def off_middle(dose: float) -> float:
+        return abs((statistics.fmean(inside[dose]) - floor) / (ceilings[dose] - floor) - 0.5)
+
+    return min(inside, key=lambda dose: (off_middle(dose), dose))
 
 
 def graded_families(tiers) -> dict[str, list[str]]:
