@@ -220,8 +220,8 @@ def task_ceiling(fields: dict) -> float:
     return -sum(q * math.log(q) for q in (s, 1 - s) if q > 0) + (1 - s) * math.log(fields["n_values"])
 
 
-STREAM_DOSES = {"stream-absent-10": 0.1, "stream-absent-30": 0.3, "stream-absent-60": 0.6}
-CONTENT_DOSES = {"junk-content-e025": 0.25, "junk-content-e050": 0.5, "junk-content-e100": 1.0}
+STREAM_DOSES = {"stream-absent-60": 0.6, "stream-absent-90": 0.9, "stream-absent-95": 0.95}  # tier: `absent`
+CONTENT_DOSES = {"junk-content-e010": 0.01, "junk-content-e020": 0.02, "junk-content-e050": 0.05}  # tier: ε
 for _name, _absent in STREAM_DOSES.items():
     TASKS[_name] = {"n_keys": 8, "n_values": 4, "window": 8, "absent": _absent}
     TIERS[_name] = replace(TIERS["abstain-stream"], name=_name, task=_name, seeds=8,

@@ -116,6 +116,7 @@ def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> 
 
 
 # The graded testbed (experiments/testbed_dose.py): each mechanism at a graded dose, one task tier per dose.
+INSIDE_MARGIN = 0.01  # a loss within 1% of the span of the floor or the ceiling is at it (`pick_dose`)
 DOSE_FIELDS = {"absent": "share of queries with nothing to read", "dose": "junk marker size ε"}
 
 
@@ -137,11 +138,16 @@ def tier_ceiling(tier: str) -> float:
 
 def pick_dose(pilot: dict[float, list[float]], ceilings: dict[float, float], floor: float = 0.0) -> float:
     """The graded testbed's rule, on the baseline alone: of the pilot's doses whose every baseline seed lies
-    strictly between the floor and that dose's ceiling, the one whose mean loss lies nearest the middle of the two,
+    strictly between the floor and that dose's ceiling (off each by more than `INSIDE_MARGIN` of the span: a loss of
+    1e-7 is at the floor), the one whose mean loss lies nearest the middle of the two,
     as a share of the span (most room on both sides: an arm can be seen to remove part of the loss, all of it, or
     none). `pilot`: {dose: baseline val_loss per seed}; `ceilings`: {dose: the task's ceiling there}."""
+    def strictly_inside(x: float, ceiling: float) -> bool:  # off each end by more than 1% of the span
+        margin = INSIDE_MARGIN * (ceiling - floor)
+        return floor + margin < x < ceiling - margin
+
     inside = {dose: losses for dose, losses in pilot.items()
-              if losses and all(floor < x < ceilings[dose] for x in losses)}
+              if losses and all(strictly_inside(x, ceilings[dose]) for x in losses)}
     if not inside:
         raise ValueError(f"no pilot dose of {sorted(pilot)} has its baseline strictly between the floor and the "
                          "ceiling")
