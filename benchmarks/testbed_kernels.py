@@ -44,8 +44,8 @@ def _read(folder: Path, experiment: str = "testbed") -> tuple[set[str], dict[tup
     runs = load_runs(folder)
     by_tier = task_runs(runs)
     summaries = [s for by_arm in by_tier.values() for arm_runs in by_arm.values() for s in arm_runs]
-    kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
-    counts = {(tier, arm): f"{sum(s['val_accuracy'] >= LEARNED_ACCURACY for s in arm_runs)}/{len(arm_runs)}"
+    kernels = {s.versions["numerics"]["cpu_capability"] for s in summaries}  # typed summaries (`RunSummary`)
+    counts = {(tier, arm): f"{sum(s.val_accuracy >= LEARNED_ACCURACY for s in arm_runs)}/{len(arm_runs)}"
               for tier, by_arm in by_tier.items() for arm, arm_runs in by_arm.items()}
     table = declared_table(runs, Declared.of(load_experiment(experiment).hypotheses))
     rows = [{**row, "decision": fixed_decision(row)} for row in table.frame.iter_rows(named=True)]

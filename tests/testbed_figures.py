@@ -125,12 +125,14 @@ def render_arms(experiment: str, tiers: list[str]) -> str:
 
     kernel_set = kernel_sets(experiment)[0]
     runs = artefact()[experiment][kernel_set]["runs"]
-    lines = []
+    lines, shown = [], None
     for tier in tiers:
         keys = SIGNATURE_KEYS[task_name(task_from_fields(TASKS[TIERS[tier].task]))]
-        if not lines:
-            lines = [f"| tier | arm | seeds learned | val_loss ({kernel_set}) | " + " | ".join(keys) + " |",
-                     "|---|---|---|---|" + "---|" * len(keys)]
+        if keys != shown:  # a table per task kind: its own signature columns
+            lines += ([""] if lines else []) + [
+                f"| tier | arm | seeds learned | val_loss ({kernel_set}) | " + " | ".join(keys) + " |",
+                "|---|---|---|---|" + "---|" * len(keys)]
+            shown = keys
         arms = dict.fromkeys(r["arm"] for r in runs if r["tier"] == tier)
         for arm in arms:
             mine = [r for r in runs if r["tier"] == tier and r["arm"] == arm]
@@ -169,10 +171,16 @@ def blocks(text: str) -> list[tuple[str, str]]:
 
 
 def write_docs() -> None:
+    """Re-render every block of an experiment the record holds (a block of one it does not hold is left as it is)."""
+    recorded = set(artefact())
+
+    def block(m) -> str:
+        if m.group(1).split()[0] not in recorded:
+            return m.group(0)
+        return f"<!-- figures: {m.group(1)} -->\n{render(m.group(1))}<!-- /figures -->"
+
     for page in DOCS:
-        text = page.read_text()
-        page.write_text(BLOCK.sub(lambda m: f"<!-- figures: {m.group(1)} -->\n{render(m.group(1))}<!-- /figures -->",
-                                  text))
+        page.write_text(BLOCK.sub(block, page.read_text()))
 
 
 if __name__ == "__main__":
