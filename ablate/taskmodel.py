@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.arms import attention
-from ablate.data.valuejunk import JunkPlan, ValueJunkTask, fixed_directions, junk_plan
+from ablate.data.valuejunk import JunkPlan, ValueJunkTask, content_markers, junk_plan, marker_directions
 from ablate.model import GPT, CausalSelfAttention, GPTConfig
 
 
@@ -61,7 +61,7 @@ class ValueJunkAttention(StrictCausalAttention):
         self.dose = dose
         self.plan: JunkPlan | None = None  # this forward's junk
         self.decoy_x: torch.Tensor | None = None  # (B, T, C) the decoys' pre-normed hidden states
-        self.directions: torch.Tensor | None = None  # (Hkv, d) junk "direction"'s fixed markers
+        self.directions: torch.Tensor | None = None  # junk "direction"'s (Hkv, d) fixed markers, "content"'s per value
 
     def projected(self, x, cos, sin):
         q, k, v = super().projected(x, cos, sin)
@@ -72,7 +72,7 @@ class ValueJunkAttention(StrictCausalAttention):
         mask = F.pad(self.plan.mask, (pad, 0))
         rows = self.c_attn.weight[(self.n_head + self.n_kv_head) * self.head_dim:]  # W_v
         decoy = F.linear(F.pad(self.decoy_x, (0, 0, pad, 0)), rows).view(B, T, self.n_kv_head, self.head_dim)
-        if self.plan.directions is not None:  # junk "norm": a random unit direction per read and head
+        if self.plan.directions is not None:  # junk "norm", "content": a unit direction per read and head
             directions = F.pad(self.plan.directions, (0, 0, 0, 0, pad, 0)).transpose(1, 2)  # (B, Hkv, T, d)
         else:
             directions = self.directions.view(1, self.n_kv_head, 1, self.head_dim)
@@ -112,7 +112,8 @@ class ValueJunkGPT(GPT):
         super().init_weights(seed)
         attn = self.blocks[0].attn
         if isinstance(attn, ValueJunkAttention):
-            attn.directions = fixed_directions(seed, attn.n_kv_head, attn.head_dim).to(self.wte.weight.device)
+            directions = marker_directions(self.task, seed, attn.n_kv_head, attn.head_dim)
+            attn.directions = None if directions is None else directions.to(self.wte.weight.device)
 
     @property
     def hands_junk_mask(self) -> bool:
@@ -122,6 +123,8 @@ class ValueJunkGPT(GPT):
     def forward(self, idx, targets=None, **kwargs):
         attn = self.blocks[0].attn
         attn.plan = junk_plan(self.task, idx, attn.n_kv_head, attn.head_dim)
+        if self.task.junk == "content":  # a marker per read, its decoy value's
+            attn.plan.directions = content_markers(self.task, attn.plan.decoys, attn.directions)
         attn.decoy_x = self.blocks[0].ln_1(self.wte(attn.plan.decoys))
         try:
             return super().forward(idx, targets, **kwargs)

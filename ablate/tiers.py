@@ -258,6 +258,48 @@ for _name in ("value-junk-norm", "value-junk-direction"):
         TIERS["abstain-stream"], name=_name, seq_len=value_junk_seq_len(TASKS[_name]), global_batch=VALUE_JUNK_BATCH,
         tokens=VALUE_JUNK_STEPS * VALUE_JUNK_BATCH * value_junk_seq_len(TASKS[_name]), lr=2e-3, warmup_steps=50,
         vocab_size=value_junk_vocab_size(TASKS[_name]), task=_name, seeds=8)
+# The graded testbed (experiments/testbed_dose.py): each mechanism at a graded dose, one tier per dose, the model,
+# batch, budget and schedule of abstain-stream. Stream: the share of queries with nothing to read (`absent`,
+# `ablate.data.stream.GradedStreamTask`), 8 keys so that a fresh key is always left. Value-junk: the marker drawn
+# from the content (a direction per decoy value) at size ε. The doses and the declared one were chosen on a
+# baseline-only pilot by the rule stated in the experiment file (docs/method.md, "The graded testbed").
+def stream_absent_share(fields: dict) -> float:
+    """The graded stream task's share of answers with nothing to read (`ablate.data.stream.GradedStreamTask`),
+    exactly: positions 1..window−1 each take a fresh key with probability `absent`, or always when no key seen
+    once is left (a dynamic programme over the count of keys seen once)."""
+    p, window = fields["absent"], fields["window"]
+    states, fresh = {1: 1.0}, 0.0  # {keys seen once: probability} after position 0
+    for _ in range(window - 1):
+        nxt: dict[int, float] = {}
+        for once, prob in states.items():
+            q = 1.0 if once == 0 else p
+            fresh += prob * q
+            nxt[once + 1] = nxt.get(once + 1, 0.0) + prob * q
+            if q < 1:
+                nxt[once - 1] = nxt.get(once - 1, 0.0) + prob * (1 - q)
+        states = nxt
+    return fresh / (window - 1)
+
+
+def task_ceiling(fields: dict) -> float:
+    """The loss (nats per answer) of a model that cannot do a graded task's mechanism job: on the stream task one
+    that reads nothing (NONE with probability s, the share with nothing to read, else a uniform value: H(s) +
+    (1 − s)·log n_values); on the value-junk task one that cannot tell the two copies apart (a coin, log 2)."""
+    if "junk" in fields:
+        return math.log(2)
+    s = stream_absent_share(fields)
+    return -sum(q * math.log(q) for q in (s, 1 - s) if q > 0) + (1 - s) * math.log(fields["n_values"])
+
+
+STREAM_DOSES = {"stream-absent-60": 0.6, "stream-absent-90": 0.9, "stream-absent-95": 0.95}  # tier: `absent`
+CONTENT_DOSES = {"junk-content-e010": 0.01, "junk-content-e020": 0.02, "junk-content-e050": 0.05}  # tier: ε
+for _name, _absent in STREAM_DOSES.items():
+    TASKS[_name] = {"n_keys": 8, "n_values": 4, "window": 8, "absent": _absent}
+    TIERS[_name] = replace(TIERS["abstain-stream"], name=_name, task=_name, seeds=8,
+                           vocab_size=1 + TASKS[_name]["n_values"] * (1 + TASKS[_name]["n_keys"]))
+for _name, _dose in CONTENT_DOSES.items():
+    TASKS[_name] = {**VALUE_JUNK_SIZES, "junk": "content", "dose": _dose}
+    TIERS[_name] = replace(TIERS["value-junk-direction"], name=_name, task=_name)
 # GPT-2 small and medium shapes with the budgets of 124M and 350M (the other reading of the names).
 TIERS["124M-gpt2"] = replace(TIERS["124M"], name="124M-gpt2", nominal_params=85e6, n_layer=12)
 TIERS["350M-gpt2"] = replace(TIERS["350M"], name="350M-gpt2", nominal_params=302e6, n_layer=24)

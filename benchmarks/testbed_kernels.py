@@ -1,6 +1,7 @@
 """The testbed's whole default grid under two CPU kernel sets: its wall time, its seeds learned, its decisions.
 
     python benchmarks/testbed_kernels.py --results /tmp/tbk [--kernels native avx2] [--parallel 2] [--tier T ...]
+                                         [--experiment testbed_dose]
 
 For each kernel set in turn (`ATEN_CPU_CAPABILITY`; native: unset, the machine's own) runs
 `ablate submit testbed --executor local` into RESULTS/<kernels>, one grid after the other so that each has the
@@ -21,18 +22,18 @@ import time
 from pathlib import Path
 
 
-def _grid(kernels: str, results: Path, parallel: int, tiers: list[str]) -> float:
+def _grid(kernels: str, results: Path, parallel: int, tiers: list[str], experiment: str = "testbed") -> float:
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if kernels != "native":
         env["ATEN_CPU_CAPABILITY"] = kernels
-    command = [sys.executable, "-m", "ablate.cli", "submit", "testbed", "--executor", "local", "--parallel",
+    command = [sys.executable, "-m", "ablate.cli", "submit", experiment, "--executor", "local", "--parallel",
                str(parallel), "--results", str(results)] + (["--tier", *tiers] if tiers else [])
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
-def _read(folder: Path) -> tuple[set[str], dict[tuple[str, str], str], list[dict]]:
+def _read(folder: Path, experiment: str = "testbed") -> tuple[set[str], dict[tuple[str, str], str], list[dict]]:
     """(the kernel sets the runs recorded, seeds learned per (tier, arm), the declared table's rows), of the runs
     the tables count."""
     from ablate.analysis.hypotheses import Declared, declared_table, fixed_decision
@@ -43,10 +44,10 @@ def _read(folder: Path) -> tuple[set[str], dict[tuple[str, str], str], list[dict
     runs = load_runs(folder)
     by_tier = task_runs(runs)
     summaries = [s for by_arm in by_tier.values() for arm_runs in by_arm.values() for s in arm_runs]
-    kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
-    counts = {(tier, arm): f"{sum(s['val_accuracy'] >= LEARNED_ACCURACY for s in arm_runs)}/{len(arm_runs)}"
+    kernels = {s.versions["numerics"]["cpu_capability"] for s in summaries}  # typed summaries (`RunSummary`)
+    counts = {(tier, arm): f"{sum(s.val_accuracy >= LEARNED_ACCURACY for s in arm_runs)}/{len(arm_runs)}"
               for tier, by_arm in by_tier.items() for arm, arm_runs in by_arm.items()}
-    table = declared_table(runs, Declared.of(load_experiment("testbed").hypotheses))
+    table = declared_table(runs, Declared.of(load_experiment(experiment).hypotheses))
     rows = [{**row, "decision": fixed_decision(row)} for row in table.frame.iter_rows(named=True)]
     return kernels, counts, rows
 
@@ -57,13 +58,16 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", default=["native", "avx2"], help="ATEN_CPU_CAPABILITY values")
     parser.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tier", nargs="+", default=[], help="these of the testbed's tiers only (default: all)")
+    parser.add_argument("--experiment", default="testbed", help="testbed, or the graded testbed_dose")
     args = parser.parse_args()
     decisions = {}
     for kernels in args.kernels:
         folder = Path(args.results) / kernels
-        wall = _grid(kernels, folder, args.parallel, args.tier)
-        recorded, counts, rows = _read(folder / "testbed")
-        print(f"{kernels}: wall {wall / 60:.1f} min (--parallel {args.parallel}); runs recorded kernels "
+        load = os.getloadavg()[0]
+        wall = _grid(kernels, folder, args.parallel, args.tier, args.experiment)
+        recorded, counts, rows = _read(folder / args.experiment, args.experiment)
+        print(f"{kernels}: wall {wall / 60:.1f} min (--parallel {args.parallel}; load average {load:.1f} at the "
+              f"start, {os.getloadavg()[0]:.1f} at the end); runs recorded kernels "
               f"{', '.join(sorted(recorded))}")
         for (tier, arm), count in sorted(counts.items()):
             print(f"  learned {tier:17s} {arm:11s} {count}")

@@ -75,8 +75,9 @@ def test_gpt2_tiers_have_gpt2_shapes_and_the_same_budgets():
         assert abs(non_embedding(name, "baseline", False) / non_emb - 1) < 0.01
         assert abs(tier.nominal_params / non_emb - 1) < 0.01
     assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "abstain-stream", "value-junk-norm",
-                          "value-junk-direction", "10M", "20M", "35M", "50M", "80M", "124M-gpt2", "124M", "200M",
-                          "350M-gpt2", "350M")
+                          "value-junk-direction", "stream-absent-60", "stream-absent-90", "stream-absent-95",
+                          "junk-content-e010", "junk-content-e020", "junk-content-e050", "10M", "20M", "35M", "50M",
+                          "80M", "124M-gpt2", "124M", "200M", "350M-gpt2", "350M")
 
 
 def test_docstring_names_the_learning_rates_the_tiers_use():
@@ -123,9 +124,11 @@ def test_micro_batch_follows_the_gpu_memory():
 
 @pytest.mark.parametrize("tier", ATTENTION_ONLY)
 def test_an_attention_only_tier_matches_the_small_arms_and_refuses_to_narrow_an_mlp_it_has_not(tier):
-    """abstain-stream and the value-junk tiers have no MLP: an arm within the tolerance keeps the baseline's config;
+    """abstain-stream, the value-junk tiers and the graded testbed's have no MLP: an arm within the tolerance keeps the baseline's config;
     one that is not (g2-value, +d² per layer) is refused in one line, never built with a negative width."""
-    assert ATTENTION_ONLY == ["abstain-stream", "value-junk-norm", "value-junk-direction"]
+    assert ATTENTION_ONLY == ["abstain-stream", "value-junk-norm", "value-junk-direction", "stream-absent-60",
+                              "stream-absent-90", "stream-absent-95", "junk-content-e010", "junk-content-e020",
+                              "junk-content-e050"]
     for arm in ("sink-logit", "off-by-one", "sink-token", "norm-gate", "proj-gate", "renorm"):
         assert model_config(TIERS[tier], arm, match_params=True) == model_config(TIERS[tier], arm)
     with pytest.raises(AblateError, match="'g2-value' adds 4,096 non-embedding parameters and the model has no MLP"):

@@ -13,7 +13,7 @@ from ablate.arms import Arm
 from ablate.data.filter import task_batch, task_from_fields
 from ablate.data.stream import StreamTask, stream_batch
 from ablate.data.synthetic import IGNORE
-from ablate.data.valuejunk import ValueJunkTask, fixed_directions, junk_plan, value_junk_batch
+from ablate.data.valuejunk import ValueJunkTask, fixed_directions, junk_plan, marker_directions, value_junk_batch
 from ablate.model import GPT
 from ablate.sizing import model_config
 from ablate.taskmodel import StrictCausalAttention, ValueJunkAttention, ValueJunkGPT, task_model
@@ -99,7 +99,7 @@ def _projected(model, inputs):
     return seen["qkv"]
 
 
-@pytest.mark.parametrize("tier", TIERS_JUNK)
+@pytest.mark.parametrize("tier", (*TIERS_JUNK, "junk-content-e050"))
 def test_junk_changes_the_junk_reads_only_and_never_a_query_or_key(tier):
     """Against the same model without junk (dose 0 and no decoy: the plain strict-causal model), queries and keys
     are equal everywhere and reads differ exactly at the junk positions."""
@@ -117,7 +117,7 @@ def test_junk_changes_the_junk_reads_only_and_never_a_query_or_key(tier):
     assert torch.equal(differs, mask)
 
 
-@pytest.mark.parametrize("tier", TIERS_JUNK)
+@pytest.mark.parametrize("tier", (*TIERS_JUNK, "junk-content-e050"))
 def test_the_marker_is_dose_times_the_head_s_median_read_norm_so_rescaling_w_v_cannot_escape_it(tier):
     """junk read − decoy's read = ε · median_h ‖v‖ · unit direction, the median over the batch's clean reads of
     the head; scaling W_v by 10 scales the marker by 10 too (the junk keeps its share of the read)."""
@@ -143,6 +143,12 @@ def test_the_marker_is_dose_times_the_head_s_median_read_norm_so_rescaling_w_v_c
     if task.junk == "direction":  # one fixed direction per head for every junk read
         unit = marker / marker.norm(dim=-1, keepdim=True)
         assert torch.allclose(unit, fixed_directions(5, 2, 32).double().expand_as(unit))
+    if task.junk == "content":  # the graded testbed's: one fixed direction per head and decoy value
+        unit = marker / marker.norm(dim=-1, keepdim=True)
+        decoy_value = (plan.decoys[plan.mask] - task.first_pair) % task.n_values
+        assert torch.allclose(unit, marker_directions(task, 5, 2, 32).double()[decoy_value])
+        assert len(set(decoy_value.tolist())) > 1  # several values, so several directions, in this batch
+        assert torch.equal(marker_directions(ValueJunkTask(junk="direction"), 5, 2, 32), fixed_directions(5, 2, 32))
     with torch.no_grad():
         model.blocks[0].attn.c_attn.weight[128:] *= 10  # W_v (after W_q and W_k: 2 heads × 32 each)
     scaled, scaled_median = marker_and_median(model)

@@ -37,7 +37,8 @@ from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
 from ablate.analysis.render import decision_text, effect_cells, format_p, render
-from ablate.analysis.testbed import plot_testbed, task_runs, testbed_markdown
+from ablate.analysis.testbed import (dose_response_markdown, graded_families, plot_dose_response, plot_testbed,
+                                     task_runs, testbed_markdown)
 from ablate.analysis.build import build_table
 from ablate.analysis.kinds import KINDS, get_kind, paired_seed_kinds, report_kinds
 from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
@@ -317,9 +318,15 @@ def probes_section(ctx: ReportContext) -> str:
 def testbed_section(ctx: ReportContext) -> str:
     """Each task tier's mechanism signature per arm with its seeds (testbed_<tier>.png), when there are any."""
     parts = []
-    for tier, by_arm in task_runs(ctx.runs).items():
+    by_tier = task_runs(ctx.runs)
+    for tier, by_arm in by_tier.items():
         plot_testbed(tier, by_arm, ctx.record(f"testbed_{tier}.png"))
         parts.append(testbed_markdown(tier, by_arm) + f"\n\n![testbed {tier}](testbed_{tier}.png)")
+    losses = {tier: {arm: [s.val_loss for s in summaries] for arm, summaries in by_arm.items()}
+              for tier, by_arm in by_tier.items()}
+    if graded_families(losses):  # the graded testbed's tiers (experiments/testbed_dose.py)
+        plot_dose_response(losses, ctx.record("testbed_dose_response.png"))
+        parts.append(dose_response_markdown(losses) + "\n\n![dose–response](testbed_dose_response.png)")
     return "## Mechanism testbed\n\n" + "\n\n".join(parts) if parts else ""
 
 

@@ -17,7 +17,7 @@ import polars as pl
 
 from ablate.analysis.plots import _save, arm_styles, figure
 from ablate.store_summary import RunSummary, read_summary
-from ablate.tiers import TASKS, TIERS
+from ablate.tiers import TASKS, TIERS, stream_absent_share, task_ceiling
 
 LEARNED_ACCURACY = 0.95  # a run learned its task when its answer accuracy reaches this (docs/method.md)
 SIGNATURE = (("first_key", "mass on key 0 (BOS, a sink token, or the first pair)"),
@@ -51,12 +51,12 @@ def task_runs(runs) -> dict[str, dict[str, list[RunSummary]]]:
     return {tier: {arm: by_arm[arm] for arm in runs.arm_order if arm in by_arm} for tier, by_arm in out.items()}
 
 
-def _mean_sd(values: list[float | None]) -> str:
+def _mean_sd(values: list[float | None], signed: bool = False) -> str:
     values = [v for v in values if v is not None]  # None: a quantity the arm has not (no value gate)
     if not values:
         return "–"
     sd = statistics.stdev(values) if len(values) > 1 else math.nan
-    return f"{statistics.fmean(values):.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
+    return f"{statistics.fmean(values):{'+' if signed else ''}.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
 
 
 def testbed_markdown(tier: str, by_arm: dict[str, list[RunSummary]]) -> str:
@@ -113,3 +113,109 @@ def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> 
     fig.suptitle(f"Mechanism testbed, task {TIERS[tier].task}: the last layer, one dot per seed",
                  fontsize=10)
     _save(fig, path)
+
+
+# The graded testbed (experiments/testbed_dose.py): each mechanism at a graded dose, one task tier per dose.
+INSIDE_MARGIN = 0.01  # a loss within 1% of the span of the floor or the ceiling is at it (`pick_dose`)
+DOSE_FIELDS = {"absent": "share of queries with nothing to read", "dose": "junk marker size ε"}
+
+
+def tier_dose(tier: str) -> tuple[str, float] | None:
+    """(what the dose is, its value) of a graded task tier: the stream task's share of queries with nothing to
+    read, the content-marked value-junk task's ε; None for another tier."""
+    fields = TASKS.get(TIERS[tier].task or "", {}) if tier in TIERS else {}
+    if "absent" in fields:
+        return DOSE_FIELDS["absent"], stream_absent_share(fields)
+    if fields.get("junk") == "content":
+        return DOSE_FIELDS["dose"], float(fields["dose"])
+    return None
+
+
+def tier_ceiling(tier: str) -> float:
+    """The loss of a model that cannot do the mechanism's job on the tier's task (`ablate.tiers.task_ceiling`)."""
+    return task_ceiling(TASKS[TIERS[tier].task])
+
+
+def pick_dose(pilot: dict[float, list[float]], ceilings: dict[float, float], floor: float = 0.0) -> float:
+    """The graded testbed's rule, on the baseline alone: of the pilot's doses whose every baseline seed lies
+    strictly between the floor and that dose's ceiling (off each by more than `INSIDE_MARGIN` of the span: a loss of
+    1e-7 is at the floor), the one whose mean loss lies nearest the middle of the two,
+    as a share of the span (most room on both sides: an arm can be seen to remove part of the loss, all of it, or
+    none). `pilot`: {dose: baseline val_loss per seed}; `ceilings`: {dose: the task's ceiling there}."""
+    def strictly_inside(x: float, ceiling: float) -> bool:  # off each end by more than 1% of the span
+        margin = INSIDE_MARGIN * (ceiling - floor)
+        return floor + margin < x < ceiling - margin
+
+    inside = {dose: losses for dose, losses in pilot.items()
+              if losses and all(strictly_inside(x, ceilings[dose]) for x in losses)}
+    if not inside:
+        raise ValueError(f"no pilot dose of {sorted(pilot)} has its baseline strictly between the floor and the "
+                         "ceiling")
+
+    def off_middle(dose: float) -> float:
+        return abs((statistics.fmean(inside[dose]) - floor) / (ceilings[dose] - floor) - 0.5)
+
+    return min(inside, key=lambda dose: (off_middle(dose), dose))
+
+
+def graded_families(tiers) -> dict[str, list[str]]:
+    """{what the dose is: [tier, …] by dose} of the graded tiers among `tiers` (two or more of one kind)."""
+    families: dict[str, list[tuple[float, str]]] = {}
+    for tier in tiers:
+        dose = tier_dose(tier)
+        if dose is not None:
+            families.setdefault(dose[0], []).append((dose[1], tier))
+    return {kind: [t for _, t in sorted(pairs)] for kind, pairs in families.items() if len(pairs) > 1}
+
+
+def dose_response_markdown(losses: dict[str, dict[str, list[float]]], tiers=()) -> str:
+    """The dose–response table of the graded tiers among `losses` ({tier: {arm: [val_loss per seed]}}; `tiers`:
+    only these): per tier its dose, the baseline's place between floor (0) and the task's ceiling, and each arm's
+    val_loss, mean ± sd over seeds, with its Δ from the baseline (baseline − arm, paired by seed) below."""
+    parts = []
+    for kind, family in graded_families([t for t in losses if not tiers or t in tiers]).items():
+        arms = list(dict.fromkeys(arm for tier in family for arm in losses[tier]))
+        head = ["tier", kind, "ceiling", *arms]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for tier in family:
+            base = losses[tier].get("baseline", [])
+            cells = [tier, f"{tier_dose(tier)[1]:.3g}", f"{tier_ceiling(tier):.3f}"]
+            for arm in arms:
+                mine = losses[tier].get(arm, [])
+                cell = _mean_sd(mine)
+                if arm != "baseline" and base and len(mine) == len(base):
+                    cell += f"<br>Δ {_mean_sd([b - a for b, a in zip(base, mine)], signed=True)}"
+                cells.append(cell)
+            lines.append("| " + " | ".join(cells) + " |")
+        parts.append(f"Dose–response ({kind}): val_loss at the budget, mean ± sd over seeds; Δ = baseline − arm "
+                     "paired by seed (positive: the arm is better); floor 0, ceiling the loss of a model that cannot "
+                     "do the mechanism's job.\n\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def plot_dose_response(losses: dict[str, dict[str, list[float]]], path: Path) -> bool:
+    """val_loss against the dose per arm (mean ± sd over seeds), one panel per graded family; False if none."""
+    families = graded_families(list(losses))
+    if not families:
+        return False
+    arms = list(dict.fromkeys(arm for by_arm in losses.values() for arm in by_arm))
+    styles = arm_styles(arms)
+    fig = figure(figsize=(5 * len(families), 4))
+    axes = fig.subplots(1, len(families), squeeze=False)[0]
+    for ax, (kind, family) in zip(axes, families.items()):
+        doses = [tier_dose(tier)[1] for tier in family]
+        for arm in arms:
+            points = [(d, statistics.fmean(losses[t][arm]), statistics.stdev(losses[t][arm])
+                       if len(losses[t][arm]) > 1 else 0.0) for d, t in zip(doses, family) if losses[t].get(arm)]
+            if points:
+                xs, ys, sds = zip(*points)
+                ax.errorbar(xs, ys, yerr=sds, label=arm, capsize=3, color=styles[arm]["color"],
+                            marker=styles[arm]["marker"])
+        ax.plot(doses, [tier_ceiling(t) for t in family], color="grey", linestyle=":", label="ceiling")
+        ax.set_xlabel(kind)
+        ax.set_ylabel("val_loss at the budget")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Graded testbed: dose–response, mean ± sd over seeds", fontsize=10)
+    _save(fig, path)
+    return True

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ablate.data.stream import StreamTask, stream_batch, stream_validation
+from ablate.data.stream import GradedStreamTask, StreamTask, stream_batch, stream_validation
 from ablate.data.synthetic import (IGNORE, VALIDATION_SEED_OFFSET, PairTokens, SyntheticTask, synthetic_batch,
                                    synthetic_validation)
 from ablate.data.valuejunk import ValueJunkTask, value_junk_batch, value_junk_validation
@@ -132,15 +132,18 @@ def filter_validation(task: FilterTask, batch_size: int, n_batches: int, seed: i
 
 def task_from_fields(fields: dict):
     """A task tier's task from its config.json fields (`ablate.tiers.TASKS`): Filter's carry a `mark`, the stream
-    task's a `window`, the value-junk task's a `junk`."""
+    task's a `window` (and the graded stream task's an `absent` share), the value-junk task's a `junk`."""
     if "junk" in fields:
         return ValueJunkTask(**fields)
     if "mark" in fields:
         return FilterTask(**fields)
-    return StreamTask(**fields) if "window" in fields else SyntheticTask(**fields)
+    if "window" in fields:
+        return GradedStreamTask(**fields) if "absent" in fields else StreamTask(**fields)
+    return SyntheticTask(**fields)
 
 
 _BATCHES = {FilterTask: (filter_batch, filter_validation), StreamTask: (stream_batch, stream_validation),
+            GradedStreamTask: (stream_batch, stream_validation),
             SyntheticTask: (synthetic_batch, synthetic_validation),
             ValueJunkTask: (value_junk_batch, value_junk_validation)}
 

@@ -22,11 +22,12 @@ nothing. Position 0 sees nothing and predicts nothing. Everything is a pure func
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ablate.data.synthetic import IGNORE, VALIDATION_SEED_OFFSET
+from ablate.tiers import stream_absent_share, task_ceiling
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,11 @@ def stream_batch(task: StreamTask, batch_size: int, seed: int) -> tuple[torch.Te
     """(inputs, targets), both (batch_size, task.window) LongTensors; a pure function of its arguments."""
     gen = torch.Generator().manual_seed(int(seed))
     B, W = batch_size, task.window
-    twice = torch.arange(task.n_keys).repeat(2)  # every key twice; a window is a prefix of a shuffle
-    keys = twice[torch.argsort(torch.rand(B, 2 * task.n_keys, generator=gen), dim=1)[:, :W]]
+    if isinstance(task, GradedStreamTask):
+        keys = _graded_keys(task, B, gen)
+    else:
+        twice = torch.arange(task.n_keys).repeat(2)  # every key twice; a window is a prefix of a shuffle
+        keys = twice[torch.argsort(torch.rand(B, 2 * task.n_keys, generator=gen), dim=1)[:, :W]]
     values = torch.randint(task.n_values, (B, W), generator=gen)
     earlier = torch.ones(W, W, dtype=torch.bool).tril(-1)  # [t, j]: j < t
     match = (keys[:, :, None] == keys[:, None, :]) & earlier  # (B, t, j): an earlier occurrence of k_t
@@ -80,6 +84,54 @@ def stream_batch(task: StreamTask, batch_size: int, seed: int) -> tuple[torch.Te
     answers = torch.where(match.any(-1), task.first_value + values.gather(1, previous), task.NONE)
     answers[:, 0] = IGNORE  # position 0 sees nothing
     return task.pair_token(keys, values), answers
+
+
+@dataclass(frozen=True)
+class GradedStreamTask(StreamTask):
+    """The stream task at a graded dose of queries with nothing to read (the graded testbed,
+    experiments/testbed_dose.py): each position after the first takes, with probability `absent`, a key not yet in
+    the window (its query finds nothing), else a key that occurred there once, so a key still occurs at most twice.
+    Where no key is left to repeat (right after a repeat) the position takes a fresh key: the realised share of
+    queries with nothing to read (`absent_share`) rises from 3/7 (`absent` 0: fresh, repeat, fresh, …) to 1
+    (`absent` 1). With n_keys ≥ window a fresh key is always left. The answers are the stream task's. A subclass,
+    so that the ungraded task's fields, batches and fingerprints stay as they are."""
+
+    absent: float = 0.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.absent <= 1.0:
+            raise ValueError(f"absent={self.absent} must lie in [0, 1] (a probability)")
+        if self.n_keys < self.window:
+            raise ValueError(f"n_keys={self.n_keys} must be at least window={self.window} (a fresh key is always "
+                             "left)")
+
+    def absent_share(self) -> float:
+        """The share of answers that are NONE (queries with nothing to read), exactly (`ablate.tiers`)."""
+        return stream_absent_share(asdict(self))
+
+    def ceiling(self) -> float:
+        """The loss of a model that reads nothing (its own token only): `ablate.tiers.task_ceiling`."""
+        return task_ceiling(asdict(self))
+
+
+def _graded_keys(task: GradedStreamTask, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """(B, window) keys: each position after the first fresh with probability `absent`, else a repeat of a key seen
+    once (the other kind where none of the drawn kind is left); every choice uniform among its candidates."""
+    B = batch_size
+    seen = torch.zeros(B, task.n_keys, dtype=torch.long)
+    fresh_wanted = torch.rand(B, task.window, generator=gen) < task.absent
+    keys = []
+    for t in range(task.window):
+        fresh, once = seen == 0, seen == 1
+        want = fresh_wanted[:, t] | (t == 0) | ~once.any(1)
+        want &= fresh.any(1)
+        candidates = torch.where(want[:, None], fresh, once)
+        scores = torch.where(candidates, torch.rand(B, task.n_keys, generator=gen), -1.0)
+        key = scores.argmax(1)
+        keys.append(key)
+        seen[torch.arange(B), key] += 1
+    return torch.stack(keys, 1)
 
 
 def stream_validation(task: StreamTask, batch_size: int, n_batches: int, seed: int = 0):

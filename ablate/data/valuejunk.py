@@ -28,7 +28,13 @@ and W_o escapes it:
 * ``junk="norm"``: u of norm ε·median in a random direction, drawn anew for every junk read: a large read, what
   a norm gate sees (norm-gate's σ(β(‖v‖/√d − τ)) grows with ‖v‖, so it passes the junk by construction);
 * ``junk="direction"``: u = ε·median·u*_h, one fixed unit direction per head and run (`fixed_directions`, a pure
-  function of the run seed, the same for every arm): what proj-gate's learned w_h can pick out.
+  function of the run seed, the same for every arm): what proj-gate's learned w_h can pick out;
+* ``junk="content"`` (the graded testbed, experiments/testbed_dose.py): u = ε·median·u*_{h,v′}, a fixed unit
+  direction per head and *decoy value* (`marker_directions`): a marker drawn from the content, n_values directions
+  rather than one. It says which value is the decoy, so the baseline itself can learn to discount the decoy from
+  the mixed read, the more the larger ε: its loss falls from log 2 (ε = 0) towards the floor, and a dose can be
+  chosen on the baseline alone. A gate can still close the junk (every junk read has a marker in the span of the
+  n_values directions; proj-gate's one w_h sees their sum).
 
 Why one pair and not several in a window. With other pairs in the window, a first design (3 pairs stored twice, 3
 queries) let the baseline answer at accuracy 0.83 through the junk: the two copies' attention weight comes from
@@ -43,13 +49,14 @@ the answer is read linearly from the head's output. Everything is a pure functio
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ablate.data.synthetic import IGNORE, VALIDATION_SEED_OFFSET
+from ablate.tiers import task_ceiling
 
-JUNK_KINDS = ("norm", "direction")
+JUNK_KINDS = ("norm", "direction", "content")
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,10 @@ class ValueJunkTask:
     n_values: int = 4  # distinct values (a decoy differs from the pair's value)
     junk: str = "norm"  # the junk read's marker: a random direction per read (norm) or one fixed direction
     dose: float = 1.0  # ε: the marker's norm over the head's median read norm
+
+    def ceiling(self) -> float:
+        """The loss of a head that cannot tell the two copies apart: a coin between v and v′, log 2 nats."""
+        return task_ceiling(asdict(self))
 
     strict_causal = True  # the task model reads strictly earlier positions (`ablate.taskmodel`)
     copies = 2  # the stored pair's copies: one clean, one junk
@@ -157,3 +168,22 @@ def fixed_directions(seed: int, n_kv_head: int, head_dim: int) -> torch.Tensor:
                                                        "little") & (2**63 - 1))
     directions = torch.randn(n_kv_head, head_dim, generator=gen)
     return directions / directions.norm(dim=-1, keepdim=True)
+
+
+def marker_directions(task: ValueJunkTask, seed: int, n_kv_head: int, head_dim: int) -> torch.Tensor | None:
+    """The run's fixed markers: junk "direction"'s (n_kv_head, head_dim), junk "content"'s (n_values, n_kv_head,
+    head_dim), one per decoy value (a pure function of the run seed, every arm's); None for junk "norm"."""
+    if task.junk == "direction":
+        return fixed_directions(seed, n_kv_head, head_dim)
+    if task.junk != "content":
+        return None
+    gen = torch.Generator().manual_seed(int.from_bytes(
+        hashlib.sha256(f"value-junk-content/{int(seed)}".encode()).digest()[:8], "little") & (2**63 - 1))
+    directions = torch.randn(task.n_values, n_kv_head, head_dim, generator=gen)
+    return directions / directions.norm(dim=-1, keepdim=True)
+
+
+def content_markers(task: ValueJunkTask, decoys: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """(B, T, n_kv_head, head_dim) junk "content"'s unit marker of each read: its decoy value's direction (read
+    only where the read is junk)."""
+    return directions[(decoys - task.first_pair) % task.n_values]
