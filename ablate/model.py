@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm
+from ablate.arms import checks
 from ablate.arms.base import AttentionContext
 from ablate.arms.kernel import LayerCache, refuse_decoding
 from ablate.losses import chunked_cross_entropy
@@ -117,7 +118,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, d)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.arm.has_slot("query-key"):  # before RoPE, where OLMo 2 puts its QK-norm; per position, so cacheable
-            q, k = self.arm.query_key(q, k)
+            q, k = checks.pair(self.arm, self.arm.query_key(q, k), q, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.read_hook is not None:
             v = self.read_hook(v, self)

@@ -173,7 +173,7 @@ class Trainer:
             return self._fit(fabric)
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
-            self.write_summary(**err.summary_fields(), finished=now())
+            self.write_summary(**self._located(err), finished=now())
             return read_json(self.summary_path)
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
@@ -190,6 +190,23 @@ class Trainer:
                 handler.close()
             if devices > 1:  # this run's process group ends with it: a worker's next run starts its own children
                 end_process_group(launch_env)
+
+    def _located(self, err: Diverged) -> dict:
+        """The diverged summary's fields, its error saying which layer and slot or hook made the first non-finite
+        value: the steps since the last checkpoint replayed with checks on, writing nothing (`ablate.replay`).
+        A data-parallel run is not replayed (its ranks would have to replay together)."""
+        fields = err.summary_fields()
+        if self.fabric.global_rank != 0:
+            return fields
+        if self.fabric.world_size > 1:
+            origin = "not replayed (a data-parallel run)"
+        else:
+            from ablate.replay import first_non_finite  # reason: only a diverged run needs it
+
+            log.info("%s: replaying from the last checkpoint with checks on, to find the first non-finite value",
+                     self.folder)
+            origin = first_non_finite(self.config, self.state_path, err.step).text
+        return {**fields, "error": f"{fields['error']}; {origin}"}
 
     @functools.cached_property
     def logger_run_id(self) -> str:
