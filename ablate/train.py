@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import os
+import sys
 import time
 import traceback
 import uuid
@@ -181,7 +182,12 @@ class Trainer:
             self.write_summary(status=Status.FAILED, finished=now(), error=f"ablate: error: {err}")
             raise
         except Exception as err:
-            log.exception("%s: the run failed: %s", self.folder, err)
+            # One line where the command shows it; the traceback in the run's log (and `ablate --traceback`).
+            log.error("%s: the run failed: %s: %s", self.folder, type(err).__name__, err)
+            if handler is not None:
+                handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the traceback:", (),
+                                              sys.exc_info()))
+                err.add_note(f"the full traceback: {self.folder / RUN_LOG}")
             self.write_summary(status=Status.FAILED, finished=now(), error=traceback.format_exc()[-4000:])
             raise
         finally:

@@ -194,3 +194,30 @@ def test_the_replay_writes_nothing_and_says_when_it_does_not_reproduce(tmp_path,
     assert not origin.found and origin.text == ("not reproduced: replayed steps 1–3 from the initial weights with "
                                                 "checks on, every value finite")
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+TYPO_ARM = '''from ablate.arms import Arm, register_arm
+
+
+@register_arm("my-typo")
+class Typo(Arm):
+    def output_gate(self, o, x):
+        return self.gate_weight * o  # never defined
+'''
+
+
+def test_an_arm_that_raises_is_one_line_where_it_arose_and_the_traceback_one_flag_away(tmp_path, sample_data):
+    arm_file = tmp_path / "typo.py"
+    arm_file.write_text(TYPO_ARM)
+    results = tmp_path / "results"
+    argv = ["run", "--tier", "smoke", "--arm", "my-typo", "--arm-file", arm_file, "--max-steps", 2, "--data",
+            sample_data, "--results", results, "--no-progress", "--threads", 1]
+    result = ablate_cli(*argv, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("ablate: error:")]
+    log = run_dir(results, "adhoc", "smoke", "my-typo", 0) / "run.log"
+    assert f"AttributeError: 'Typo' object has no attribute 'gate_weight' (at {arm_file}:7)" in line
+    assert f"the full traceback: {log}" in line and "`ablate --traceback run …`" in line
+    assert "Traceback (most recent call last)" in log.read_text() and f'"{arm_file}", line 7' in log.read_text()
+    shown = ablate_cli("--traceback", *argv, "--force", check=False)
+    assert shown.returncode == 1 and "Traceback (most recent call last)" in shown.stderr
