@@ -221,3 +221,16 @@ def test_an_arm_that_raises_is_one_line_where_it_arose_and_the_traceback_one_fla
     assert "Traceback (most recent call last)" in log.read_text() and f'"{arm_file}", line 7' in log.read_text()
     shown = ablate_cli("--traceback", *argv, "--force", check=False)
     assert shown.returncode == 1 and "Traceback (most recent call last)" in shown.stderr
+
+
+def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fails_it(monkeypatch):
+    import ablate.train
+    from ablate.experiment import RunSpec
+    from ablate.workers import RunJob
+
+    job, spec = RunJob(None, "results", {}), RunSpec("e", "smoke", "baseline", 0)
+    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "diverged", "error": "non-finite"})
+    assert job(spec)["status"] == "diverged"  # the job ends well: `ablate status` shows the run diverged
+    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "failed", "error": "boom"})
+    with pytest.raises(RuntimeError, match="boom"):
+        job(spec)
