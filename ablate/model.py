@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -135,8 +136,10 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=False)
-        self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=False)
+        with warnings.catch_warnings():  # a task model has no MLP (width 0): torch warns that its init does nothing
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op", UserWarning)
+            self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=False)
+            self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=False)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))

@@ -234,3 +234,17 @@ def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fail
     monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "failed", "error": "boom"})
     with pytest.raises(RuntimeError, match="boom"):
         job(spec)
+
+
+def test_a_task_run_warns_nothing(tmp_path):
+    """`make demo`'s testbed part ended on torch's `UserWarning: Initializing zero-element tensors is a no-op` (the
+    task model has no MLP: width 0); a task run now warns nothing."""
+    import warnings
+
+    from ablate.experiment import RunSpec
+    from ablate.train import run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = run(RunSpec("t", "abstain-stream", "baseline", 0, {"steps": 2}), tmp_path, progress=False)
+    assert summary["status"] == "completed"
