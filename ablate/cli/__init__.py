@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "ablate.cli.clean",
     "ablate.cli.analysis",
     "ablate.cli.probes",
+    "ablate.cli.generate",
     "ablate.cli.evals",
     "ablate.cli.testbed",
 )
