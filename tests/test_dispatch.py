@@ -228,7 +228,7 @@ def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_err
     assert f"--results {results}" in text  # the hint keeps the user's options
 
 
-def test_a_run_that_kills_its_worker_fails_alone_the_others_still_run_and_a_diverged_one_is_counted(tmp_path, sample_data):
+def test_a_run_that_kills_its_worker_fails_alone_and_a_diverged_one_is_counted(tmp_path, sample_data):
     file = tmp_path / "crashy.py"
     file.write_text(
         "import os\n"
