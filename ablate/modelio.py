@@ -27,6 +27,7 @@ from ablate.taskmodel import built_model, is_strict_causal
 from ablate.runconfig import RunConfig
 from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json_file, run_lock_path, run_of
 from ablate.store_summary import verified_weights_sha256
+from ablate.tiers import TIERS
 
 
 def save_model(model: GPT, path: str | Path) -> None:
@@ -145,7 +146,6 @@ def generate_from_run(run_dir: str | Path, prompt: str, tokens: int, temperature
     (task tokens, not text), an arm a cache cannot decode (`Arm.no_decoding`) and a prompt longer than the run's
     context are refused in one line."""
     from ablate.data import encode  # reason: tiktoken loads only for text
-    from ablate.tiers import TIERS
 
     config = read_run_config(run_dir)
     tier = TIERS.get(config.tier) if config.tier else None
