@@ -41,6 +41,7 @@ from ablate.runconfig import chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
 from ablate.store import SUBMIT_LOCK, Status, experiment_dir, keep_aside, record_ledger, run_lock_path
+from ablate.store_summary import read_summary
 from ablate.tiers import get_gpu, get_tier
 from ablate.workers import RunJob, run_local
 
@@ -196,6 +197,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
         elif todo:
             report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
+            report["diverged"] = [s.key for s in todo if read_summary(s.folder(results)).status == Status.DIVERGED]
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources, report["jobs"])
     return report

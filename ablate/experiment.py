@@ -318,17 +318,32 @@ def load_module(path: Path):
     sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
+    except AblateError:  # the library's own one line (an Experiment's bad field, a clashing arm name)
+        raise
     except ImportError as err:
         missing = err.name or str(err)
         raise AblateError(
-            f"{path} cannot import {missing!r} ({err}); a module of your own goes beside the experiment file "
-            f"(in {folder}), an installed one into this Python ({sys.executable})") from err
+            f"{file_line(path, err)}: cannot import {missing!r} ({err}); a module of your own goes beside the "
+            f"experiment file (in {folder}), an installed one into this Python ({sys.executable})") from err
+    except SyntaxError as err:
+        raise AblateError(f"{err.filename or path}:{err.lineno}: {type(err).__name__}: {err.msg}") from err
+    except Exception as err:  # the file's own code failed as it ran: where, and what (the traceback: --traceback)
+        raise AblateError(f"{file_line(path, err)}: {type(err).__name__}: {err}") from err
     finally:
         try:
             sys.path.remove(folder)  # the first occurrence: the one put there above
         except ValueError:  # the file took it off itself
             pass
     return module
+
+
+def file_line(path: Path, err: BaseException) -> str:
+    """`FILE:LINE` of the innermost frame of `err` in the user's folder (the file itself, or a module beside it)."""
+    import traceback  # reason: only a failing file needs it
+
+    folder = path.parent.resolve()
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve().parent == folder]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else str(path)
 
 
 def load_experiment(spec: str | os.PathLike) -> Experiment:

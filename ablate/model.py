@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm
+from ablate.arms import checks
 from ablate.arms.base import AttentionContext
 from ablate.arms.kernel import LayerCache, refuse_decoding
 from ablate.losses import chunked_cross_entropy
@@ -117,7 +119,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, d)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.arm.has_slot("query-key"):  # before RoPE, where OLMo 2 puts its QK-norm; per position, so cacheable
-            q, k = self.arm.query_key(q, k)
+            q, k = checks.pair(self.arm, self.arm.query_key(q, k), q, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.read_hook is not None:
             v = self.read_hook(v, self)
@@ -134,8 +136,10 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=False)
-        self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=False)
+        with warnings.catch_warnings():  # a task model has no MLP (width 0): torch warns that its init does nothing
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op", UserWarning)
+            self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=False)
+            self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=False)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))

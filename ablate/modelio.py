@@ -27,6 +27,7 @@ from ablate.taskmodel import built_model, is_strict_causal
 from ablate.runconfig import RunConfig
 from ablate.store import CHECKPOINTS, CONFIG, FINAL_WEIGHTS, atomic_write_bytes, read_json_file, run_lock_path, run_of
 from ablate.store_summary import verified_weights_sha256
+from ablate.tiers import TIERS
 
 
 def save_model(model: GPT, path: str | Path) -> None:
@@ -136,3 +137,31 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def generate_from_run(run_dir: str | Path, prompt: str, tokens: int, temperature: float = 0.0, seed: int = 0,
+                      device: str = "cpu") -> tuple[list[int], list[int]]:
+    """(the prompt's GPT-2 tokens, the `tokens` new ones) a trained corpus run decodes with its KV cache
+    (`GPT.generate`): greedy at temperature 0, else sampled from a generator seeded with `seed`. A task tier's run
+    (task tokens, not text), an arm a cache cannot decode (`Arm.no_decoding`) and a prompt longer than the run's
+    context are refused in one line."""
+    from ablate.data import encode  # reason: tiktoken loads only for text
+
+    config = read_run_config(run_dir)
+    tier = TIERS.get(config.tier) if config.tier else None
+    if config.synthetic_task is not None or (tier is not None and tier.task is not None):
+        raise AblateError(f"{run_dir} is a run of the task tier {config.tier!r}: its model reads the task's tokens, "
+                          "not GPT-2 text; `ablate generate` decodes corpus runs only")
+    if tokens < 1 or (temperature is not None and temperature < 0):
+        raise AblateError(f"--tokens {tokens} and --temperature {temperature}: give a positive number of tokens and "
+                          "a temperature ≥ 0 (0: greedy)")
+    model, _, _ = load_run(run_dir, device)
+    model.new_cache()  # an arm a KV cache cannot decode: one line naming it and why
+    ids = encode(prompt)
+    room = model.config.max_seq_len
+    if not ids or len(ids) + tokens > room:
+        raise AblateError(f"the prompt is {len(ids)} GPT-2 tokens and --tokens {tokens}: together they must be 1 to "
+                          f"{room} (the run's context, max_seq_len)")
+    generator = torch.Generator(device).manual_seed(int(seed)) if temperature else None
+    out = model.generate(torch.tensor([ids], device=device), tokens, temperature=temperature, generator=generator)
+    return ids, out[0, len(ids):].tolist()

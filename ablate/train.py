@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+import sys
 import time
 import traceback
 import uuid
@@ -182,7 +183,7 @@ class Trainer:
             raise
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
-            self.write_summary(**err.summary_fields(), finished=now())
+            self.write_summary(**self._located(err), finished=now())
             return read_json(self.summary_path)
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
@@ -190,7 +191,12 @@ class Trainer:
             self.write_summary(status=Status.FAILED, finished=now(), error=f"ablate: error: {err}")
             raise
         except Exception as err:
-            log.exception("%s: the run failed: %s", self.folder, err)
+            # One line where the command shows it; the traceback in the run's log (and `ablate --traceback`).
+            log.error("%s: the run failed: %s: %s", self.folder, type(err).__name__, err)
+            if handler is not None:
+                handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the traceback:", (),
+                                              sys.exc_info()))
+                err.add_note(f"the full traceback: {self.folder / RUN_LOG}")
             self.write_summary(status=Status.FAILED, finished=now(), error=traceback.format_exc()[-4000:])
             raise
         finally:
@@ -199,6 +205,23 @@ class Trainer:
                 handler.close()
             if devices > 1:  # this run's process group ends with it: a worker's next run starts its own children
                 end_process_group(launch_env)
+
+    def _located(self, err: Diverged) -> dict:
+        """The diverged summary's fields, its error saying which layer and slot or hook made the first non-finite
+        value: the steps since the last checkpoint replayed with checks on, writing nothing (`ablate.replay`).
+        A data-parallel run is not replayed (its ranks would have to replay together)."""
+        fields = err.summary_fields()
+        if self.fabric.global_rank != 0:
+            return fields
+        if self.fabric.world_size > 1:
+            origin = "not replayed (a data-parallel run)"
+        else:
+            from ablate.replay import first_non_finite  # reason: only a diverged run needs it
+
+            log.info("%s: replaying from the last checkpoint with checks on, to find the first non-finite value",
+                     self.folder)
+            origin = first_non_finite(self.config, self.state_path, err.step).text
+        return {**fields, "error": f"{fields['error']}; {origin}"}
 
     @functools.cached_property
     def logger_run_id(self) -> str:

@@ -228,7 +228,7 @@ def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_err
     assert f"--results {results}" in text  # the hint keeps the user's options
 
 
-def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_path, sample_data):
+def test_a_run_that_kills_its_worker_fails_alone_and_a_diverged_one_is_counted(tmp_path, sample_data):
     file = tmp_path / "crashy.py"
     file.write_text(
         "import os\n"
@@ -242,12 +242,20 @@ def test_a_run_that_kills_its_worker_fails_alone_and_the_others_still_run(tmp_pa
         "        if v.dtype != torch.float64:  # not in the float64 check that submit runs on it first\n"
         "            os._exit(9)\n"
         "        return torch.ones_like(v)\n\n"
-        "EXPERIMENT = Experiment(name='crashy', tiers=['smoke'], arms=['test-crash', 'baseline', 'sink-logit'],\n"
+        "@register_arm('test-nan')\n"
+        "class Nan(Arm):\n"
+        "    description = 'a NaN gate in training: the run diverges at its first step'\n"
+        "    def value_gate(self, v, x):\n"
+        "        if v.dtype != torch.float64:  # finite in the float64 check that submit runs on it first\n"
+        "            return v[..., :1] * float('nan')\n"
+        "        return torch.ones_like(v[..., :1])\n\n"
+        "EXPERIMENT = Experiment(name='crashy', tiers=['smoke'], arms=['test-crash', 'baseline', 'test-nan'],\n"
         f"    seeds=1, overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
     results = tmp_path / "results"
     out = ablate_cli("submit", file, "--executor", "local", "--parallel", "1", "--results", results, check=False)
-    assert out.returncode == 1 and "ran 3 runs here, 1 failed" in out.stdout
+    assert out.returncode == 1 and ("ran 3 runs here, 1 failed (smoke/test-crash/seed0), 1 diverged "
+                                    "(smoke/test-nan/seed0)") in out.stdout  # a diverged run is counted, apart
     rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
-    assert rows["baseline"]["state"] == rows["sink-logit"]["state"] == "completed"
+    assert rows["baseline"]["state"] == "completed" and rows["test-nan"]["state"] == "diverged"
     assert (rows["test-crash"]["state"] == "failed"
             and "worker process died (exit code 9)" in rows["test-crash"]["error"])

@@ -88,3 +88,30 @@ def test_a_heatmap_is_scaled_to_its_data_and_prints_its_scale(tmp_path):
     flat = plot_first_key_mass({"arm": "x", "layers": [{"first_key_mass": [0.5, 0.5]}]}, tmp_path / "flat.png")
     low, high = flat.axes[0].images[0].get_clim()
     assert low < 0.5 < high
+
+
+def test_each_built_in_arm_has_a_colour_of_its_own_and_no_two_arms_share_colour_and_marker():
+    """Issue 58: sink-token and g2-value were one green, told apart by dash only. A figure of dots (the testbed's,
+    the paired seeds) tells arms apart by colour and marker, so no two of the built-ins and 60 more share both."""
+    styles = arm_styles(list(BUILTIN_ARMS) + [f"my-arm-{i}" for i in range(60)])
+    builtin = [styles[a]["color"] for a in BUILTIN_ARMS]
+    assert len(set(builtin)) == len(builtin)
+    assert len({(s["color"], s["marker"]) for s in styles.values()}) == len(styles)
+
+
+def test_the_testbed_figure_has_titles_apart_labelled_axes_and_one_legend(tmp_path):
+    from ablate.analysis.testbed import plot_testbed
+    from ablate.store_summary import RunSummary
+
+    signature = {f"{name}_{case}": 0.1 for name in ("phantom", "first_key", "output_norm")
+                 for case in ("absent", "present")}
+    by_arm = {arm: [RunSummary(val_loss=0.09 + seed / 100, signature=signature) for seed in range(3)]
+              for arm in ("baseline", "sink-logit", "sink-token", "off-by-one")}
+    fig = plot_testbed("abstain-stream", by_arm, tmp_path / "testbed.png")
+    renderer = fig.canvas.get_renderer()
+    titles = sorted((ax.title.get_window_extent(renderer) for ax in fig.axes), key=lambda box: box.x0)
+    gaps = [right.x0 - left.x1 for left, right in itertools.pairwise(titles)]
+    assert min(gaps) >= 20, gaps  # pixels between neighbouring titles (they ran into each other: 5)
+    assert all(ax.get_ylabel() for ax in fig.axes)
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(by_arm)

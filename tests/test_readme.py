@@ -15,7 +15,7 @@ import pytest
 
 from datafix import REPO, ablate_on_path
 
-PAGES = ("cluster", "trust", "power", "lr-sweeps", "testbed", "probes", "evals", "run-options", "results",
+PAGES = ("cluster", "trust", "power", "lr-sweeps", "testbed", "probes", "evals", "run-options", "gpu", "results",
          "architecture")  # the README's topics, one docs/ page each (docs/method.md beside them)
 
 
@@ -209,3 +209,27 @@ def test_the_readme_s_eval_example_scores_a_pair_the_table_can_show():
     arms = evaluated.arms or experiment.arm_names()
     assert "baseline" in arms and len(arms) >= 2 and table.source == experiment.name
     assert table.metric.split("/")[0] in evaluated.tasks
+
+
+def test_the_readme_s_gpu_section_is_short_and_says_what_the_code_does():
+    """"On a GPU" (≤ 25 lines, details in docs/gpu.md): the command, the defaults on CUDA, each arm's path there, the
+    plan's assumed MFU, and what has not run on a GPU; each claim read against the code that decides it."""
+    import ablate.arms.testbed  # noqa: F401 (registers oracle-gate, as the testbed's file does)
+    from ablate.arms import get_arm, list_arms
+    from ablate.plan import ASSUMED_MFU
+    from ablate.runconfig import RunConfig
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## On a GPU\n", 1)[1].split("\n## ", 1)[0]
+    assert len(section.strip().splitlines()) <= 25 and "docs/gpu.md" in section
+    cuda = RunConfig(tier="smoke", arm="baseline").with_device_defaults(True)
+    assert cuda.precision == "bf16-mixed" and "`bf16-mixed`" in section
+    assert RunConfig().compile is False and "`--compile` (`torch.compile`) is off unless asked" in section
+    assert f"{ASSUMED_MFU:.0%} MFU" in section and "Nothing here has run on a GPU yet" in section
+    flex = sorted(name for name in list_arms() if get_arm(name).path("cuda") == "flex")
+    assert flex == sorted(re.search(r"\(softcap[^)]*\)", section).group(0).strip("()").split(", "))
+    page = (REPO / "docs" / "gpu.md").read_text()
+    rows = re.findall(r"^\| ([a-z0-9, -]+) \| [^|]+ \| (fused|flex|reference)\b", page, re.M)
+    listed = {arm: path for arms, path in rows for arm in arms.split(", ")}
+    ours = [name for name in list_arms() if get_arm(name).__module__.startswith("ablate.")]  # not a test's own
+    assert listed == {name: get_arm(name).path("cuda") for name in ours}  # every arm of the package, as it runs

@@ -148,15 +148,20 @@ class MySink(SinkLogit):
 '''
 
 
-def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsys):
+def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsys, monkeypatch):
     """`ablate testbed --arm NAME --arm-file FILE.py`: the arm file is loaded like an experiment file, here and in
-    each worker process, so its arm trains beside the baseline; then the tables and the testbed's section."""
+    each worker process, so its arm trains beside the baseline; then the tables and the testbed's section. Its runs,
+    the baseline's included, go to a results folder of its own (testbed-arms/), never the shared testbed's."""
     (tmp_path / "my_arms.py").write_text(ARM_FILE)
-    results = tmp_path / "results"
+    monkeypatch.setenv("ABLATE_RESULTS", str(tmp_path / "shared"))
+    results = tmp_path / "shared" / "testbed-arms"
     argv = ["testbed", "--arm", "my-sink", "--arm-file", str(tmp_path / "my_arms.py"), "--tier", "abstain-stream",
-            "--steps", "20", "--seed-count", "2", "--parallel", "1", "--results", str(results)]
+            "--steps", "20", "--seed-count", "2", "--parallel", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
+    assert not (tmp_path / "shared" / "testbed_steps20").exists() and out.startswith(
+        f"runs in {results / 'testbed_steps20'} (the baseline's too")
+    assert (results / "testbed_steps20" / "abstain-stream" / "baseline" / "seed0" / "summary.json").is_file()
     for seed in (0, 1):
         summary = json.loads((results / "testbed_steps20" / "abstain-stream" / "my-sink" / f"seed{seed}"
                               / "summary.json").read_text())

@@ -23,10 +23,12 @@ from ablate.tiers import tier_rank
 # One fixed style per arm in every figure of every report, derived from the arm's place in BUILTIN_ARMS (the order
 # ablate/arms/builtin.py registers them in, read from that file: a new built-in arm is one edit, its class there,
 # and its style follows; no list of colours by arm to keep in step): baseline black, solid, drawn on top; the
-# others a colour, a marker and a line style, cycling at coprime lengths (8 colours, 7 markers) so that no two of
-# the first 56 arms share colour and marker, and arms that share a colour differ in line style. Custom arms follow
-# the built-ins in their order.
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+# others a colour, a marker and a line style, cycling at coprime lengths (11 colours, 7 markers) so that no two of
+# the first 77 arms share colour and marker, each of the eleven built-in arms besides the baseline has a colour of
+# its own (a figure of dots tells them apart by colour alone), and arms that share a colour differ in line style.
+# Custom arms follow the built-ins in their order.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#7f7f7f", "#000080")
 MARKERS = ("o", "s", "^", "v", "D", "P", "X")
 LINESTYLES = ("-", "--", ":")
 BASELINE_STYLE = {"color": "#000000", "marker": ".", "linestyle": "-", "zorder": 10, "lw": 2.0}

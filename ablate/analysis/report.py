@@ -28,7 +28,7 @@ from ablate.analysis.figures import figure
 from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
                                         supported as declared_support)
 from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
-from ablate.analysis.scale import ScaleTable, confounder_sentence, sizes_of
+from ablate.analysis.scale import ScaleTable, confounded, confounder_sentence, sizes_of
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
@@ -135,7 +135,7 @@ def crossover_section(ctx: ReportContext) -> str:
     lines += [f"- {c.message}" for c in ctx.crossovers] or ["- no crossover: neither filtering increment "
                                                             "could be computed"]
     lines += [f"- {note}" for note in increments.notes]
-    if ctx.scale is not None:
+    if confounded(ctx.scale):
         lines += [f"- {confounder_sentence(ctx.scale)}"]
     lines += ["", "Crossover: where the filtering increment overtakes the zero-option increment. The means' sign "
               "changes (≤ 0 to > 0 between adjacent tiers that can carry evidence) are a description; the place "
@@ -162,7 +162,8 @@ def scale_section(ctx: ReportContext) -> str:
     lines = ["## Scale", "", scale_intro(table), ""]
     lines += [f"- {trend_sentence(row, table.unit)}" for row in table.rows.iter_rows(named=True)]
     lines += [f"- {crossing_sentence(table, c)}" for c in table.crossings.iter_rows(named=True)]
-    lines += ["", f"{confounder_sentence(table)}."]
+    if confounded(table):
+        lines += ["", f"{confounder_sentence(table)}."]
     return "\n".join(lines)
 
 
@@ -188,7 +189,7 @@ def flags_section(ctx: ReportContext) -> str:
     Every list says, when empty, that it is empty and why. Pipeline-check tiers are never supported.
     """
     supported, contains_zero, single, families = [], [], [], []
-    tested = 0
+    tested: set[tuple] = set()  # the distinct effects tested: (tier, n, mean, interval's low end)
     family = ctx.tables.get(DECLARED)
     verdicts = declared_support(family, ALPHA) if family is not None else None
     for kind in _kinds(ctx):
@@ -206,7 +207,8 @@ def flags_section(ctx: ReportContext) -> str:
             stats = _stats(row, effect, interval)
             if is_pipeline_check(row["tier"]):
                 continue
-            tested += row["p"] is not None
+            if row["p"] is not None:  # one effect shown by two tables (paired, increments) is one effect tested
+                tested.add((row["tier"], row["n"], round(row["mean"], 12), round(row["ci_low"], 12)))
             if verdicts is None and row["p_holm"] is not None and row["p_holm"] < ALPHA:
                 supported.append(f"- {what}: {stats}")
             if row["ci_low"] <= 0.0 <= row["ci_high"]:
@@ -217,14 +219,15 @@ def flags_section(ctx: ReportContext) -> str:
                      if verdicts.get((row["tier"], row["minuend"], row["subtrahend"]))]
     rule = _support_rule(ctx, family, verdicts is None, families)
     lines = ["## Supported effects", "", rule, ""]
-    lines += supported or [_none_supported(family, verdicts, tested)]
+    lines += supported or [_none_supported(family, verdicts, len(tested))]
     lines += _not_final_lines(family)
     lines += ["", "## Effects whose 95% interval contains zero", ""]
     if contains_zero:
         lines += contains_zero
     elif tested:
-        lines.append(f"- none of the {tested} tested effect(s); an interval that excludes zero is not by itself "
-                     "support: with many comparisons, see the p_holm rule above")
+        count = f"{len(tested)} tested effect{'s' if len(tested) > 1 else ''}"
+        lines.append(f"- none of the {count}; an interval that excludes zero is not by itself support: with many "
+                     "comparisons, see the p_holm rule above")
     else:
         lines.append("- none to list: no effect outside a pipeline-check tier has an interval (an interval "
                      "needs two seeds)")
@@ -254,7 +257,8 @@ def _none_supported(family, verdicts, tested: int) -> str:
                 + (f" ({', '.join(failed)}: failed, p_holm < {ALPHA} against the declared direction, never "
                    "supported)" if failed else ""))
     if tested:
-        return f"- none: {tested} effect(s) were tested and none has p_holm < {ALPHA}"
+        return (f"- none: {tested} effect{'s were' if tested > 1 else ' was'} tested and "
+                f"{'none has' if tested > 1 else 'it has no'} p_holm < {ALPHA}")
     return ("- none: no effect outside a pipeline-check tier has two seeds with a spread, so none "
             "could be tested")
 

@@ -82,7 +82,7 @@ class ScaleTable:
     @property
     def warnings(self) -> list[str]:
         """What a reader of the numbers must also know (the CLI prints it beside CSV and LaTeX)."""
-        return [*self.notes, *([confounder_sentence(self)] if self.confounders.height else [])]
+        return [*self.notes, *([confounder_sentence(self)] if confounded(self) else [])]
 
 
 def per_tier(per_seed: pl.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray, float, float]:
@@ -296,7 +296,13 @@ def scale_from_differences(name: str, increments: pl.DataFrame, comparisons: pl.
                       confounders(sorted(used, key=tier_rank)), tuple(why), unsized=sizes.problem)
 
 
+def confounded(table: ScaleTable | None) -> bool:
+    """Whether the table spans tiers whose recipes can differ (two or more): with one, there is nothing to say."""
+    return table is not None and table.confounders.height >= 2
+
+
 def confounder_sentence(table: ScaleTable) -> str:
+    """What besides the parameters differs between the table's tiers (`confounded` says whether there is any)."""
     parts = []
     for r in table.confounders.iter_rows(named=True):
         if r["lr"] is None:

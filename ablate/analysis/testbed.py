@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +30,12 @@ FILTER_PANELS = (("attention mass at answers", ("junk_mass", "clean_mass")),
                  ("junk's weight after the gate", ("junk_weight", None)),
                  ("norm of the head's read", ("output_norm", None)))
 FILTER_CASES = ("junk reads", "clean reads")
+# Each panel's y-axis: what its dots measure, by the panel's title
+Y_LABELS = {"attention mass at answers": "attention mass (fraction)", "value gate on the read": "gate (0 to 1)",
+            "junk's weight after the gate": "weight (attention × gate)", "norm of the head's read": "L2 norm",
+            "mass on key 0 (BOS, a sink token, or the first pair)": "attention mass (fraction)",
+            "mass on the phantom key": "attention mass (fraction)"}
+TITLE_WIDTH = 30  # characters per line of a panel's title: a 4-inch panel's at 10 points, so titles never overlap
 
 
 def _panels(tier: str) -> tuple[tuple, tuple[str, ...]]:
@@ -81,9 +88,10 @@ def testbed_markdown(tier: str, by_arm: dict[str, list[RunSummary]]) -> str:
             f"heads; {where}. Mean ± sd over seeds.\n\n" + "\n".join(lines))
 
 
-def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> None:
+def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path):
     """The declared quantity (the loss at the budget), then one panel per signature quantity; per arm its seeds
-    as dots (at absent and present keys, or at junk and clean reads)."""
+    as dots (at absent and present keys, or at junk and clean reads). Each panel's title wrapped to its width and
+    its y-axis labelled; one legend, under the figure. Returns the figure (also written to `path`)."""
     # Colour and marker: a custom arm (oracle-gate) may share a built-in arm's colour, never both
     styles = {arm: {"color": style["color"], "marker": "o" if arm == "baseline" else style["marker"]}
               for arm, style in arm_styles(list(by_arm)).items()}
@@ -96,7 +104,8 @@ def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> 
         losses = [s.val_loss for s in summaries if s.val_loss is not None]
         declared.scatter([k] * len(losses), losses, s=14, **styles[arm])
     declared.set_xticks(range(len(by_arm)), labels=list(by_arm), rotation=30, fontsize=8)
-    declared.set_title("declared quantity: val_loss at the budget", fontsize=10)
+    declared.set_title(textwrap.fill("declared quantity: val_loss at the budget", TITLE_WIDTH), fontsize=10)
+    declared.set_ylabel("validation loss (nats)")
     declared.grid(axis="y", alpha=0.3)
     axes = axes[1:]
     for ax, (title, per_case) in zip(axes, panels):
@@ -107,12 +116,16 @@ def plot_testbed(tier: str, by_arm: dict[str, list[RunSummary]], path: Path) -> 
                 ax.scatter([x] * len(values), values, s=14, **styles[arm], label=arm if i == 0 else None)
         shown = [label for label, key in zip(labels, per_case) if key is not None]
         ax.set_xticks(range(len(shown)), labels=shown)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=10)
+        ax.set_ylabel(Y_LABELS.get(title, title))
         ax.grid(axis="y", alpha=0.3)
-    axes[-1].legend(fontsize=8)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.subplots_adjust(wspace=0.45, top=0.8, bottom=0.25)
+    fig.legend(handles, names, loc="lower center", ncols=min(len(names), 6), fontsize=8, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(f"Mechanism testbed, task {TIERS[tier].task}: the last layer, one dot per seed",
                  fontsize=10)
     _save(fig, path)
+    return fig
 
 
 # The graded testbed (experiments/testbed_dose.py): each mechanism at a graded dose, one task tier per dose.

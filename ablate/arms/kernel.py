@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+from ablate.arms import checks
 from ablate.arms.base import Arm, AttentionContext
 from ablate.errors import AblateError
 
@@ -67,8 +68,10 @@ def _expand_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def key_signals(arm: Arm, v: torch.Tensor, x: torch.Tensor):
     """Per-key slot signals from the read: (gated values, value gate, routing log-gate). Cacheable."""
-    value_gate = arm.value_gate(v, x) if arm.has_slot("value") else None
-    log_gate = arm.routing_log_gate(v, x) if arm.has_slot("routing") else None
+    value_gate = checks.broadcast(arm, "value_gate", arm.value_gate(v, x), tuple(v.shape),
+                                  "a gate (B, H_kv, T, 1) or (B, H_kv, T, d)") if arm.has_slot("value") else None
+    log_gate = checks.exact(arm, "routing_log_gate", arm.routing_log_gate(v, x), tuple(v.shape[:3]),
+                            "log g (B, H_kv, T)") if arm.has_slot("routing") else None
     values = v if value_gate is None else v * value_gate
     return values, value_gate, log_gate
 
@@ -78,7 +81,8 @@ def score_bias(arm: Arm, n_query: int, n_key: int, offset: int, device) -> torch
     if not arm.has_slot("score-bias"):
         return None
     query_pos = torch.arange(offset, offset + n_query, device=device)
-    return arm.score_bias(query_pos, torch.arange(n_key, device=device))
+    return checks.broadcast(arm, "score_bias", arm.score_bias(query_pos, torch.arange(n_key, device=device)),
+                            (arm.ctx.n_head, n_query, n_key), "a bias (H, T_q, T_k)")
 
 
 @dataclass
@@ -145,7 +149,8 @@ def attention(
         records.append(rec)
         return o_call
 
-    o = arm.attend(q, k, v, context, core)
+    o = checks.exact(arm, "attend", arm.attend(q, k, v, context, core), (*q.shape[:3], arm.ctx.d_model // q.shape[1]),
+                     "o (B, H, T_q, d_v), H·d_v = d_model")
     record = records[0] if records and records[0] is not None else None
     if record is not None:
         record.extras["core_calls"] = records
@@ -155,7 +160,8 @@ def attention(
 def _core(arm, q, k, v, x, fused, context, cache):
     """The kernel with the arm's slots, score modifier and normaliser (the `core` an override receives)."""
     values, value_gate, log_gate = key_signals(arm, v, x)
-    sink = arm.sink_logit() if arm.has_slot("denominator") else None
+    sink = checks.exact(arm, "sink_logit", arm.sink_logit(), (q.shape[1],), "b (H,)") if arm.has_slot(
+        "denominator") else None
     offset = 0 if cache is None or cache.keys is None else cache.keys.shape[2]  # positions cached before this call
     if cache is not None:
         cache.append(k, values, log_gate)
@@ -177,7 +183,8 @@ def _core(arm, q, k, v, x, fused, context, cache):
         o, record = reference_attention(q, k, values, sink, log_gate, offset=offset, bias=bias, hooks=hooks)
         record.reads, record.value_gate = v, value_gate
     if arm.has_slot("output"):
-        gate = arm.output_gate(o, x)
+        gate = checks.broadcast(arm, "output_gate", arm.output_gate(o, x), tuple(o.shape),
+                                "a gate (B, H, T_q, 1) or (B, H, T_q, d)")
         o = o * gate
         if record is not None:
             record.output_gate = gate
@@ -192,14 +199,17 @@ class Hooks:
     score_mod: object = None  # (score, b, h, q_idx, kv_idx) -> score
     normalise: object = None  # (logits) -> weights
     log_weight: object = None  # (score, b, h, q_idx, kv_idx) -> log p, the normaliser elementwise (flex)
+    arm: Arm | None = None  # whose score modifier it is (its output is checked on the reference path)
 
     @classmethod
     def of(cls, arm: Arm, context: AttentionContext) -> "Hooks":
         hooks = cls(context)
         if arm.has_hook("score-modifier"):
             hooks.score_mod = arm.score_modifier(context)
+            hooks.arm = arm
         if arm.has_hook("normaliser"):
-            hooks.normalise = lambda logits: arm.normalise(logits, context)
+            hooks.normalise = lambda logits: checks.broadcast(arm, "normalise", arm.normalise(logits, context),
+                                                              tuple(logits.shape), "weights p (B, H, T_q, T_k)")
             hooks.log_weight = arm.normaliser_log_weight(context)
         return hooks
 
@@ -273,7 +283,8 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     Tq, Tk = q.shape[2], k.shape[2]
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
     if hooks is not None and hooks.score_mod is not None:
-        logits = hooks.score_mod(logits, *_broadcast_indices(logits))
+        logits = checks.broadcast(hooks.arm, "score_modifier", hooks.score_mod(logits, *_broadcast_indices(logits)),
+                                  tuple(logits.shape), "a score for each (b, h, q_idx, kv_idx)")
     if log_gate is not None:
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
     if bias is not None:

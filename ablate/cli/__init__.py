@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import sysconfig
 
 from ablate import __version__
 from ablate.errors import DISK_FULL, AblateError, disk_full
@@ -27,6 +28,7 @@ COMMAND_MODULES = (
     "ablate.cli.clean",
     "ablate.cli.analysis",
     "ablate.cli.probes",
+    "ablate.cli.generate",
     "ablate.cli.evals",
     "ablate.cli.testbed",
 )
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ablate", description="Matched ablations of attention mechanisms in small language models."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an unexpected error, the full Python traceback (by default: one line, where it arose)")
     parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -71,9 +75,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as err:
         if err.errno not in DISK_FULL:
-            raise
+            return unexpected(err, args)
         print(f"ablate: error: {disk_full(err.filename or 'a file', err)}", file=sys.stderr)  # a writer not wrapped
         return 2
+    except Exception as err:  # a user's arm, or a bug: one line where it arose; the traceback one flag away
+        return unexpected(err, args)
+
+
+def unexpected(err: Exception, args: argparse.Namespace) -> int:
+    """An error no AblateError foresaw: `--traceback` raises it (Python prints the traceback); otherwise one line,
+    `Type: message (at FILE:LINE)`, and where the traceback is."""
+    if args.traceback:
+        raise err
+    import traceback  # reason: only a failing command needs it
+
+    library = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(library)]
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""  # the innermost frame of ours or yours
+    notes = "; ".join(getattr(err, "__notes__", ()))
+    first = (str(err).strip().splitlines() or [""])[0]
+    print(f"ablate: error: {type(err).__name__}: {first}{at}; {notes + '; ' if notes else ''}the full traceback: "
+          f"`ablate --traceback {args.command or ''} …`", file=sys.stderr)
+    return 1
 
 
 def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> str:

@@ -44,6 +44,9 @@ def add_commands(subparsers) -> None:
                             "table, and whether the picked LRs changed each declared comparison: a paired "
                             "difference-in-differences t over the seeds, its p in the study's family (sign and "
                             "significance agreement shown as description)")
+    table.add_argument("--ran", action="store_true",
+                       help="with --kind declared: only the comparisons that ran here, then one line naming the "
+                            "others and the command that runs them (they still count in Holm's m)")
     table.set_defaults(func=table_command)
 
     report = subparsers.add_parser(
@@ -83,7 +86,12 @@ def table_command(args: argparse.Namespace) -> int:
     folder = results_of(args.source, args.results, experiment)
     runs = checked_arm_code(load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric))
     table = build_table(runs, kind.name, args.reference, declared_for(experiment, folder))
+    elsewhere = None
+    if args.ran:
+        table, elsewhere = _ran_only(table, args)
     text = kind.render(table, args.format)
+    if elsewhere:
+        text = f"{text.rstrip()}\n\n{elsewhere}\n"
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
@@ -106,6 +114,30 @@ def checked_arm_code(runs):
     from ablate.analysis.armcode import check_arm_code  # the library loads in the handler: see ablate.cli
 
     return check_arm_code(runs, arms_now() if runs.root is not None else {})
+
+
+def _ran_only(table, args: argparse.Namespace):
+    """The declared table's rows that ran (n > 0), without the notes on the skipped ones, and one line naming the
+    rest and how to run them (None when every one ran)."""
+    import dataclasses  # the library loads in the handler: see ablate.cli
+
+    import polars as pl
+
+    from ablate.errors import AblateError
+
+    if table.kind != "declared":
+        raise AblateError(f"--ran applies to --kind declared only, not {table.kind}")
+    ran = table.frame.filter(pl.col("n") > 0)
+    rest = table.frame.filter(pl.col("n") == 0)
+    notes = tuple(note for note in table.notes if "skipped" not in note)
+    if rest.is_empty():
+        return dataclasses.replace(table, frame=ran, notes=notes), None
+    names = ", ".join(dict.fromkeys(f"{r['comparison']} ({r['tier']})" for r in rest.iter_rows(named=True)))
+    line = (f"The other {rest.height} declared comparison row{'s' if rest.height > 1 else ''} belong to the full "
+            f"{table.name}, not run here: "
+            f"{names}; `ablate submit {args.source} --executor local` runs them (the not-run rows count in Holm's m "
+            "at p = 1 until then, so these decisions are not final).")
+    return dataclasses.replace(table, frame=ran, notes=notes), line
 
 
 def lr_settings(experiment) -> tuple[float, float]:

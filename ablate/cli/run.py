@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ablate.cli.arms import load_arm_file
 
+DIVERGED_EXIT = 3  # a run that ended diverged (an outcome, recorded as such; not a failure: that is 1, bad input 2)
+
 
 def add_commands(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="train one (tier, arm, seed) run, or resume it")
+    parser = subparsers.add_parser(
+        "run", help="train one (tier, arm, seed) run, or resume it",
+        epilog=f"exit status: 0 completed, {DIVERGED_EXIT} diverged (a non-finite loss; the error says which layer and "
+               "slot or hook made the first non-finite value), 1 failed, 2 bad input")
     parser.add_argument("--tier", required=True)
     parser.add_argument("--arm", required=True, help="a registered arm, or one --arm-file registers")
     parser.add_argument("--arm-file", metavar="FILE.py",
@@ -47,4 +53,7 @@ def run_command(args) -> int:
         print(json.dumps({k: getattr(summary, k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
                                                           "init_fingerprint", "data_fingerprint", "config_fingerprint",
                                                           "val_fingerprint", "val_tokens_evaluated")}, indent=2))
+    if summary.status == Status.DIVERGED and not outcome[1]:
+        print(f"ablate: run diverged: {summary.error}", file=sys.stderr)
+        return DIVERGED_EXIT
     return 0 if summary.status in (Status.COMPLETED, Status.DIVERGED) else 1

@@ -198,7 +198,9 @@ def _submit_and_tell(args) -> int:
               f"follow with `{_hint(args)}`")
         return 0
     failed = [k for k, code in report["jobs"].items() if code != 0]
-    print(f"{experiment.name}: {'finished' if failed else 'completed'}: ran {len(report['jobs'])} runs here, "
-          f"{len(failed)} failed"
-          + (f" ({', '.join(failed)}; see `{_hint(args)}`)" if failed else ""))
+    diverged = report.get("diverged") or []  # an outcome, not a failure: the tables count it as a diverged seed
+    print(f"{experiment.name}: {'finished' if failed or diverged else 'completed'}: ran {len(report['jobs'])} runs "
+          f"here, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else "")
+          + f", {len(diverged)} diverged" + (f" ({', '.join(diverged)})" if diverged else "")
+          + (f"; see `{_hint(args)}`" if failed or diverged else ""))
     return 1 if failed else 0

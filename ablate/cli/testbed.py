@@ -5,6 +5,11 @@ from __future__ import annotations
 from ablate.cli.arms import load_arm_file
 from ablate.paths import results_folder
 
+# Where `ablate testbed` puts its runs (the baselines it compares with included) unless --results says: a folder of its
+# own under the results folder, so that an arm of one's own never joins the shared testbed's runs (results/testbed),
+# which `make demo` and `ablate report testbed` read.
+OWN_RESULTS = "testbed-arms"
+
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -25,7 +30,9 @@ def add_commands(subparsers) -> None:
                              "default budget's)")
     parser.add_argument("--seed-count", type=int, metavar="K", help="the first K seeds only (default: the testbed's)")
     parser.add_argument("--parallel", type=int, help="runs at a time (default: CPU count)")
-    parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
+    parser.add_argument("--results", help=f"results folder (default: {OWN_RESULTS}/ in $ABLATE_RESULTS, else in the "
+                                          "checkout's results/: a folder of its own, with the baselines it compares "
+                                          "with, apart from the shared testbed's runs)")
     parser.set_defaults(func=testbed_command)
 
 
@@ -91,7 +98,9 @@ def testbed_command(args) -> int:
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
     refuse_unsound(args.arm, args.arm_file)  # a user's arm: causal and finite, before any run of the grid
-    results = results_folder(args.results)
+    results = results_folder(args.results) if args.results else results_folder(None) / OWN_RESULTS
+    print(f"runs in {results / experiment.name} (the baseline's too; the shared testbed's stay apart; "
+          f"later: `ablate table testbed --results {results}`)")
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel,
                                                       declaration=testbed))  # the testbed's whole design
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
