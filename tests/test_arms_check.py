@@ -394,9 +394,17 @@ def test_the_arms_ablate_ships_do_not_pay_the_check_at_each_run(monkeypatch):
     def no_check(name, checks):
         raise AssertionError(f"checked {name}")
 
+    import ablate.arms.builtin as builtin
+    import ablate.arms.examples as examples
+    import ablate.arms.papers as papers
+    import ablate.arms.testbed as testbed
+
     monkeypatch.setattr(armcheck, "run_checks", no_check)
-    assert not any(armcheck.is_users(name) for name in list_arms())
-    armcheck.refuse_unsound(list_arms())
+    shipped = [cls.name for module in (builtin, examples, papers, testbed) for cls in vars(module).values()
+               if isinstance(cls, type) and issubclass(cls, Arm) and cls.name and cls.__module__ == module.__name__]
+    assert len(shipped) == 22 and set(list_arms()) >= set(shipped)
+    assert [name for name in shipped if armcheck.is_users(name)] == []
+    armcheck.refuse_unsound(shipped)
     monkeypatch.setattr(PeekNextX, "__module__", "my_arms")
     monkeypatch.setitem(_REGISTRY, "test-peek-next-x", PeekNextX)
     with pytest.raises(AssertionError, match="checked test-peek-next-x"):
