@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ablate.errors import AblateError
+from ablate.plan import Throughput, plan_grid
 from ablate.tiers import CHINCHILLA_TOKENS_PER_PARAM, DENSE_LADDER, LADDER, at_tokens_per_param, tier_rank
 
 LADDERS = {"study (4 tiers)": LADDER, "6 tiers": ("10M", "20M", "50M", "124M", "200M", "350M"),
@@ -73,8 +74,6 @@ def ladder_plan(experiment, inputs: list[SlopeInput], *, alpha: float = 0.05, ta
     """Each candidate ladder × seeds: its tiers, seeds, GPU-hours (every arm of `experiment`, each tier at 20 tokens
     per parameter) and each declared slope's law power at α/m of its own family; `proposal` the cheapest candidate
     where every slope's law power reaches `target_power` (None when none does); `design` the experiment's own."""
-    from ablate.plan import Throughput, plan_grid
-
     _check(inputs)
     speed = speed or Throughput()
     arms = experiment.arm_names()
