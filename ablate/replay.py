@@ -13,6 +13,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -75,14 +76,29 @@ def _steps(config: RunConfig, model: GPT, optimizer, stream: BatchStream, start:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if config.precision == "bf16-mixed" else (
         contextlib.nullcontext())
     micro = min(config.micro_batch, config.global_batch)
-    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
-                clip=lambda: _checked_clip(model, config.grad_clip), halt_on_nonfinite=True)
-    replayed = f"replayed steps {start + 1}–{last} from {'the last checkpoint' if start else 'the initial weights'}"
-    for number in range(start + 1, last + 1):
+
+    def micro_batches(number: int):
         batch = stream.global_batch(number - 1).to(device)
+        return [(c[:, :-1], c[:, 1:]) for c in batch.split(micro)]
+
+    return replay(model, optimizer, micro_batches, lambda number: lr_at(number - 1, config), config.grad_clip,
+                  (start, last), device, autocast)
+
+
+def replay(model, optimizer, micro_batches: Callable[[int], list], lr_of: Callable[[int], float], grad_clip: float,
+           steps: tuple[int, int], device=None, autocast=None) -> Origin:
+    """Steps `steps[0]` + 1 … `steps[1]` of a run (its model and optimiser at step `steps[0]`), in memory, with every
+    slot's and hook's output and every gradient checked: the first non-finite value, or "not reproduced". A corpus
+    run's (`first_non_finite`) and a task run's (`ablate.taskrun`) alike."""
+    start, last = steps
+    step = Step(optimizer, loss_of=lambda inputs, targets: model(inputs, targets).loss,
+                clip=lambda: _checked_clip(model, grad_clip), halt_on_nonfinite=True)
+    replayed = f"replayed steps {start + 1}–{last} from {'the last checkpoint' if start else 'the initial weights'}"
+    model.train()
+    for number in range(start + 1, last + 1):
         try:
-            with finite_checks(), autocast:
-                step(number, lr_at(number - 1, config), [(c[:, :-1], c[:, 1:]) for c in batch.split(micro)], device)
+            with finite_checks(), autocast or contextlib.nullcontext():
+                step(number, lr_of(number), micro_batches(number), device)
         except (NonFinite, _NonFiniteGradient) as err:
             return Origin(f"first non-finite value at step {number}: {err} ({replayed} with checks on)", True)
         except Diverged as err:

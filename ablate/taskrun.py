@@ -39,6 +39,7 @@ from ablate.loop import Diverged, MetricsLog, Step, chain_fingerprint, make_opti
 from ablate.model import GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
+from ablate.replay import replay
 from ablate.runconfig import RunConfig
 from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, Status, atomic_write_json, file_sha256, run_key
 from ablate.store_summary import completed_summary, started_summary, update_summary, which_run, write_summary
@@ -46,6 +47,7 @@ from ablate.taskmodel import task_model
 
 log = logging.getLogger(__name__)
 
+MAX_TASK_REPLAY_STEPS = 5000  # a diverged task run's steps replayed at most (to find its first non-finite value)
 VAL_BATCH, VAL_BATCHES = 256, 4  # the fixed validation set: 1,024 sequences, the same for every arm and seed
 SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is measured is a different setting
 
@@ -82,8 +84,10 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
                 raise Diverged(config.steps, val_loss)
         except Diverged as err:  # an outcome, as a corpus run's: recorded, shown, never retried
             log.warning("%s: %s", folder, err)
+            fields = err.summary_fields()
+            fields["error"] = f"{fields['error']}; {_non_finite_origin(config, task, err.step)}"
             holding()
-            return update_summary(folder, **err.summary_fields(), finished=now(), wall_seconds=time.time() - clock)
+            return update_summary(folder, **fields, finished=now(), wall_seconds=time.time() - clock)
         signature = _signature_of(task)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
@@ -142,6 +146,23 @@ def _train(model, task: SyntheticTask, config: RunConfig, validation, metrics: M
     if bar is not None:
         bar.close()
     return curve, data_fingerprint
+
+
+def _non_finite_origin(config: RunConfig, task, diverged_step: int) -> str:
+    """Which layer and slot or hook made the run's first non-finite value: its steps replayed from its initial
+    weights (a task run keeps no checkpoint; its steps cost milliseconds) with the checks on, writing nothing."""
+    if diverged_step > MAX_TASK_REPLAY_STEPS:
+        return f"not replayed: {diverged_step} steps (at most {MAX_TASK_REPLAY_STEPS})"
+    torch.manual_seed(config.seed)
+    model = task_model(GPTConfig(**config.model), task)
+    model.init_weights(config.seed)
+    optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda=False)
+
+    def batches(number: int) -> list:
+        return [task_batch(task, config.global_batch, training_seed(config.seed, number - 1))]
+
+    return replay(model, optimizer, batches, lambda number: lr_at(number - 1, config), config.grad_clip,
+                  (0, diverged_step)).text
 
 
 def training_seed(seed: int, step: int) -> int:

@@ -248,3 +248,32 @@ def test_a_task_run_warns_nothing(tmp_path):
         warnings.simplefilter("error")
         summary = run(RunSpec("t", "abstain-stream", "baseline", 0, {"steps": 2}), tmp_path, progress=False)
     assert summary["status"] == "completed"
+
+
+def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_finite_value(tmp_path):
+    """The testbed's runs keep no checkpoint: the replay starts from the initial weights (milliseconds a step)."""
+    from ablate.arms.base import _REGISTRY, register_arm
+    from ablate.experiment import RunSpec
+    from ablate.train import run
+
+    @register_arm("test-task-nan")
+    class TaskNan(Arm):
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self.register_buffer("forwards", torch.zeros((), dtype=torch.long))
+
+        def value_gate(self, v, x):
+            if self.training and torch.is_grad_enabled():
+                self.forwards += 1
+                if int(self.forwards) > 2:
+                    return torch.full_like(v[..., :1], float("nan"))
+            return torch.ones_like(v[..., :1])
+
+    try:
+        summary = run(RunSpec("t", "abstain-stream", "test-task-nan", 0, {"steps": 6}), tmp_path, progress=False)
+    finally:
+        _REGISTRY.pop("test-task-nan")
+    assert summary["status"] == "diverged" and summary["diverged_step"] == 3
+    assert ("first non-finite value at step 3: arm 'test-task-nan', layer 0, value slot value_gate(v, x) returned "
+            "nan (first non-finite value) (replayed steps 1–3 from the initial weights with checks on)"
+            in summary["error"])
