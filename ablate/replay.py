@@ -104,6 +104,11 @@ def replay(model, optimizer, micro_batches: Callable[[int], list], lr_of: Callab
         except Diverged as err:
             return Origin(f"first non-finite value at step {number}: the loss ({err.loss}), every slot and hook "
                           f"finite ({replayed} with checks on)", True)
+        updated = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+        if updated is not None:
+            return Origin(f"first non-finite value at step {number}: {updated} after the optimiser's update (every "
+                          f"slot and hook output and every gradient finite: the learning rate or the optimiser) "
+                          f"({replayed} with checks on)", True)
     return Origin(f"not reproduced: {replayed} with checks on, every value finite", False)
 
 
