@@ -287,3 +287,12 @@ def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
     assert result.returncode == 1, result.stderr
     assert ("  abstain-stream/my-flat-gate/seed0: arm 'my-flat-gate', layer 0, value slot value_gate(v, x) returned "
             in result.stdout), result.stdout
+
+
+def test_the_arm_check_names_a_wrong_shape_the_same_way(tmp_path):
+    arm_file = tmp_path / "flat.py"
+    arm_file.write_text(BAD_GATE)
+    result = ablate_cli("arms", "--check", "my-flat-gate", "--arm-file", arm_file, check=False)
+    assert result.returncode == 1
+    attention = next(line for line in result.stdout.splitlines() if "fails    attention:" in line)
+    assert "arm 'my-flat-gate', layer 0, value slot value_gate(v, x) returned (2, 2, 11); expected a gate" in attention
