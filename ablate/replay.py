@@ -54,6 +54,7 @@ def _replay(config: RunConfig, checkpoint: Path, diverged_step: int) -> Origin:
     device = torch.device("cuda" if cuda else "cpu")
     shards = tier_shards(config.data_dir, get_tier(config.tier), config.model["vocab_size"])
     stream = BatchStream(shards, seed=config.data_seed, global_batch=config.global_batch, seq_len=config.seq_len)
+    torch.manual_seed(config.seed)  # as the run did before building its model
     model = GPT(GPTConfig(**config.model))
     model.init_weights(config.seed)
     model.to(device)
