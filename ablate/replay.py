@@ -54,6 +54,7 @@ def _replay(config: RunConfig, checkpoint: Path, diverged_step: int) -> Origin:
     device = torch.device("cuda" if cuda else "cpu")
     shards = tier_shards(config.data_dir, get_tier(config.tier), config.model["vocab_size"])
     stream = BatchStream(shards, seed=config.data_seed, global_batch=config.global_batch, seq_len=config.seq_len)
+    torch.manual_seed(config.seed)  # as the run did before building its model
     model = GPT(GPTConfig(**config.model))
     model.init_weights(config.seed)
     model.to(device)
@@ -104,6 +105,11 @@ def replay(model, optimizer, micro_batches: Callable[[int], list], lr_of: Callab
         except Diverged as err:
             return Origin(f"first non-finite value at step {number}: the loss ({err.loss}), every slot and hook "
                           f"finite ({replayed} with checks on)", True)
+        updated = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+        if updated is not None:
+            return Origin(f"first non-finite value at step {number}: {updated} after the optimiser's update (every "
+                          f"slot and hook output and every gradient finite: the learning rate or the optimiser) "
+                          f"({replayed} with checks on)", True)
     return Origin(f"not reproduced: {replayed} with checks on, every value finite", False)
 
 

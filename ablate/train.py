@@ -218,6 +218,7 @@ class Trainer:
         else:
             from ablate.replay import first_non_finite  # reason: only a diverged run needs it
 
+            err.__traceback__ = None  # its frames hold the run's model and optimiser: freed before the replay's own
             log.info("%s: replaying from the last checkpoint with checks on, to find the first non-finite value",
                      self.folder)
             origin = first_non_finite(self.config, self.state_path, err.step).text

@@ -277,3 +277,22 @@ def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_fini
     assert ("first non-finite value at step 3: arm 'test-task-nan', layer 0, value slot value_gate(v, x) returned "
             "nan (first non-finite value) (replayed steps 1–3 from the initial weights with checks on)"
             in summary["error"])
+
+
+def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
+    arm_file = tmp_path / "flat.py"
+    arm_file.write_text(BAD_GATE)
+    result = ablate_cli("testbed", "--arm", "my-flat-gate", "--arm-file", arm_file, "--tier", "abstain-stream",
+                        "--steps", 2, "--seed-count", 1, "--parallel", 1, "--results", tmp_path / "r", check=False)
+    assert result.returncode == 1, result.stderr
+    assert ("  abstain-stream/my-flat-gate/seed0: arm 'my-flat-gate', layer 0, value slot value_gate(v, x) returned "
+            in result.stdout), result.stdout
+
+
+def test_the_arm_check_names_a_wrong_shape_the_same_way(tmp_path):
+    arm_file = tmp_path / "flat.py"
+    arm_file.write_text(BAD_GATE)
+    result = ablate_cli("arms", "--check", "my-flat-gate", "--arm-file", arm_file, check=False)
+    assert result.returncode == 1
+    attention = next(line for line in result.stdout.splitlines() if "fails    attention:" in line)
+    assert "arm 'my-flat-gate', layer 0, value slot value_gate(v, x) returned (2, 2, 11); expected a gate" in attention

@@ -20,7 +20,8 @@ def test_a_diverging_task_run_ends_diverged_with_its_step(tmp_path, monkeypatch)
     summary = run(spec, tmp_path)  # returns, as a corpus run's divergence does: an outcome, not an error
     assert summary["status"] == "diverged" and summary["diverged_step"] == 3
     assert summary["val_loss"] is None and "non-finite training loss nan at step 3" in summary["error"]
-    assert "(replayed steps 1–3 from the initial weights with checks on" in summary["error"]  # where it came from
+    assert "after the optimiser's update" in summary["error"]  # where it came from: the NaN learning rate
+    assert "(replayed steps 1–3 from the initial weights with checks on)" in summary["error"]
     on_disk = json.loads((spec.folder(tmp_path) / "summary.json").read_text())
     assert on_disk["status"] == "diverged" and on_disk["diverged_step"] == 3
     [row] = status(experiment, tmp_path)

@@ -124,4 +124,13 @@ def testbed_command(args) -> int:
         print(testbed_markdown(tier, by_arm) + "\n")
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
+        _why(failed, experiment, results)
     return 1 if failed else 0
+
+
+def _why(failed: list[str], experiment, results) -> None:
+    """Each failed run's one-line error (a user's arm: the arm, the slot or hook, expected against got)."""
+    from ablate.status import status  # the library loads in the handler: see ablate.cli
+
+    for row in status(experiment, results, [s for s in experiment.runs() if s.key in failed]):
+        print(f"  {row['tier']}/{row['arm']}/seed{row['seed']}: {row.get('error') or 'see `ablate status`'}")
