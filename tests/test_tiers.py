@@ -76,7 +76,8 @@ def test_gpt2_tiers_have_gpt2_shapes_and_the_same_budgets():
         assert abs(tier.nominal_params / non_emb - 1) < 0.01
     assert TIER_ORDER == ("smoke", "synthetic", "filter-norm", "filter-direction", "abstain-stream", "value-junk-norm",
                           "value-junk-direction", "stream-absent-60", "stream-absent-90", "stream-absent-95",
-                          "junk-content-e010", "junk-content-e020", "junk-content-e050", "10M", "50M", "124M-gpt2", "124M", "350M-gpt2", "350M")
+                          "junk-content-e010", "junk-content-e020", "junk-content-e050", "10M", "50M", "124M-gpt2",
+                          "124M", "350M-gpt2", "350M")
 
 
 def test_docstring_names_the_learning_rates_the_tiers_use():
@@ -123,7 +124,8 @@ def test_micro_batch_follows_the_gpu_memory():
 
 @pytest.mark.parametrize("tier", ATTENTION_ONLY)
 def test_an_attention_only_tier_matches_the_small_arms_and_refuses_to_narrow_an_mlp_it_has_not(tier):
-    """abstain-stream, the value-junk tiers and the graded testbed's have no MLP: an arm within the tolerance keeps the baseline's config;
+    """abstain-stream, the value-junk tiers and the graded testbed's have no MLP: an arm within the tolerance keeps
+    the baseline's config;
     one that is not (g2-value, +d² per layer) is refused in one line, never built with a negative width."""
     assert ATTENTION_ONLY == ["abstain-stream", "value-junk-norm", "value-junk-direction", "stream-absent-60",
                               "stream-absent-90", "stream-absent-95", "junk-content-e010", "junk-content-e020",
