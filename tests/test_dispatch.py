@@ -29,7 +29,7 @@ class Flaky(Arm):
     """Fails while the marker file exists: a run made to fail, then fixed."""
 
     def value_gate(self, v, x):
-        if Path({marker!r}).exists():
+        if v.dtype != torch.float64 and Path({marker!r}).exists():  # in training, not in submit's float64 check
             raise RuntimeError("flaky arm: marker file present")
         return torch.ones_like(v[..., :1])
 
