@@ -1,4 +1,4 @@
-"""Six registered examples through the hooks, each from its paper (outside the study, like qk-norm):
+"""Registered examples through the hooks, each from its paper (outside the study, like qk-norm):
 
 * softcap         score modifier: l ← c·tanh(l/c), c = `cap` (Gemma 2's 50)
 * sigmoid         normaliser: p_ij = σ(l_ij + b), b = −log n, n the training length; no normalisation
@@ -11,6 +11,7 @@
                   i sees
 * value-residual  override: ResFormer's value residual (Zhou et al. 2024), v ← λ₁v + λ₂v⁽¹⁾, v⁽¹⁾ the first
                   layer's values, passed on in the context's shared dict
+* sliding-window  mask: query i sees keys j with 0 ≤ i − j < w, w = `window` (64; Mistral, Gemma 2's local layers)
 
 Formulas, sources and choices: docs/arms.md. Each is held to its formula, written independently, in
 tests/test_arms_papers.py.
@@ -210,3 +211,22 @@ class ValueResidual(Arm):
             nn.init.constant_(param, VALUE_RESIDUAL_INIT)
         else:
             super().init_parameter(name, param, generator)
+
+
+SLIDING_WINDOW = 64  # keys a query sees, itself included
+
+
+@register_arm("sliding-window")
+class SlidingWindow(Arm):
+    description = "mask: a hard sliding window, query i sees keys j with 0 ≤ i − j < w, w = 64 (Mistral; Gemma 2)"
+    example = True
+    window: ClassVar[int] = SLIDING_WINDOW
+
+    def mask_modifier(self, context):
+        query_pos, key_pos, window = context.query_pos, context.key_pos, self.window
+
+        def in_window(b, h, q_idx, kv_idx):
+            distance = query_pos[q_idx] - key_pos[kv_idx]
+            return (distance >= 0) & (distance < window)  # a mask says all it allows: no later key
+
+        return in_window

@@ -1,0 +1,212 @@
+"""The mask hook (`Arm.mask_modifier`), composed with the causal mask in one place (`kernel.mask_of`), on every path:
+fused SDPA with a boolean mask on a CPU (is_causal kept without one), the reference path and decoding at absolute
+positions, flex_attention with a block mask (eager here, bounded cache). And the check's new parts, each shown to
+fail on the fault it is for: gradcheck where an arm has one path, an arm's own mask evaluated alone, a decoding
+long enough to see a window, a hook's shape error named."""
+
+import math
+
+import pytest
+import torch
+
+import ablate.arms.kernel as kernel
+from ablate.armcheck import (check_arm, check_attention, check_decoding, check_inputs, check_mask, decode_length,
+                             make_checked_arm)
+from ablate.arms import Arm, get_arm
+from ablate.arms.base import _REGISTRY, AttentionContext
+from ablate.arms.kernel import attention
+from ablate.arms.papers import SlidingWindow
+from ablate.errors import AblateError
+
+PATHS = ("fused", "reference", "flex")
+
+
+def naive_window(q, k, v, window: int):
+    """softmax over keys j with 0 ≤ i − j < window, written as loops over the formula (GQA: head h reads h // 2)."""
+    B, H, T, d = q.shape
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                keys = range(max(0, i - window + 1), i + 1)
+                logits = torch.stack([q[b, h, i] @ k[b, h // 2, j] / math.sqrt(d) for j in keys])
+                weights = torch.softmax(logits, 0)
+                out[b, h, i] = sum(w * v[b, h // 2, j] for w, j in zip(weights, keys))
+    return out
+
+
+def run_path(arm, path, T=13, window=None):
+    q, k, v, x = (t.detach() for t in check_inputs(T=T))
+    if window is not None:
+        arm.window = window
+    with torch.no_grad():
+        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x, train_len=32), path=path)
+    return o, (q, k, v)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # eager flex_attention warns that it is not compiled
+@pytest.mark.parametrize("path", PATHS)
+def test_the_sliding_window_is_its_formula_on_every_path(path):
+    o, (q, k, v) = run_path(make_checked_arm("sliding-window"), path, window=5)
+    torch.testing.assert_close(o, naive_window(q, k, v, 5), rtol=1e-12, atol=1e-12)
+
+
+def test_paths_and_listing():
+    assert SlidingWindow.hooks() == ("mask",) and SlidingWindow.window == 64
+    assert (SlidingWindow.path("cpu"), SlidingWindow.path("cuda")) == ("fused", "flex")
+    assert get_arm("baseline").path("cuda") == "fused"
+
+
+def test_without_a_mask_fused_sdpa_keeps_is_causal(monkeypatch):
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append((kw.get("is_causal"), kw.get("attn_mask")))
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(kernel.F, "scaled_dot_product_attention", spy)
+    run_path(make_checked_arm("baseline"), "fused")
+    run_path(make_checked_arm("sliding-window"), "fused", window=5)
+    assert calls[0] == (True, None)
+    assert calls[1][0] is False and calls[1][1].dtype == torch.bool  # a boolean mask with the window
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_causal_mask_has_one_owner(monkeypatch):
+    """Changing `mask_of` changes the reference, flex and masked fused paths alike: none spells causality itself."""
+    arm = make_checked_arm("sliding-window")
+    before = {path: run_path(arm, path, window=5)[0] for path in PATHS}
+    original = kernel.mask_of
+
+    def one_more_key(arm_mask, offset):
+        composed = original(arm_mask, offset)
+        return lambda b, h, q_idx, kv_idx: composed(b, h, q_idx, kv_idx) | (kv_idx == q_idx + offset + 1)
+
+    monkeypatch.setattr(kernel, "mask_of", one_more_key)
+    arm.window = 100  # the arm's own mask admits no later key: only the composition could
+    for path in PATHS:
+        assert not torch.allclose(run_path(arm, path, window=5)[0], before[path]), path
+
+
+class EverywhereNormaliser(Arm):
+    """A normaliser that puts weight on every key, masked or not: the kernel must zero the masked ones."""
+
+    def normalise(self, logits, context):
+        return torch.ones_like(logits).nan_to_num()
+
+
+def test_the_kernel_zeroes_a_normalisers_weight_where_the_mask_is_false():
+    q, k, v, x = check_inputs(T=7)
+    arm = EverywhereNormaliser(make_checked_arm("baseline").ctx)
+    _, record = attention(arm, q, k, v, x, fused=False)
+    later = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    assert (record.weights[..., later] == 0).all() and (record.weights[..., ~later] == 1).all()
+
+
+def test_block_masks_are_bounded_and_built_once_per_forward():
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kernel._CAUSAL_BLOCK_MASKS.clear()
+    hooks = kernel.Hooks(AttentionContext.full(torch.zeros(1, 4, 8)))
+    for T in range(1, kernel.CAUSAL_BLOCK_MASK_CACHE + 5):
+        kernel.block_mask(hooks, 1, 1, T, T, torch.device("cpu"))
+    assert len(kernel._CAUSAL_BLOCK_MASKS) == kernel.CAUSAL_BLOCK_MASK_CACHE
+    hooks.mask = lambda b, h, q_idx, kv_idx: kv_idx <= q_idx
+    first = kernel.block_mask(hooks, 1, 2, 9, 9, torch.device("cpu"))
+    assert isinstance(first, BlockMask) and kernel.block_mask(hooks, 1, 2, 9, 9, torch.device("cpu")) is first
+    assert hooks.context.shared[kernel.FORWARD_BLOCK_MASK] == {(1, 2, 9, 9): first}
+
+
+# ---------------------------------------------------------------- the check, and the faults it catches
+
+
+@pytest.fixture
+def register(monkeypatch):
+    def put(name, cls):
+        monkeypatch.setattr(cls, "name", name)
+        monkeypatch.setitem(_REGISTRY, name, cls)
+        return name
+
+    return put
+
+
+class _WrongGradient(torch.autograd.Function):
+    """tanh forward, a backward that forgets the chain rule's 1 − tanh²: gradients that break."""
+
+    @staticmethod
+    def forward(ctx, score):
+        return torch.tanh(score)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class BrokenGradient(Arm):
+    def score_modifier(self, context):
+        return lambda score, b, h, q_idx, kv_idx: 3.0 * _WrongGradient.apply(score / 3.0)
+
+
+class PeekingMask(Arm):
+    """A mask that admits the next key: inert once composed with the causal mask, wrong as the arm's own."""
+
+    def mask_modifier(self, context):
+        return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + 1
+
+
+class OffsetBlindWindow(SlidingWindow):
+    """The window from the call's indices, not the positions: right on a whole sequence, wrong when decoding."""
+
+    def mask_modifier(self, context):
+        window = self.window
+
+        def in_window(b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx >= 0) & (q_idx - kv_idx < window)
+
+        return in_window
+
+
+class WrongShapeMask(Arm):
+    def mask_modifier(self, context):
+        return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx)[..., :3]
+
+
+def test_a_one_path_arm_is_gradchecked_and_a_broken_gradient_fails(register):
+    holds = check_attention("softcap")
+    assert holds.status == "holds" and "one path: gradcheck" in holds.check
+    broken = check_attention(register("test-broken-gradient", BrokenGradient))
+    assert broken.status == "fails" and "one path: gradcheck" in broken.check, broken.detail
+
+
+def test_a_mask_that_admits_a_later_key_fails_the_check(register):
+    assert check_mask("sliding-window").status == "holds"
+    result = check_mask(register("test-peeking-mask", PeekingMask))
+    assert result.status == "fails" and "later key" in result.detail
+    assert not all(r.ok for r in check_arm("test-peeking-mask"))
+
+
+def test_the_decoding_check_decodes_past_the_window_and_catches_an_offset_blind_one(register):
+    assert decode_length("baseline") == 128
+    name = register("test-offset-blind-window", OffsetBlindWindow)
+    assert decode_length(name) == 128
+    holds = check_decoding("sliding-window")
+    assert holds.status == "holds" and "128 tokens" in holds.check
+    assert check_decoding(name).status == "fails"
+
+
+def test_a_hooks_wrong_shape_is_named(register):
+    results = {r.check.split(":")[0]: r for r in check_arm(register("test-wrong-shape-mask", WrongShapeMask))}
+    assert results["mask"].status == "fails"
+    detail = results["mask"].detail
+    assert "mask hook (mask_modifier)" in detail and "expected" in detail and "got" in detail, detail
+
+
+def test_a_score_modifiers_wrong_shape_is_named():
+    class Summing(Arm):
+        def score_modifier(self, context):
+            return lambda score, b, h, q_idx, kv_idx: score.sum(-1)
+
+    q, k, v, x = check_inputs(T=5)
+    with pytest.raises(AblateError, match=r"score modifier \(score_modifier\): expected .* got Tensor \(2, 4, 5\)"):
+        attention(Summing(make_checked_arm("baseline").ctx), q, k, v, x, fused=False)
