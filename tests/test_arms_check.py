@@ -187,20 +187,23 @@ def test_the_attention_check_catches_a_fused_path_that_drifts(monkeypatch):
 
 
 def test_the_hook_examples_of_docs_arms_md_pass_the_check(monkeypatch):
-    """docs/arms.md's one example per hook kind, run as written: each registers and passes the check."""
+    """docs/arms.md's one example per hook kind and its composed arms, run as written: each registers and passes
+    the check."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "arms.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5  # one per hook kind, and two arms composed
     monkeypatch.setattr("ablate.arms.base._REGISTRY", dict(_REGISTRY))  # what the blocks register goes away after
     namespace: dict = {}
     for block in blocks:
         exec(block, namespace)  # noqa: S102 (the documentation's own code)
     registered = {cls.name: cls for cls in namespace.values() if isinstance(cls, type) and issubclass(cls, Arm)
-                  and cls is not Arm}
+                  and cls is not Arm and not cls.__module__.startswith("ablate.")}  # the docs' own, not imported
+    assert len(registered) == 6
     assert {cls.hooks() for cls in registered.values()} == {("score-modifier",), ("normaliser",), ("override",),
-                                                             ("mask",)}
+                                                             ("mask",), ()}
+    assert registered["window-sink"].slots() == ("denominator",) and registered["window-sink"].hooks() == ("mask",)
     for name in registered:
         assert all(r.status == "holds" for r in check_arm(name) if r.status != "not run"), name

@@ -210,3 +210,29 @@ def test_a_score_modifiers_wrong_shape_is_named():
     q, k, v, x = check_inputs(T=5)
     with pytest.raises(AblateError, match=r"score modifier \(score_modifier\): expected .* got Tensor \(2, 4, 5\)"):
         attention(Summing(make_checked_arm("baseline").ctx), q, k, v, x, fused=False)
+
+
+# ---------------------------------------------------------------- composition is explicit
+
+
+def test_two_arms_filling_one_slot_refuse_to_compose(monkeypatch):
+    from ablate.arms import register_arm
+    from ablate.arms.builtin import NormGate, ProjGate, SinkLogit
+    from ablate.arms.papers import ScalableSoftmax, SoftCap
+
+    monkeypatch.setattr("ablate.arms.base._REGISTRY", dict(_REGISTRY))
+    for first, second, slot in ((NormGate, ProjGate, "value slot (value_gate)"),
+                                (SoftCap, ScalableSoftmax, "score-modifier hook (score_modifier)")):
+        with pytest.raises(TypeError) as refusal:
+            register_arm("test-clash")(type("Clash", (first, second), {}))
+        message = str(refusal.value)
+        assert "\n" not in message and first.__qualname__ in message and second.__qualname__ in message
+        assert slot in message, message
+
+    class Both(NormGate, ProjGate):  # defines the slot itself: it says how the two compose
+        def value_gate(self, v, x):
+            return NormGate.value_gate(self, v, x) * ProjGate.value_gate(self, v, x)
+
+    assert register_arm("test-both")(Both) is Both
+    assert register_arm("test-sink-gate")(type("SinkGate", (SinkLogit, NormGate), {})).slots() == ("value",
+                                                                                                   "denominator")

@@ -222,12 +222,31 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         if cls.has_hook("normaliser") and cls.has_slot("denominator"):
             raise TypeError(f"arm {name!r}: the normaliser hook (normalise) replaces the softmax whose denominator "
                             "the denominator slot (sink_logit) adds to; fill one of them")
+        _refuse_ambiguous_composition(name, cls)
         cls.name = name
         cls.registered_in = registering_file()  # its code is part of each run's identity (ablate.arms.source)
         _REGISTRY[name] = cls
         return cls
 
     return decorate
+
+
+def _refuse_ambiguous_composition(name: str, cls: type[Arm]) -> None:
+    """Composition is explicit: where two bases fill one slot or hook differently, the class must define it itself
+    (Python's method order would otherwise pick one silently). One line naming the bases and the slot."""
+    for kind, methods in (("slot", _SLOT_METHODS), ("hook", _HOOK_METHODS)):
+        for label, method in methods.items():
+            if method in vars(cls):
+                continue
+            fillers: dict = {}  # the base's implementation → the bases that bring it
+            for base in cls.__bases__:
+                found = getattr(base, method, None)
+                if found is not None and found is not getattr(Arm, method):
+                    fillers.setdefault(found, []).append(base.__qualname__)
+            if len(fillers) > 1:
+                bases = ", ".join(b for group in fillers.values() for b in group)
+                raise TypeError(f"arm {name!r}: bases {bases} each fill the {label} {kind} ({method}); define "
+                                f"{method} in {cls.__qualname__} to say how they compose")
 
 
 def get_arm(name: str) -> type[Arm]:
