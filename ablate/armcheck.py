@@ -199,7 +199,9 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
             row = [("o", o.detach())]
             if cuda:
                 o.sum().backward()
-                row += [("q", q.grad), ("k", k.grad), ("v", v.grad)] + [(n, p.grad) for n, p in arm.named_parameters()]
+                x_grad = x.grad if x.grad is not None else torch.zeros_like(x)  # only some arms read x
+                row += [("q", q.grad), ("k", k.grad), ("v", v.grad), ("x", x_grad)]
+                row += [(n, p.grad) for n, p in arm.named_parameters()]
         runs.append(row)
     pairs = [(label, a, b) for (label, a), (_, b) in zip(*runs)]
     what = "compiled, float32, forward and gradients" if cuda else "eager forward, float64, CPU"
