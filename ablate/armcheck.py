@@ -11,6 +11,9 @@
   it): a bool of the right shape that admits no later key;
 * flex: for an arm that trains through flex_attention on CUDA, its flex path = the reference path, forward, run
   eagerly on a CPU (PyTorch 2.13 has no flex backward there) and compiled with gradients on CUDA when there is one;
+* documents: under a document mask, changing document 1's tokens leaves every later document's logits unchanged
+  (a hook that reads `context.x` or carries state across positions must not leak across documents either), and
+  KV-cache decoding with document ids = the full forward;
 * decoding: KV-cache decoding (a prefix, then one token at a time) = the full forward, or a one-line refusal
   naming the arm and why (`Arm.no_decoding`), over `decode_length` tokens: at least 128, and at least twice the
   largest position constant the arm states (`Arm.window`), so a window or position bug shows.
@@ -26,6 +29,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from ablate.arms.base import ArmContext, AttentionContext, get_arm
 from ablate.arms.kernel import attention, dense_mask
+from ablate.data.documents import document_ids
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 
@@ -208,6 +212,44 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
     return _compare(f"flex: flex_attention ({what}) = reference", pairs, 2e-3 if cuda else VALUE_RTOL)
 
 
+DOCUMENT_EOT = 96  # the documents check's end-of-text token (the small model's vocabulary has 97)
+DOCUMENT_STARTS = (0, 10, 22, 31)  # where its four documents start, in a sequence of DOCUMENT_LENGTH
+DOCUMENT_LENGTH = 40
+
+
+def check_documents(name: str) -> CheckResult:
+    """Document 1 (positions 10 … 21) perturbed: the logits of documents 2 and 3 must not move (and document 1's
+    must, or the check says nothing); then the same sequence decoded with its document ids = the full forward."""
+    check = "documents: document 1 perturbed, later documents' logits unchanged; decoding with documents = full"
+    model = small_model(name, max_seq_len=DOCUMENT_LENGTH).eval()
+    gen = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, DOCUMENT_EOT, (2, DOCUMENT_LENGTH), generator=gen)
+    idx[:, list(DOCUMENT_STARTS)] = DOCUMENT_EOT
+    documents = document_ids(idx, DOCUMENT_EOT)
+    first, later = DOCUMENT_STARTS[1], DOCUMENT_STARTS[2]
+    changed = idx.clone()
+    changed[:, first + 1:later] = torch.randint(0, DOCUMENT_EOT, (2, later - first - 1), generator=gen)
+    with torch.no_grad():
+        full = model(idx, documents=documents).logits
+        other = model(changed, documents=documents).logits
+    leak = (full[:, later:] - other[:, later:]).abs().max().item()
+    if not leak <= DECODE_ATOL or not (full[:, first + 1:later] - other[:, first + 1:later]).abs().max() > 0:
+        return CheckResult(check, "fails", f"a later document's logits moved by {leak:.2e} (> {DECODE_ATOL:g}) when "
+                                           "document 1 changed")
+    try:
+        cache = model.new_cache()
+    except AblateError:
+        return CheckResult(check, "holds", f"later documents moved {leak:.1e}; decoding refused (see decoding)")
+    with torch.no_grad():
+        pieces = [model(idx[:, :6], cache=cache, documents=documents[:, :6]).logits]
+        pieces += [model(idx[:, t:t + 1], cache=cache, documents=documents[:, t:t + 1]).logits
+                   for t in range(6, DOCUMENT_LENGTH)]
+    error = (torch.cat(pieces, 1) - full).abs().max().item()
+    if not error <= DECODE_ATOL:
+        return CheckResult(check, "fails", f"decoding with documents: max |Δlogit| {error:.2e} > {DECODE_ATOL:g}")
+    return CheckResult(check, "holds", f"later documents moved {leak:.1e}; decoding max |Δlogit| {error:.1e}")
+
+
 class _Attention(torch.nn.Module):
     """The arm's attention on the reference path as a module, so gradcheck can vary the arm's parameters."""
 
@@ -261,7 +303,7 @@ def check_arm(name: str) -> list[CheckResult]:
     """Every check, in order; an exception inside one is that check failing, in one line."""
     get_arm(name)  # an unknown name: one line naming the registered arms
     results = []
-    for check in (check_attention, check_model, check_mask, check_flex, check_decoding):
+    for check in (check_attention, check_model, check_mask, check_flex, check_documents, check_decoding):
         try:
             results.append(check(name))
         except Exception as err:  # a user's arm may raise anything: report it as that check's failure

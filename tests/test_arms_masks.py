@@ -236,3 +236,70 @@ def test_two_arms_filling_one_slot_refuse_to_compose(monkeypatch):
     assert register_arm("test-both")(Both) is Both
     assert register_arm("test-sink-gate")(type("SinkGate", (SinkLogit, NormGate), {})).slots() == ("value",
                                                                                                    "denominator")
+
+
+# ---------------------------------------------------------------- document masking
+
+
+def test_document_ids_start_at_each_end_of_text_token():
+    from ablate.data.documents import document_ids
+    from ablate.data.tokenizer import EOT_TOKEN
+
+    idx = torch.tensor([[EOT_TOKEN, 5, 6, EOT_TOKEN, 7, EOT_TOKEN]])
+    assert document_ids(idx).tolist() == [[1, 1, 1, 2, 2, 3]]
+    assert document_ids(torch.tensor([[8, EOT_TOKEN]]), start=torch.tensor([3])).tolist() == [[3, 4]]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_document_mask_is_composed_on_every_path():
+    """Keys of another document are masked on the fused, reference and flex paths alike, as loops over the formula
+    say; document −1 (the sink token) stays visible to every document."""
+    arm = make_checked_arm("baseline")
+    q, k, v, x = (t.detach() for t in check_inputs(T=9))
+    documents = torch.tensor([[-1, 0, 0, 0, 1, 1, 2, 2, 2], [-1, 0, 1, 1, 1, 1, 1, 2, 2]])
+    allowed = ((documents.unsqueeze(2) == documents.unsqueeze(1)) | (documents.unsqueeze(1) < 0)).unsqueeze(1)
+    allowed = allowed & torch.ones(9, 9, dtype=torch.bool).tril()
+    logits = q @ k.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    expected = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1) @ v.repeat_interleave(2, 1)
+    for path in PATHS:
+        context = AttentionContext.full(x, train_len=32)
+        context.documents = documents
+        with torch.no_grad():
+            o, _ = attention(arm, q, k, v, x, context=context, path=path)
+        torch.testing.assert_close(o, expected, rtol=1e-12, atol=1e-12, msg=path)
+
+
+class ReadsTheWholeSequence(Arm):
+    """A hook that reads every position's x: under a document mask, document 1 leaks into the later ones."""
+
+    def score_modifier(self, context):
+        mean = context.x.mean(dim=(1, 2))
+
+        def shift(score, b, h, q_idx, kv_idx):
+            return score * (1 + mean[b])
+
+        return shift
+
+
+def test_the_documents_check_catches_a_leak(register, monkeypatch):
+    from ablate.armcheck import check_documents
+
+    assert check_documents("sink-token").status == "holds"  # the sink token is visible to every document
+    assert check_documents(register("test-reads-everything", ReadsTheWholeSequence)).status == "fails"
+    original = kernel.mask_of
+    monkeypatch.setattr(kernel, "mask_of", lambda arm_mask, offset, documents=None: original(arm_mask, offset))
+    result = check_documents("baseline")  # a kernel that forgets the documents
+    assert result.status == "fails" and "later document" in result.detail
+
+
+def test_a_cache_keeps_the_document_ids():
+    from ablate.armcheck import small_model
+    from ablate.data.documents import document_ids
+
+    model = small_model("sink-token", max_seq_len=12).eval()
+    idx = torch.tensor([[96, 3, 4, 96, 5, 6, 7]])
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(idx[:, :4], cache=cache, documents=document_ids(idx[:, :4], 96))
+        model(idx[:, 4:], cache=cache, documents=document_ids(idx[:, 4:], 96, start=cache.documents[:, -1]))
+    assert cache.documents.tolist() == [[-1, 1, 1, 1, 2, 2, 2, 2]]  # the sink token's −1 first

@@ -101,6 +101,9 @@ class AttentionContext:
     shared: dict = field(default_factory=dict)  # lives for one forward, across the layers (cross-layer state)
     state: dict = field(default_factory=dict)  # this layer's (and core call's) state, kept across decoding calls
     decoding: bool = False  # True when a KV cache holds earlier positions
+    # (B, Tk) the document of every key position (cached ones included) under a document mask, −1 for a position
+    # every document sees (the sink token); None without one. The kernel composes it into the mask (`mask_of`).
+    documents: torch.Tensor | None = None
 
     @classmethod
     def full(cls, x: torch.Tensor, train_len: int | None = None, shared: dict | None = None) -> "AttentionContext":

@@ -140,9 +140,12 @@ def attention(
     (the check's): run that path ('fused', 'flex' or 'reference') whatever the arm's training path is."""
     if cache is not None:
         refuse_decoding(arm)
+    documents = None if context is None else context.documents
     if path is None:
         path = arm.path(q.device.type) if fused and cache is None else "reference"
-    if not arm.hooks():
+        if documents is not None and path == "fused" and q.is_cuda:  # a document mask: blocks to skip
+            path = "flex"
+    if not arm.hooks() and documents is None:
         return _core(arm, q, k, v, x, path, None, cache)
     if context is None:
         context = AttentionContext.full(x)
@@ -181,7 +184,8 @@ def _core(arm, q, k, v, x, path, context, cache):
                                decoding=cache is not None)
         hooks = Hooks.of(arm, call_context)
     if cache is None and path == "fused":
-        allowed = None if hooks is None or hooks.mask is None else dense_mask(mask_of(hooks.mask, 0), q, n_key)
+        masked = hooks is not None and (hooks.mask is not None or hooks.context.documents is not None)
+        allowed = dense_mask(mask_of(hooks.mask, 0, hooks.context.documents), q, n_key) if masked else None
         o, record = _fused(q, k, values, sink, log_gate, bias, allowed), None
     elif cache is None and path == "flex":
         o, record = _flex(q, k, values, sink, log_gate, bias, hooks), None
@@ -219,13 +223,18 @@ class Hooks:
         return hooks
 
 
-def mask_of(arm_mask: MaskMod | None, offset: int) -> MaskMod:
+def mask_of(arm_mask: MaskMod | None, offset: int, documents: torch.Tensor | None = None) -> MaskMod:
     """The one composed mask, FlexAttention's mask_mod (True: query q_idx may see key kv_idx): causal — the key's
-    position at most the query's, query q_idx of this call sitting at key position offset + q_idx — and the arm's
-    mask. Every path evaluates this one function; an arm's mask can only take keys away."""
+    position at most the query's, query q_idx of this call sitting at key position offset + q_idx — the document
+    mask (`documents` (B, Tk): a key of the query's document, or of document −1, which every document sees: the
+    sink token), and the arm's mask. Every path evaluates this one function; an arm's mask can only take keys
+    away. (The phantom key is no position: every query sees it.)"""
 
     def composed(b, h, q_idx, kv_idx):
         allowed = kv_idx <= q_idx + offset
+        if documents is not None:
+            key_document = documents[b, kv_idx]
+            allowed = allowed & ((key_document == documents[b, q_idx + offset]) | (key_document < 0))
         if arm_mask is not None:
             allowed = allowed & arm_mask(b, h, q_idx, kv_idx)
         return allowed
@@ -336,7 +345,8 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
-    allowed = dense_mask(mask_of(None if hooks is None else hooks.mask, offset), q, Tk)
+    allowed = dense_mask(mask_of(None if hooks is None else hooks.mask, offset,
+                                 None if hooks is None else hooks.context.documents), q, Tk)
     logits = logits.masked_fill(~allowed, float("-inf"))
     phantom = None
     if hooks is not None and hooks.normalise is not None:
@@ -378,12 +388,13 @@ FORWARD_BLOCK_MASK = "kernel/block-mask"  # the key of a forward's block masks i
 
 def block_mask(hooks: Hooks, B: int, H: int, Tq: int, Tk: int, device: torch.device):
     """The composed mask as flex_attention's BlockMask (masked blocks skipped). The causal mask alone comes from a
-    bounded cache by shape; with an arm's mask it is built once per forward and shape and kept in the context's
-    shared dict, so every layer of that forward gets the same one (an arm's mask is one function in all layers)."""
+    bounded cache by shape; with an arm's mask or documents it is built once per forward and shape and kept in the
+    context's shared dict, so every layer of that forward gets the same one (an arm's mask is one function in all
+    layers)."""
     from torch.nn.attention.flex_attention import create_block_mask  # flex path only
 
     offset = Tk - Tq
-    if hooks.mask is None:
+    if hooks.mask is None and hooks.context.documents is None:
         key = (Tq, Tk, str(device))
         if key not in _CAUSAL_BLOCK_MASKS:  # building one costs more than a layer's attention
             _CAUSAL_BLOCK_MASKS[key] = create_block_mask(mask_of(None, offset), None, None, Tq, Tk, device=device)
@@ -394,7 +405,8 @@ def block_mask(hooks: Hooks, B: int, H: int, Tq: int, Tk: int, device: torch.dev
     masks = hooks.context.shared.setdefault(FORWARD_BLOCK_MASK, {})
     key = (B, H, Tq, Tk)
     if key not in masks:
-        masks[key] = create_block_mask(mask_of(hooks.mask, offset), B, H, Tq, Tk, device=device)
+        masks[key] = create_block_mask(mask_of(hooks.mask, offset, hooks.context.documents), B, H, Tq, Tk,
+                                       device=device)
     return masks[key]
 
 
