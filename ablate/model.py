@@ -20,7 +20,7 @@ from torch import nn
 from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm
 from ablate.arms.base import AttentionContext
 from ablate.arms.kernel import LayerCache, refuse_decoding
-from ablate.data.documents import VISIBLE_TO_ALL
+from ablate.data.documents import VISIBLE_TO_ALL, document_ids
 from ablate.losses import chunked_cross_entropy
 
 INIT_STD = 0.02  # GPT-2
@@ -185,6 +185,9 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._rope_cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        # A run's `document_mask` option (set by whoever builds the model for that run: training, `load_run`): every
+        # forward then splits idx into documents at <|endoftext|> itself (`document_ids`), unless given them.
+        self.document_mask = False
         self.init_weights(seed=0)
 
     def _rope_master(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,6 +299,9 @@ class GPT(nn.Module):
         if offset + length > self.config.max_seq_len + (1 if self.sink_token is not None else 0):
             raise ValueError(f"sequence of {offset + length} positions exceeds max_seq_len={self.config.max_seq_len}")
         cos, sin = self.rope(offset, length, self.rope_dtype(idx.device))
+        if documents is None and self.document_mask:
+            documents = document_ids(idx, start=None if cache is None or cache.documents is None
+                                     else cache.documents[:, -1])
         documents = self._key_documents(documents, cache, prepend)
         out = ModelOutput(logits=None)
         shared: dict = {}  # the hooks' cross-layer state: lives for this forward only

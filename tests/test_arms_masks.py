@@ -303,3 +303,54 @@ def test_a_cache_keeps_the_document_ids():
         model(idx[:, :4], cache=cache, documents=document_ids(idx[:, :4], 96))
         model(idx[:, 4:], cache=cache, documents=document_ids(idx[:, 4:], 96, start=cache.documents[:, -1]))
     assert cache.documents.tolist() == [[-1, 1, 1, 1, 2, 2, 2, 2]]  # the sink token's −1 first
+
+
+def test_the_model_splits_documents_itself_under_the_run_option():
+    from ablate.armcheck import small_model
+    from ablate.data.documents import document_ids
+    from ablate.data.tokenizer import EOT_TOKEN
+
+    model = small_model("baseline", vocab_size=EOT_TOKEN + 1, max_seq_len=16).eval()
+    idx = torch.randint(0, 90, (2, 16), generator=torch.Generator().manual_seed(0))
+    idx[:, [0, 5, 11]] = EOT_TOKEN
+    with torch.no_grad():
+        plain = model(idx).logits
+        model.document_mask = True
+        masked = model(idx).logits
+        torch.testing.assert_close(masked, model(idx, documents=document_ids(idx)).logits, rtol=0, atol=0)
+        cache = model.new_cache()
+        decoded = torch.cat([model(idx[:, :7], cache=cache).logits, model(idx[:, 7:], cache=cache).logits], 1)
+    torch.testing.assert_close(decoded, masked, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(masked[:, :5], plain[:, :5], rtol=0, atol=0)  # the first document sees no other
+    assert not torch.allclose(masked[:, 5:], plain[:, 5:])
+
+
+def test_document_mask_is_a_run_option_in_the_runs_identity():
+    from ablate.config import resolve_config
+    from ablate.experiment import RunSpec
+    from ablate.identity import config_fingerprint
+    from ablate.tiers import TIERS
+
+    spec = RunSpec("adhoc", "smoke", "baseline", 0)
+    plain, masked = resolve_config(spec, "/tmp/data"), resolve_config(spec, "/tmp/data", document_mask=True)
+    assert "document_mask" not in plain.to_dict() and masked.to_dict()["document_mask"] is True
+    assert config_fingerprint(plain) != config_fingerprint(masked)
+    assert config_fingerprint(resolve_config(spec, "/tmp/data", document_mask=False)) == config_fingerprint(plain)
+    task_tier = next(name for name, tier in TIERS.items() if tier.task is not None)
+    with pytest.raises(AblateError) as refusal:
+        resolve_config(RunSpec("adhoc", task_tier, "baseline", 0), document_mask=True)
+    assert "\n" not in str(refusal.value) and "--document-mask" in str(refusal.value) and task_tier in str(refusal.value)
+
+
+def test_a_sliding_window_arm_trains_document_masked_through_run(tmp_path, sample_data):
+    import json
+
+    from ablate.cli import main
+    from ablate.store import run_dir
+
+    results = tmp_path / "results"
+    assert main(["run", "--tier", "smoke", "--arm", "sliding-window", "--document-mask", "--max-steps", "2",
+                 "--data", str(sample_data), "--results", str(results), "--no-progress", "--threads", "1"]) == 0
+    folder = run_dir(results, "adhoc", "smoke", "sliding-window", 0)
+    assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((folder / "config.json").read_text())["document_mask"] is True
