@@ -339,7 +339,8 @@ def test_document_mask_is_a_run_option_in_the_runs_identity():
     task_tier = next(name for name, tier in TIERS.items() if tier.task is not None)
     with pytest.raises(AblateError) as refusal:
         resolve_config(RunSpec("adhoc", task_tier, "baseline", 0), document_mask=True)
-    assert "\n" not in str(refusal.value) and "--document-mask" in str(refusal.value) and task_tier in str(refusal.value)
+    message = str(refusal.value)
+    assert "\n" not in message and "--document-mask" in message and task_tier in message
 
 
 def test_a_sliding_window_arm_trains_document_masked_through_run(tmp_path, sample_data):
