@@ -355,3 +355,11 @@ def test_a_sliding_window_arm_trains_document_masked_through_run(tmp_path, sampl
     folder = run_dir(results, "adhoc", "smoke", "sliding-window", 0)
     assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
     assert json.loads((folder / "config.json").read_text())["document_mask"] is True
+
+
+def test_ablate_eval_pads_a_flex_models_batches_to_fixed_buckets():
+    from ablate.evals.lm import padded_width
+
+    assert [padded_width(n, 1024, flex=True) for n in (1, 64, 65, 200, 700, 1024)] == [64, 64, 128, 256, 1024, 1024]
+    assert padded_width(40, 48, flex=True) == 48  # capped at the model's window
+    assert [padded_width(n, 1024, flex=False) for n in (1, 65, 700)] == [1, 65, 700]  # fused: no padding
