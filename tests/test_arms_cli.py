@@ -80,7 +80,7 @@ def test_arms_check_runs_the_harness_on_a_users_arm(tmp_path, capsys):
         assert any(line.split()[0] == "holds" and check in line for line in out.splitlines()[1:]), check
     assert any(line.split()[:2] == ["not", "run"] and "model:" in line and "one path" in line
                for line in out.splitlines())
-    assert "5 of 5 checks hold or do not apply" in out
+    assert "6 of 6 checks hold or do not apply" in out
 
     assert main(["arms", "--check", "my-blind-distance", "--arm-file", str(arm_file)]) == 1
     out = capsys.readouterr().out

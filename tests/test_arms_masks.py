@@ -79,8 +79,8 @@ def test_the_causal_mask_has_one_owner(monkeypatch):
     before = {path: run_path(arm, path, window=5)[0] for path in PATHS}
     original = kernel.mask_of
 
-    def one_more_key(arm_mask, offset):
-        composed = original(arm_mask, offset)
+    def one_more_key(arm_mask, offset, documents=None):
+        composed = original(arm_mask, offset, documents)
         return lambda b, h, q_idx, kv_idx: composed(b, h, q_idx, kv_idx) | (kv_idx == q_idx + offset + 1)
 
     monkeypatch.setattr(kernel, "mask_of", one_more_key)
