@@ -1,14 +1,23 @@
 """The one check every arm is held to (`tests/test_arms_check.py` runs it over every registered arm; `ablate arms
 --check NAME` on a user's arm), in float64 on a small model with the arm's parameters drawn away from their init:
 
-* attention: the training path (fused SDPA, or the reference path for a score-modifier or normaliser arm on a
-  CPU) = the reference path, in o and in the gradients of q, k, v, x and of every arm parameter;
-* model: the same for the whole model's loss and every parameter's gradient (cross-layer state included);
+* attention: the training path (fused SDPA, with a boolean mask for a mask arm) = the reference path, in o and in
+  the gradients of q, k, v, x and of every arm parameter; where the training path on a CPU *is* the reference
+  path (a score modifier or a normaliser), "one path: gradcheck" — `torch.autograd.gradcheck` of the same
+  gradients against finite differences, never a comparison of the path with itself;
+* model: the same for the whole model's loss and every parameter's gradient (cross-layer state included); not
+  run for a one-path arm (the gradcheck holds its gradients);
+* mask: an arm's own mask function, evaluated alone (the kernel's composition with the causal mask would hide
+  it): a bool of the right shape that admits no later key;
 * flex: for an arm that trains through flex_attention on CUDA, its flex path = the reference path, forward, run
   eagerly on a CPU (PyTorch 2.13 has no flex backward there) and compiled with gradients on CUDA when there is one;
+* documents: under a document mask, changing document 1's tokens leaves every later document's logits unchanged
+  (a hook that reads `context.x` or carries state across positions must not leak across documents either), and
+  KV-cache decoding with document ids = the full forward;
 * decoding: KV-cache decoding (a prefix, then one token at a time) = the full forward, or a one-line refusal
-  naming the arm and why (`Arm.no_decoding`) — a refusal is not a check that holds: `ablate arms --check` counts
-  it apart;
+  naming the arm and why (`Arm.no_decoding`), over `decode_length` tokens: at least 128, and at least twice the
+  largest position constant the arm states (`Arm.window`), so a window or position bug shows — a refusal is not
+  a check that holds: `ablate arms --check` counts it apart;
 * causal attention: q, k, v and x changed at positions after t, or in another sequence of the batch, move no
   output o at ≤ t (or of the first sequence) by more than 1e-12 relative, on every path the arm takes (training,
   reference, flex run eagerly where it takes flex); and a normaliser's raw weights on masked logits put nothing
@@ -36,9 +45,11 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from ablate.arms.base import ArmContext, AttentionContext, get_arm
-from ablate.arms.kernel import Hooks, _flex, attention, key_signals, reference_attention, score_bias
+from ablate.arms.kernel import attention, dense_mask
+from ablate.data.documents import document_ids
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 
@@ -46,6 +57,9 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8  # the check's shape: grouped-query attentio
 WIDTH = HEADS * HEAD_DIM
 VALUE_RTOL, GRAD_RTOL = 1e-10, 1e-9  # float64: the fused kernels sum in another order than the reference
 DECODE_ATOL = 1e-9
+DECODE_MIN = 128  # tokens the decoding check decodes at least
+CHECK_T = 11  # the attention and flex checks' sequence length, longer for an arm with a window (`check_length`)
+GRADCHECK_T = 6  # the one-path gradcheck's sequence length (finite differences: small)
 PARAMETER_SCALE = 0.7  # arm parameters drawn N(0, 0.7²): away from the init, over the whole parameter space
 
 
@@ -109,11 +123,29 @@ def _compare(check: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rt
     return CheckResult(check, "holds", f"max relative error {worst:.1e} ({worst_name}), {len(pairs)} tensors{left_out}")
 
 
+def check_length(name: str) -> int:
+    """The attention and flex checks' T: CHECK_T, or the arm's window + 8, so the window takes keys away."""
+    window = get_arm(name).window
+    return max(CHECK_T, window + 8) if window else CHECK_T
+
+
+def decode_length(name: str) -> int:
+    """Tokens the decoding check decodes: DECODE_MIN, or twice the arm's window if that is more."""
+    return max(DECODE_MIN, 2 * (get_arm(name).window or 0))
+
+
+def one_path(name: str) -> bool:
+    """True where the arm's training path on a CPU is the reference path itself (a score modifier, a normaliser)."""
+    return get_arm(name).path("cpu") == "reference"
+
+
 def check_attention(name: str) -> CheckResult:
+    if one_path(name):
+        return check_gradients(name)
     arm = make_checked_arm(name)
     runs = []
     for fused in (True, False):
-        q, k, v, x = check_inputs()
+        q, k, v, x = check_inputs(T=check_length(name))
         arm.zero_grad()
         o, _ = attention(arm, q, k, v, x, fused=fused, context=AttentionContext.full(x, train_len=32))
         (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()  # a generic gradient
@@ -136,6 +168,9 @@ def small_model(name: str, fused: bool = True, seed: int = 5, **fields):
 
 
 def check_model(name: str) -> CheckResult:
+    if one_path(name):
+        return CheckResult("model: training path = reference", "not run",
+                           "one path: the reference path is the training path on a CPU; the gradcheck holds it")
     idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
     runs = []
     for fused in (True, False):
@@ -148,9 +183,10 @@ def check_model(name: str) -> CheckResult:
 
 
 def check_decoding(name: str) -> CheckResult:
-    check = "decoding: KV cache (6 tokens, then 1 at a time) = full forward"
-    model = small_model(name).eval()
-    idx = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    length = decode_length(name)
+    check = f"decoding: KV cache (6 tokens, then 1 at a time, {length} tokens) = full forward"
+    model = small_model(name, max_seq_len=length).eval()
+    idx = torch.randint(0, 97, (2, length), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx).logits
         try:
@@ -158,7 +194,7 @@ def check_decoding(name: str) -> CheckResult:
         except AblateError as refusal:
             return CheckResult(check, "refused", str(refusal))
         pieces = [model(idx[:, :6], cache=cache).logits]
-        pieces += [model(idx[:, t:t + 1], cache=cache).logits for t in range(6, 20)]
+        pieces += [model(idx[:, t:t + 1], cache=cache).logits for t in range(6, length)]
     error = (torch.cat(pieces, 1) - full).abs().max().item()
     if not error <= DECODE_ATOL:
         return CheckResult(check, "fails", f"max |Δlogit| {error:.2e} > {DECODE_ATOL:g}")
@@ -176,37 +212,118 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
     arm = make_checked_arm(name, head_dim=head_dim).to(device=device, dtype=dtype)
     runs = []
     for flex in (True, False):
-        inputs = check_inputs(T=256 if cuda else 11, dtype=dtype, head_dim=head_dim)
+        inputs = check_inputs(T=256 if cuda else check_length(name), dtype=dtype, head_dim=head_dim)
         q, k, v, x = (t.detach().to(device).requires_grad_(cuda) for t in inputs)
         arm.zero_grad()
-        with torch.set_grad_enabled(cuda):
-            values, _, log_gate = key_signals(arm, v, x)
-            sink = arm.sink_logit() if arm.has_slot("denominator") else None
-            bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
-            hooks = Hooks.of(arm, AttentionContext.full(x, train_len=32))
-            if flex:
-                with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled: on purpose here
-                    warnings.simplefilter("ignore", UserWarning)
-                    o = _flex(q, k, values, sink, log_gate, bias, hooks, compiled=cuda)
-            else:
-                o = reference_attention(q, k, values, sink, log_gate, offset=0, bias=bias, hooks=hooks)[0]
-            if arm.has_slot("output"):
-                o = o * arm.output_gate(o, x)
+        with torch.set_grad_enabled(cuda), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager flex_attention warns that it is not compiled
+            # The kernel's own composition (slots, hooks, mask), on the path asked for.
+            o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x, train_len=32),
+                             path="flex" if flex else "reference")
             row = [("o", o.detach())]
             if cuda:
                 o.sum().backward()
-                row += [("q", q.grad), ("k", k.grad), ("v", v.grad)] + [(n, p.grad) for n, p in arm.named_parameters()]
+                x_grad = x.grad if x.grad is not None else torch.zeros_like(x)  # only some arms read x
+                row += [("q", q.grad), ("k", k.grad), ("v", v.grad), ("x", x_grad)]
+                row += [(n, p.grad) for n, p in arm.named_parameters()]
         runs.append(row)
     pairs = [(label, a, b) for (label, a), (_, b) in zip(*runs)]
     what = "compiled, float32, forward and gradients" if cuda else "eager forward, float64, CPU"
     return _compare(f"flex: flex_attention ({what}) = reference", pairs, 2e-3 if cuda else VALUE_RTOL)
 
 
+DOCUMENT_EOT = 96  # the documents check's end-of-text token (the small model's vocabulary has 97)
+DOCUMENT_STARTS = (0, 10, 22, 31)  # where its four documents start, in a sequence of DOCUMENT_LENGTH
+DOCUMENT_LENGTH = 40
+
+
+def check_documents(name: str) -> CheckResult:
+    """Document 1 (positions 10 … 21) perturbed: the logits of documents 2 and 3 must not move (and document 1's
+    must, or the check says nothing); then the same sequence decoded with its document ids = the full forward."""
+    check = "documents: document 1 perturbed, later documents' logits unchanged; decoding with documents = full"
+    model = small_model(name, max_seq_len=DOCUMENT_LENGTH).eval()
+    gen = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, DOCUMENT_EOT, (2, DOCUMENT_LENGTH), generator=gen)
+    idx[:, list(DOCUMENT_STARTS)] = DOCUMENT_EOT
+    documents = document_ids(idx, DOCUMENT_EOT)
+    first, later = DOCUMENT_STARTS[1], DOCUMENT_STARTS[2]
+    changed = idx.clone()
+    changed[:, first + 1:later] = torch.randint(0, DOCUMENT_EOT, (2, later - first - 1), generator=gen)
+    with torch.no_grad():
+        full = model(idx, documents=documents).logits
+        other = model(changed, documents=documents).logits
+    leak = (full[:, later:] - other[:, later:]).abs().max().item()
+    if not leak <= DECODE_ATOL or not (full[:, first + 1:later] - other[:, first + 1:later]).abs().max() > 0:
+        return CheckResult(check, "fails", f"a later document's logits moved by {leak:.2e} (> {DECODE_ATOL:g}) when "
+                                           "document 1 changed")
+    try:
+        cache = model.new_cache()
+    except AblateError:
+        return CheckResult(check, "holds", f"later documents moved {leak:.1e}; decoding refused (see decoding)")
+    with torch.no_grad():
+        pieces = [model(idx[:, :6], cache=cache, documents=documents[:, :6]).logits]
+        pieces += [model(idx[:, t:t + 1], cache=cache, documents=documents[:, t:t + 1]).logits
+                   for t in range(6, DOCUMENT_LENGTH)]
+    error = (torch.cat(pieces, 1) - full).abs().max().item()
+    if not error <= DECODE_ATOL:
+        return CheckResult(check, "fails", f"decoding with documents: max |Δlogit| {error:.2e} > {DECODE_ATOL:g}")
+    return CheckResult(check, "holds", f"later documents moved {leak:.1e}; decoding max |Δlogit| {error:.1e}")
+
+
+class _Attention(torch.nn.Module):
+    """The arm's attention on the reference path as a module, so gradcheck can vary the arm's parameters."""
+
+    def __init__(self, arm):
+        super().__init__()
+        self.arm = arm
+
+    def forward(self, q, k, v, x):
+        return attention(self.arm, q, k, v, x, path="reference", context=AttentionContext.full(x, train_len=32))[0]
+
+
+def check_gradients(name: str) -> CheckResult:
+    """One path: o's gradients of q, k, v, x and every arm parameter against finite differences (float64)."""
+    check = f"attention: one path: gradcheck (reference path, float64, T = {GRADCHECK_T}, q, k, v, x and every arm " \
+            "parameter)"
+    module = _Attention(make_checked_arm(name))
+    names = [n for n, _ in module.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for _, p in module.named_parameters()]
+    inputs = check_inputs(T=GRADCHECK_T, B=1)
+
+    def forward(q, k, v, x, *values):
+        return torch.func.functional_call(module, dict(zip(names, values)), (q, k, v, x))
+
+    try:
+        torch.autograd.gradcheck(forward, (*inputs, *params), fast_mode=True)
+    except GradcheckError as err:
+        return CheckResult(check, "fails", str(err).strip().splitlines()[0].rstrip(","))
+    return CheckResult(check, "holds", f"{4 + len(params)} tensors against finite differences")
+
+
+def check_mask(name: str) -> CheckResult:
+    """The arm's own mask function, alone: a bool broadcasting to (B, H, T, T) that admits no later key (composed
+    with the causal mask, such a key would be hidden, and the arm would not be what it says)."""
+    check = "mask: the arm's own mask admits no later key"
+    if not get_arm(name).has_hook("mask"):
+        return CheckResult(check, "not run", f"{name} has no mask hook")
+    arm = make_checked_arm(name)
+    T = check_length(name)
+    q, _, _, x = (t.detach() for t in check_inputs(T=T))
+    allowed = dense_mask(arm.mask_modifier(AttentionContext.full(x, train_len=32)), q, T)  # shape named if wrong
+    later = torch.arange(T).view(1, T) > torch.arange(T).view(T, 1)
+    admitted = (allowed & later).nonzero()
+    if len(admitted):
+        b, h, i, j = admitted[0].tolist()
+        return CheckResult(check, "fails", f"query {i} may attend to the later key {j} (batch {b}, head {h}); "
+                                           f"{len(admitted)} such pairs")
+    return CheckResult(check, "holds", f"T = {T}, {int(allowed.expand(-1, -1, T, T).sum())} pairs admitted")
+
+
 def check_arm(name: str) -> list[CheckResult]:
     """Every check, in order; an exception inside one is that check failing, in one line."""
     get_arm(name)  # an unknown name: one line naming the registered arms
-    results = run_checks(name, (check_attention, check_model, check_flex, check_decoding, check_causal,
-                                check_causal_model))
+    results = run_checks(name, (check_attention, check_model, check_mask, check_flex, check_documents,
+                                check_decoding, check_causal, check_causal_model))
     if torch.cuda.is_available():
         results.append(check_flex(name, "cuda"))
     return results
@@ -306,14 +423,9 @@ def attention_calls(name: str) -> dict[str, object]:
     calls = {f"training ({arm.path('cpu')})": kernel(True), "reference": kernel(False)}
     if arm.path("cuda") == "flex":
         def flex(q, k, v, x):
-            values, _, log_gate = key_signals(arm, v, x)
-            sink = arm.sink_logit() if arm.has_slot("denominator") else None
-            bias = score_bias(arm, q.shape[2], k.shape[2], 0, q.device)
             with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled: on purpose here
                 warnings.simplefilter("ignore", UserWarning)
-                o = _flex(q, k, values, sink, log_gate, bias, Hooks.of(arm, AttentionContext.full(x, train_len=32)),
-                          compiled=False)
-            return o * arm.output_gate(o, x) if arm.has_slot("output") else o
+                return attention(arm, q, k, v, x, path="flex", context=AttentionContext.full(x, train_len=32))[0]
         calls["flex (eager)"] = flex
     return calls
 

@@ -43,6 +43,9 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> Run
     model = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
     model["max_seq_len"] = run.seq_len
     task = None
+    if run.document_mask and tier.task is not None:
+        raise AblateError(f"--document-mask splits documents at <|endoftext|>: tier {tier.name!r} trains on the "
+                          f"synthetic task {tier.task!r}, which has none; use it on a text tier")
     if tier.task is not None:  # a task tier draws its batches from the task: no data folder
         if data_dir is not None:
             raise AblateError(f"tier {tier.name!r} trains on the synthetic task {tier.task!r}: it takes no --data")

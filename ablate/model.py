@@ -22,6 +22,7 @@ from ablate.arms import Arm, ArmContext, AttentionRecord, attention, get_arm
 from ablate.arms import checks
 from ablate.arms.base import AttentionContext
 from ablate.arms.kernel import LayerCache, refuse_decoding
+from ablate.data.documents import VISIBLE_TO_ALL, document_ids
 from ablate.losses import chunked_cross_entropy
 
 INIT_STD = 0.02  # GPT-2
@@ -83,6 +84,7 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     layers: list[LayerCache]
     length: int = 0  # positions already cached (the sink token included)
+    documents: torch.Tensor | None = None  # (B, length) the cached positions' document ids, under a document mask
 
 
 class CausalSelfAttention(nn.Module):
@@ -98,11 +100,11 @@ class CausalSelfAttention(nn.Module):
         self.read_hook = None  # probes: callable(v, layer_module) -> v, applied before any gate sees the read
 
     def forward(self, x, cos, sin, cache: LayerCache | None = None, offset: int = 0, record: bool = False,
-                shared: dict | None = None):
+                shared: dict | None = None, documents: torch.Tensor | None = None):
         B, T, C = x.shape
         q, k, v = self.projected(x, cos, sin)
         positions = torch.arange(offset, offset + T, device=x.device)
-        context = self.hook_context(x, positions, shared, decoding=cache is not None)
+        context = self.hook_context(x, positions, shared, decoding=cache is not None, documents=documents)
         y, rec = attention(self.arm, q, k, v, x, fused=self.fused and not record and cache is None,
                            context=context, cache=cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -125,12 +127,13 @@ class CausalSelfAttention(nn.Module):
             v = self.read_hook(v, self)
         return q, k, v
 
-    def hook_context(self, x, positions, shared, decoding=False) -> AttentionContext | None:
-        """The per-forward context, for an arm with hooks only (the slots never see it)."""
-        if not self.arm.hooks():
+    def hook_context(self, x, positions, shared, decoding=False, documents=None) -> AttentionContext | None:
+        """The per-forward context, for an arm with hooks or under a document mask only (the slots never see it);
+        documents (B, Tk): every key position's document, the cached ones included."""
+        if not self.arm.hooks() and documents is None:
             return None
         return AttentionContext(x, positions, positions, self.train_len, {} if shared is None else shared,
-                                decoding=decoding)
+                                decoding=decoding, documents=documents)
 
 
 class MLP(nn.Module):
@@ -153,8 +156,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None):
-        a, rec = self.attn(self.ln_1(x), cos, sin, cache, offset, record, shared)
+    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None, documents=None):
+        a, rec = self.attn(self.ln_1(x), cos, sin, cache, offset, record, shared, documents)
         x = x + a
         return x + self.mlp(self.ln_2(x)), rec
 
@@ -186,6 +189,9 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._rope_cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        # A run's `document_mask` option (set by whoever builds the model for that run: training, `load_run`): every
+        # forward then splits idx into documents at <|endoftext|> itself (`document_ids`), unless given them.
+        self.document_mask = False
         self.init_weights(seed=0)
 
     def _rope_master(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,13 +282,16 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, idx, targets=None, *, record: bool = False, cache: KVCache | None = None,
-                loss_chunk: int = 0, head: bool = True) -> ModelOutput:
+                loss_chunk: int = 0, head: bool = True, documents: torch.Tensor | None = None) -> ModelOutput:
         """idx (B, T) token ids → logits for the T text positions (the sink token's position is dropped).
 
         loss_chunk > 0 (with targets): the loss is computed `loss_chunk` tokens at a time and no logits
         are returned, so the float32 logits of the whole micro-batch never exist (`chunked_cross_entropy`).
         head=False: no output layer at all; `hidden` is the final norm's output, for a caller that scores
         a few positions, or every position in chunks (`chunked_log_probs`).
+        documents (B, T): each token's document (`ablate.data.documents.document_ids`): a document mask, each token
+        attending within its document only; the sink token is visible to every document, RoPE positions run on
+        across documents (relative positions within one are unchanged), and a KV cache keeps the ids.
         """
         B, T = idx.shape
         x = self.wte(idx)  # (B, T, C)
@@ -294,11 +303,15 @@ class GPT(nn.Module):
         if offset + length > self.config.max_seq_len + (1 if self.sink_token is not None else 0):
             raise ValueError(f"sequence of {offset + length} positions exceeds max_seq_len={self.config.max_seq_len}")
         cos, sin = self.rope(offset, length, self.rope_dtype(idx.device))
+        if documents is None and self.document_mask:
+            documents = document_ids(idx, start=None if cache is None or cache.documents is None
+                                     else cache.documents[:, -1])
+        documents = self._key_documents(documents, cache, prepend)
         out = ModelOutput(logits=None)
         shared: dict = {}  # the hooks' cross-layer state: lives for this forward only
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, rec = block(x, cos, sin, layer_cache, offset, record, shared)
+            x, rec = block(x, cos, sin, layer_cache, offset, record, shared, documents)
             if record:
                 out.records.append(rec)
                 out.residuals.append(x)
@@ -316,6 +329,23 @@ class GPT(nn.Module):
         if targets is not None:
             out.loss = F.cross_entropy(out.logits.float().view(-1, out.logits.shape[-1]), targets.reshape(-1))
         return out
+
+    @staticmethod
+    def _key_documents(documents, cache, prepend):
+        """Every key position's document under a document mask (cached ones first, the sink token's −1: visible to
+        every document); the cache keeps them. None without a document mask."""
+        if documents is None:
+            if cache is not None and cache.documents is not None:
+                raise ValueError("this KV cache was filled under a document mask: give each call's documents")
+            return None
+        if prepend:
+            documents = torch.cat([documents.new_full((documents.shape[0], 1), VISIBLE_TO_ALL), documents], dim=1)
+        if cache is not None:
+            if cache.length and cache.documents is None:
+                raise ValueError("this KV cache was filled without a document mask: decode without documents")
+            documents = documents if cache.documents is None else torch.cat([cache.documents, documents], dim=1)
+            cache.documents = documents
+        return documents
 
     def new_cache(self) -> KVCache:
         """An empty KV cache; an arm whose state a cache cannot hold is refused here, in one line."""

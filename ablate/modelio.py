@@ -127,6 +127,7 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     than the run's config.json names (a model.pt copied in from elsewhere) are refused."""
     config = read_run_config(run_dir)
     model = load_trained_model(run_dir).to(device)
+    model.document_mask = bool(config.document_mask)  # the run's option: evaluated as it trained
     saved = json.loads(json.dumps(dataclasses.asdict(model.config)))
     if isinstance(config.model, dict) and config.model != saved:
         differ = sorted(k for k in set(saved) | set(config.model) if saved.get(k) != config.model.get(k))

@@ -76,6 +76,8 @@ class RunConfig:
     max_steps: int | None = option(positive=True, stored=False)  # stop early: `steps` becomes the smaller
     selection_tokens: int | None = option(positive=True, optional=True)  # an LR sweep's runs only
     synthetic_task: dict | None = option(settable=False, optional=True)  # a task tier's runs: its task's fields
+    # each token attends within its document only (documents split at <|endoftext|>): what the run is
+    document_mask: bool | None = option(optional=True, implied=False)
 
     def tokens(self, steps: int) -> int:
         """The training tokens of `steps` steps: every step trains global_batch sequences of seq_len tokens."""

@@ -36,9 +36,11 @@ class StrictCausalAttention(CausalSelfAttention):
             raise ValueError(f"arm {config.arm!r} has an output gate, which the strict-causal task model does not "
                              "support; use an arm without an output slot on this tier")
 
-    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None):
+    def forward(self, x, cos, sin, cache=None, offset=0, record=False, shared=None, documents=None):
         if cache is not None:
             raise ValueError("the strict-causal task model has no KV-cache decoding")
+        if documents is not None:
+            raise ValueError("the strict-causal task model has no documents (a task tier refuses --document-mask)")
         B, T, C = x.shape
         q, k, v = self.projected(x, cos, sin)  # each at its own position
         # Query i + 1 against keys 0..i: the causal kernel on the shifted sequences reads strictly earlier keys. The

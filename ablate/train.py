@@ -269,6 +269,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)
         model = GPT(GPTConfig(**config.model))
+        model.document_mask = bool(config.document_mask)
         model.init_weights(config.seed)
         run = RunState(model, stream, init_fingerprint=fingerprint_parameters(model.shared_named_parameters()))
         # A parameter-matched arm narrows its MLP: it shares with its baseline the parameters whose name and

@@ -3,15 +3,13 @@ modifier or a normaliser replacing softmax: on CUDA compiled flex_attention, on 
 against the reference path in float32 without TF32 (values and every gradient), its bf16 error, and its step
 time against the baseline's at the same shape.
 
-Which arms: found by what the arm classes say, so this file needs no change when such arms are registered: an
-arm that defines a hook method (`FLEX_HOOKS`) the base `Arm` leaves undefined or unfilled, whose `slots()`
-name such a hook (`HOOK_SLOTS`), or whose declared path (a class attribute or class/static method in
-`PATH_ATTRIBUTES`) mentions flex; `--flex-arms` adds arms by name. With none found the section says so and why.
+Which arms: those whose own path on CUDA is flex_attention (`Arm.path("cuda") == "flex"`: a score modifier, a
+normaliser with an elementwise log-weight, a mask), so this file needs no change when such arms are registered;
+`--flex-arms` adds arms by name. With none found the section says so.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
@@ -19,52 +17,15 @@ import torch
 from ablate.arms import Arm, get_arm, list_arms
 from gpu_arms import accuracy, build, no_tf32, speed, twin
 
-FLEX_HOOKS = ("score_modifier", "score_mod", "modify_score", "normaliser", "normalizer", "normalise", "normalize")
-HOOK_SLOTS = ("score-modifier", "score modifier", "score_modifier", "normaliser", "normalizer")
-PATH_ATTRIBUTES = ("path", "attention_path", "kernel_path", "paths", "kernel")
 VALUE_TOLERANCE = 1e-3  # largest |Δ| over the largest |reference|: float32 against float32, summation order only
 GRADIENT_TOLERANCE = 1e-2  # the same per parameter's gradient, after 18 layers of backward
 
 
-def overridden_hooks(cls: type) -> list[str]:
-    """The hook methods the class defines that the base `Arm` does not define, or defines and the class replaces."""
-    return [hook for hook in FLEX_HOOKS
-            if callable(getattr(cls, hook, None)) and getattr(cls, hook) is not getattr(Arm, hook, None)]
-
-
-def declared_path(cls: type) -> str | None:
-    """The path the class declares (an attribute's value, or a class/static method's answer for "cuda"), or None."""
-    for name in PATH_ATTRIBUTES:
-        try:
-            raw = inspect.getattr_static(cls, name)
-        except AttributeError:
-            continue
-        if raw is inspect.getattr_static(Arm, name, None):  # the base's own answer (`Arm.path`): nothing declared
-            continue
-        if isinstance(raw, (classmethod, staticmethod)):
-            method = getattr(cls, name)
-            for call in (lambda: method("cuda"), method):
-                try:
-                    return str(call())
-                except Exception:  # another signature: try the next form
-                    continue
-        elif isinstance(raw, (str, tuple, list, dict)) or type(raw).__name__.endswith("Enum"):
-            return str(raw)
-    return None
-
-
 def flex_candidates(registry: dict[str, type], named: list[str] | None = None) -> dict[str, str]:
-    """{arm: why it is checked} for the arms of `registry` ({name: class}) found as the module docstring says,
-    then the `named` ones."""
-    found = {}
-    for name, cls in registry.items():
-        hooks = overridden_hooks(cls)
-        slots = [s for s in getattr(cls, "slots", lambda: ())() if s in HOOK_SLOTS]
-        path = declared_path(cls)
-        if hooks or slots or (path and "flex" in path.lower()):
-            found[name] = "; ".join(part for part in (hooks and f"hooks {', '.join(hooks)}",
-                                                      slots and f"slots {', '.join(slots)}",
-                                                      path and f"path {path}") if part)
+    """{arm: why it is checked} for the arms of `registry` ({name: class}) whose path on CUDA is flex, then the
+    `named` ones."""
+    found = {name: "path flex on CUDA" for name, cls in registry.items()
+             if isinstance(cls, type) and issubclass(cls, Arm) and cls.path("cuda") == "flex"}
     for name in named or ():
         found.setdefault(name, "named by --flex-arms")
     return found
@@ -96,7 +57,7 @@ def paths_agree(model, data: torch.Tensor, device) -> dict:
 
 def flex_row(arm: str, why: str, shp: dict, data: torch.Tensor, device, args, peak, baseline_step_s) -> dict:
     model = build(arm, shp, device)
-    row = {"why": why, "path": declared_path(get_arm(arm))}
+    row = {"why": why, "path": get_arm(arm).path(device.type)}
     parts = (("paths", lambda: paths_agree(model, data[:2], device)),
              ("accuracy", lambda: accuracy(model, data, device)),
              ("speed", lambda: speed(model, data, device, args.warmup, args.timed, peak)))
@@ -115,9 +76,8 @@ def flex_section(shp: dict, data: torch.Tensor, device, args, peak, baseline_ste
     `baseline_step()` gives the baseline's step time at this shape (called only when there are candidates)."""
     candidates = flex_candidates({name: get_arm(name) for name in list_arms()}, args.flex_arms)
     if not candidates:
-        return {"skipped": "no registered arm defines a score-modifier or normaliser hook or declares a flex path "
-                           f"(looked for methods {', '.join(FLEX_HOOKS)}; slots {', '.join(HOOK_SLOTS)}; path "
-                           f"attributes {', '.join(PATH_ATTRIBUTES)})", "registered": list_arms()}
+        return {"skipped": "no registered arm takes flex_attention on CUDA (Arm.path('cuda') == 'flex')",
+                "registered": list_arms()}
     rows, baseline_step_s = {}, baseline_step()
     for arm, why in candidates.items():
         if time.perf_counter() > deadline:

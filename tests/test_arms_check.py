@@ -114,11 +114,16 @@ def test_arms(monkeypatch):
 @pytest.mark.parametrize("name", list_arms() + list(TEST_ARMS))
 def test_every_arm_passes_the_check(name, test_arms):
     results = check_arm(name)
-    assert [r.status for r in results if not r.ok] == [], [(r.check, r.detail) for r in results]
-    by_kind = {r.check.split(":")[0]: r for r in results}
-    assert by_kind["attention"].status == by_kind["model"].status == "holds"
-    assert by_kind["causal attention"].status == by_kind["causal model"].status == "holds"  # every arm, no_decoding too
     refused = TEST_ARMS.get(name) is UncachedMemory
+    by_kind = {r.check.split(":")[0]: r for r in results}
+    assert [r.status for r in results if not r.ok] == [], [(r.check, r.detail) for r in results]
+    one_path = get_arm(name).path("cpu") == "reference"
+    assert by_kind["attention"].status == "holds"
+    assert ("one path: gradcheck" in by_kind["attention"].check) == one_path  # never the path against itself
+    assert by_kind["model"].status == ("not run" if one_path else "holds")
+    assert by_kind["mask"].status == ("holds" if get_arm(name).has_hook("mask") else "not run")
+    assert by_kind["documents"].status == "holds", by_kind["documents"].detail
+    assert by_kind["causal attention"].status == by_kind["causal model"].status == "holds"  # every arm, no_decoding too
     assert by_kind["decoding"].status == ("refused" if refused else "holds"), by_kind["decoding"].detail
     takes_flex = get_arm(name).path("cuda") == "flex"
     assert by_kind["flex"].status == ("holds" if takes_flex else "not run")
@@ -187,20 +192,24 @@ def test_the_attention_check_catches_a_fused_path_that_drifts(monkeypatch):
 
 
 def test_the_hook_examples_of_docs_arms_md_pass_the_check(monkeypatch):
-    """docs/arms.md's one example per hook kind, run as written: each registers and passes the check."""
+    """docs/arms.md's one example per hook kind and its composed arms, run as written: each registers and passes
+    the check."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "arms.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 5  # one per hook kind, and two arms composed
     monkeypatch.setattr("ablate.arms.base._REGISTRY", dict(_REGISTRY))  # what the blocks register goes away after
     namespace: dict = {}
     for block in blocks:
         exec(block, namespace)  # noqa: S102 (the documentation's own code)
     registered = {cls.name: cls for cls in namespace.values() if isinstance(cls, type) and issubclass(cls, Arm)
-                  and cls is not Arm}
-    assert {cls.hooks() for cls in registered.values()} == {("score-modifier",), ("normaliser",), ("override",)}
+                  and cls is not Arm and not cls.__module__.startswith("ablate.")}  # the docs' own, not imported
+    assert len(registered) == 6
+    assert {cls.hooks() for cls in registered.values()} == {("score-modifier",), ("normaliser",), ("override",),
+                                                             ("mask",), ()}
+    assert registered["window-sink"].slots() == ("denominator",) and registered["window-sink"].hooks() == ("mask",)
     for name in registered:
         assert all(r.status == "holds" for r in check_arm(name) if r.status != "not run"), name
 

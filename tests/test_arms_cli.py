@@ -62,6 +62,7 @@ def test_arms_lists_hooks_and_paths(capsys):
     assert rows["ssmax"][1:4] == ["score-modifier", "2", "reference/flex"]
     assert rows["value-residual"][1:4] == ["override", "0", "fused"]  # one layer counted: the first has none
     assert rows["combo"][1:4] == ["value+denominator", "4", "fused"]
+    assert rows["sliding-window"][1:4] == ["mask", "0", "fused/flex"]  # SDPA's boolean mask; a block mask on CUDA
     assert main(["arms", "--json"]) == 0
     by_arm = {row["arm"]: row for row in json.loads(capsys.readouterr().out)}
     assert by_arm["forgetting"]["hooks"] == ["score-modifier"]
@@ -74,9 +75,12 @@ def test_arms_check_runs_the_harness_on_a_users_arm(tmp_path, capsys):
     assert main(["arms", "--check", "my-cap", "--arm-file", str(arm_file)]) == 0
     out = capsys.readouterr().out
     assert "hooks score-modifier, path reference on a CPU, flex on CUDA" in out
-    for check in ("attention:", "model:", "flex: flex_attention (eager forward, float64, CPU)", "decoding:"):
+    for check in ("attention: one path: gradcheck", "flex: flex_attention (eager forward, float64, CPU)",
+                  "decoding: KV cache (6 tokens, then 1 at a time, 128 tokens)"):
         assert any(line.split()[0] == "holds" and check in line for line in out.splitlines()[1:]), check
-    assert "6 of 6 checks hold; 0 refused; 0 do not apply; 0 fail" in out
+    assert any(line.split()[:2] == ["not", "run"] and "model:" in line and "one path" in line
+               for line in out.splitlines())
+    assert "6 of 8 checks hold; 0 refused; 2 do not apply; 0 fail" in out
 
     assert main(["arms", "--check", "my-blind-distance", "--arm-file", str(arm_file)]) == 1
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The six hook examples against their papers' formulas, each written here independently of the arm (float64,
+"""The hook examples against their papers' formulas, each written here independently of the arm (float64,
 relative error ≤ 1e-12 in the output and in every gradient); their hooks and paths, init, parameter counts beside
 the baseline's, the refusal of a normaliser beside a denominator slot, and the fused path of the overrides.
 (fused = reference and decoding = the full forward for each: tests/test_arms_check.py.)"""
@@ -277,3 +277,79 @@ def test_hook_methods_are_found_like_slots():
         pass
 
     assert Plain.hooks() == () and Plain.path("cuda") == "fused"
+
+
+# ---------------------------------------------------------------- normalisers beyond softmax, each as loops over
+# its paper's formula (float64, values and the gradients of q, k, v within REL)
+
+
+def stick_breaking_loops(q, k, v):
+    """Tan et al. 2024, eq. (3)–(4): β_ij = σ(z_ij), A_ij = β_ij Π_{j<k<i} (1 − β_ik) for j < i; o_i = Σ_{j<i} A_ij v_j
+    (the authors' default, attend_current=False: no weight on the query's own key)."""
+    z = causal_logits(q, k)
+    B, _, T, _ = q.shape
+    rows = []
+    for i in range(T):
+        weights = [torch.sigmoid(z[:, :, i, j]) * math.prod([1 - torch.sigmoid(z[:, :, i, m]) for m in range(j + 1, i)])
+                   for j in range(i)] + [torch.zeros_like(z[:, :, i, 0])] * (T - i)
+        rows.append(torch.stack(weights, -1))
+    return torch.stack(rows, 2) @ expand(v)
+
+
+def softpick_loops(q, k, v, eps=1e-6):
+    """Zuhri et al. 2025, eq. (2): softpick(x)_j = ReLU(e^x_j − 1) / (Σ_m |e^x_m − 1| + ε), over the keys m ≤ i."""
+    z = causal_logits(q, k)
+    T = q.shape[2]
+    rows = []
+    for i in range(T):
+        seen = z[:, :, i, : i + 1]
+        p = F.relu(torch.exp(seen) - 1) / ((torch.exp(seen) - 1).abs().sum(-1, keepdim=True) + eps)
+        rows.append(F.pad(p, (0, T - i - 1)))
+    return torch.stack(rows, 2) @ expand(v)
+
+
+def selective_loops(q, k, v):
+    """Leviathan et al. 2024, the paper's listing: S = ReLU(head 0's causal logits), S[:, 0] = 0 (the first token is
+    never masked), S_ii = 0 (no token masks itself); F_ij = Σ_{m<i} S_mj; attention softmax(l − F) in every head."""
+    z = causal_logits(q, k)
+    T = q.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    select = torch.zeros(q.shape[0], T, T, dtype=torch.float64)
+    for m in range(T):
+        for j in range(1, m):  # key 0 and the query itself (j = m) are never masked
+            select[:, m, j] = F.relu(z[:, 0, m, j])
+    forget = torch.stack([select[:, :i].sum(1) for i in range(T)], 1)  # (B, Tq, Tk)
+    return torch.softmax((z - forget.unsqueeze(1)).masked_fill(~causal, float("-inf")), -1) @ expand(v)
+
+
+@pytest.mark.parametrize("name, loops", [("stick-breaking", stick_breaking_loops), ("softpick", softpick_loops),
+                                         ("selective", selective_loops)])
+def test_a_normaliser_is_its_papers_formula(name, loops):
+    arm, (q, k, v, x) = make(name), qkvx(T=9, scale=1.5)
+    assert get_arm(name).hooks() == ("normaliser",) and get_arm(name).path("cuda") == "reference"
+    assert_formula(lambda: attention(arm, q, k, v, x, context=context_of(x))[0], lambda: loops(q, k, v), [q, k, v],
+                   [])
+
+
+def test_softpick_leaves_masked_keys_out_of_its_denominator():
+    """A masked key (−∞) has |e^−∞ − 1| = 1: were it in the denominator, query 0 (one key) would get ≠ softpick."""
+    arm, (q, k, v, x) = make("softpick"), qkvx(T=4)
+    _, record = attention(arm, q, k, v, x, fused=False, context=context_of(x))
+    z = causal_logits(q, k)[:, :, 0, 0]
+    expected = F.relu(torch.exp(z) - 1) / ((torch.exp(z) - 1).abs() + 1e-6)
+    torch.testing.assert_close(record.weights[:, :, 0, 0], expected, rtol=1e-12, atol=0)
+
+
+def test_selective_attention_needs_its_decoding_state(monkeypatch):
+    """Its per-key sums over earlier queries are what the cache must carry: without them decoding goes wrong."""
+    from ablate.armcheck import check_decoding
+
+    assert check_decoding("selective").status == "holds"
+    forgetful = dict(get_arm("selective").__dict__)["normalise"]
+
+    def without_state(self, logits, context):
+        context.state.clear()
+        return forgetful(self, logits, context)
+
+    monkeypatch.setattr(get_arm("selective"), "normalise", without_state)
+    assert check_decoding("selective").status == "fails"

@@ -110,44 +110,34 @@ def test_the_flex_section_holds_a_named_arm_to_the_reference(cpu_run):
         "softcap", "sigmoid", "forgetting", "ssmax"}
 
 
-def test_the_flex_section_finds_hook_arms_by_what_they_say():
-    """An arm is checked through flex when it defines a score-modifier or normaliser hook, names one among its
-    slots, or declares a flex path; the study's arms (slots only, fused SDPA) are not."""
+def test_the_flex_section_selects_arms_by_their_path():
+    """An arm is checked through flex when its own path on CUDA is flex (`Arm.path`): a score modifier, a normaliser
+    with a log-weight, a mask; not a normaliser without one (reference there), nor the study's arms (fused)."""
 
     class ScoreModifier(Arm):
         def score_modifier(self, context):
             return lambda score, b, h, q_idx, kv_idx: score
 
-    class Normaliser(Arm):
-        def normaliser(self, logits):
-            return torch.sigmoid(logits)
+    class RowNormaliser(Arm):
+        def normalise(self, logits, context):
+            return torch.softmax(logits, -1)
 
-    class DeclaresFlex(Arm):
-        path = "flex on CUDA"
-
-    class AsksForPath(Arm):
-        @classmethod
-        def attention_path(cls, device):
-            return "flex" if device == "cuda" else "reference"
-
-    class NamesAHookSlot(Arm):
-        @classmethod
-        def slots(cls):
-            return ("score-modifier",)
+    class Window(Arm):
+        def mask_modifier(self, context):
+            return lambda b, h, q_idx, kv_idx: q_idx - kv_idx < 4
 
     class Plain(Arm):
         def output_gate(self, o, x):
             return torch.ones_like(o)
 
-    found = gpu_flex.flex_candidates({"s": ScoreModifier, "n": Normaliser, "d": DeclaresFlex, "a": AsksForPath,
-                                      "h": NamesAHookSlot, "p": Plain}, ["extra"])
-    assert list(found) == ["s", "n", "d", "a", "h", "extra"]
-    assert found["s"] == "hooks score_modifier" and found["a"] == "path flex"
-    assert found["extra"] == "named by --flex-arms"
+    found = gpu_flex.flex_candidates({"s": ScoreModifier, "n": RowNormaliser, "w": Window, "p": Plain}, ["extra"])
+    assert found == {"s": "path flex on CUDA", "w": "path flex on CUDA", "extra": "named by --flex-arms"}
     assert gpu_flex.flex_candidates({name: gpu_flex.get_arm(name) for name in study_arms()
                                      if gpu_flex.get_arm(name).__module__.startswith("ablate.")}) == {}
-    hook_examples = {name: gpu_flex.get_arm(name) for name in ("softcap", "sigmoid", "forgetting", "ssmax", "diff")}
-    assert set(gpu_flex.flex_candidates(hook_examples)) == {"softcap", "sigmoid", "forgetting", "ssmax"}
+    hook_examples = {name: gpu_flex.get_arm(name) for name in ("softcap", "sigmoid", "forgetting", "ssmax", "diff",
+                                                               "sliding-window", "stick-breaking")}
+    assert set(gpu_flex.flex_candidates(hook_examples)) == {"softcap", "sigmoid", "forgetting", "ssmax",
+                                                            "sliding-window"}
 
 
 def test_the_long_section_sizes_the_124M_run_as_plan_and_submit_do():

@@ -1,6 +1,7 @@
-"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve, then nine
+"""Attention arms: register a class, get it by name. Built-in arms are the study's twelve, then thirteen
 registered examples outside the study: three slot examples (`ablate.arms.examples`: qk-norm, temperature, alibi)
-and six hook examples (`ablate.arms.papers`: softcap, sigmoid, diff, forgetting, ssmax, value-residual).
+and ten hook examples (`ablate.arms.papers`: softcap, sigmoid, diff, forgetting, ssmax, value-residual,
+sliding-window, stick-breaking, softpick, selective).
 
     from ablate.arms import Arm, register_arm, get_arm, list_arms
 

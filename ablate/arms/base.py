@@ -14,7 +14,7 @@ An arm fills one or more *slots* of the one attention computation (each arm is a
 `v` is the read (B, H_kv, T, d) after any junk injection and before any gate; `x` is the pre-normed
 hidden state entering the attention layer (B, T, C). A slot an arm does not override is unused.
 
-Beside the slots, three *hooks* for what no slot can say; only they receive the per-forward `AttentionContext`
+Beside the slots, four *hooks* for what no slot can say; only they receive the per-forward `AttentionContext`
 (x, query and key positions, the training length, a dict shared across the layers of one forward, a state
 kept across decoding calls):
 
@@ -25,9 +25,15 @@ kept across decoding calls):
                   gives the same weights elementwise as log p, so flex_attention can run it on a GPU
 * override        `attend(q, k, v, context, core) -> o`, the whole attention; `core(q, k, v) -> o` is the kernel
                   with the arm's slots (fused in training, exact on the reference path, cached when decoding)
+* mask            `mask_modifier(context) -> mask`, mask(b, h, q_idx, kv_idx) -> bool (FlexAttention's mask_mod;
+                  True: may attend); the kernel composes it with the causal mask in one place (`kernel.mask_of`),
+                  so it can only take keys away. An arm states the largest position constant it uses (a window)
+                  as the class attribute `window`, so the check decodes far enough to see it.
 
 An arm with a score modifier or a normaliser trains on the reference path on a CPU (O(T²) per layer) and through
-compiled flex_attention on CUDA; slot-only and override arms keep the fused path (`Arm.path`). An arm whose state
+compiled flex_attention on CUDA; slot-only and override arms keep the fused path (`Arm.path`). A mask alone keeps
+the fused path on a CPU (SDPA with a boolean mask) and takes flex_attention with a block mask on CUDA, so masked
+blocks are skipped. An arm whose state
 a KV cache cannot hold says why in `no_decoding`, and decoding refuses it in one line.
 A *sequence* arm (sink-token) sets `sequence_token = True` and the model prepends a learned token.
 An *example* arm (`example = True`: qk-norm, temperature, alibi) is registered and listed like any
@@ -58,11 +64,13 @@ _SLOT_METHODS = {
     "score-bias": "score_bias",
 }
 
-HOOKS = ("score-modifier", "normaliser", "override")
-_HOOK_METHODS = {"score-modifier": "score_modifier", "normaliser": "normalise", "override": "attend"}
+HOOKS = ("score-modifier", "normaliser", "override", "mask")
+_HOOK_METHODS = {"score-modifier": "score_modifier", "normaliser": "normalise", "override": "attend",
+                 "mask": "mask_modifier"}
 PATHS = ("fused", "reference", "flex")
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # True: may attend
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,9 @@ class AttentionContext:
     shared: dict = field(default_factory=dict)  # lives for one forward, across the layers (cross-layer state)
     state: dict = field(default_factory=dict)  # this layer's (and core call's) state, kept across decoding calls
     decoding: bool = False  # True when a KV cache holds earlier positions
+    # (B, Tk) the document of every key position (cached ones included) under a document mask, −1 for a position
+    # every document sees (the sink token); None without one. The kernel composes it into the mask (`mask_of`).
+    documents: torch.Tensor | None = None
 
     @classmethod
     def full(cls, x: torch.Tensor, train_len: int | None = None, shared: dict | None = None) -> "AttentionContext":
@@ -113,6 +124,8 @@ class Arm(nn.Module):
     # The synthetic tasks (`ablate.tiers.TASKS`) whose tiers alone the arm runs on; empty: any tier. A run of it at
     # another tier is refused in one line before it starts (`ablate.config.resolve_config`).
     only_tasks: ClassVar[tuple[str, ...]] = ()
+    # The largest position constant the arm uses (a sliding window's width); the check decodes at least twice it.
+    window: ClassVar[int | None] = None
 
     def __init__(self, ctx: ArmContext):
         super().__init__()
@@ -152,6 +165,9 @@ class Arm(nn.Module):
                core: Callable[..., torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
+    def mask_modifier(self, context: AttentionContext) -> MaskMod:
+        raise NotImplementedError
+
     def init_parameter(self, name: str, param: torch.Tensor, generator: torch.Generator) -> None:
         """Set `param` (local name, e.g. 'tau') to its initial value; every arm with parameters overrides this."""
         raise NotImplementedError(f"arm {self.name!r} does not say how to initialise {name!r}")
@@ -176,11 +192,12 @@ class Arm(nn.Module):
     def path(cls, device_type: str = "cpu") -> str:
         """The training path: 'fused' (SDPA) for slot-only and override arms; for an arm with a score modifier or
         a normaliser, 'flex' (compiled flex_attention) on CUDA and 'reference' (materialised, O(T²)) elsewhere —
-        PyTorch 2.13's flex_attention has no backward on a CPU."""
+        PyTorch 2.13's flex_attention has no backward on a CPU. A mask alone: 'fused' on a CPU (SDPA with a
+        boolean mask), 'flex' on CUDA (a block mask skips the masked blocks)."""
         hooked = cls.has_hook("score-modifier") or cls.has_hook("normaliser")
-        if not hooked:
-            return "fused"
         flexible = not cls.has_hook("normaliser") or cls.normaliser_log_weight is not Arm.normaliser_log_weight
+        if not hooked:
+            return "flex" if device_type == "cuda" and cls.has_hook("mask") else "fused"
         return "flex" if device_type == "cuda" and flexible else "reference"
 
     @classmethod
@@ -211,6 +228,7 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         if cls.has_hook("normaliser") and cls.has_slot("denominator"):
             raise TypeError(f"arm {name!r}: the normaliser hook (normalise) replaces the softmax whose denominator "
                             "the denominator slot (sink_logit) adds to; fill one of them")
+        _refuse_ambiguous_composition(name, cls)
         cls.name = name
         cls.registered_in = registering_file()
         cls.arm_identity = compute_identity(cls)  # the code it runs, as imported: each run's arm identity
@@ -218,6 +236,24 @@ def register_arm(name: str, *, replace: bool = False) -> Callable[[type[Arm]], t
         return cls
 
     return decorate
+
+
+def _refuse_ambiguous_composition(name: str, cls: type[Arm]) -> None:
+    """Composition is explicit: where two bases fill one slot or hook differently, the class must define it itself
+    (Python's method order would otherwise pick one silently). One line naming the bases and the slot."""
+    for kind, methods in (("slot", _SLOT_METHODS), ("hook", _HOOK_METHODS)):
+        for label, method in methods.items():
+            if method in vars(cls):
+                continue
+            fillers: dict = {}  # the base's implementation → the bases that bring it
+            for base in cls.__bases__:
+                found = getattr(base, method, None)
+                if found is not None and found is not getattr(Arm, method):
+                    fillers.setdefault(found, []).append(base.__qualname__)
+            if len(fillers) > 1:
+                bases = ", ".join(b for group in fillers.values() for b in group)
+                raise TypeError(f"arm {name!r}: bases {bases} each fill the {label} {kind} ({method}); define "
+                                f"{method} in {cls.__qualname__} to say how they compose")
 
 
 def get_arm(name: str) -> type[Arm]:

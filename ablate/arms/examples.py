@@ -7,7 +7,7 @@ slots. `ablate arms` lists them and any experiment may name them; `arms="all"` l
 
 Logit soft-capping (Gemma 2's l ← c·tanh(l/c)) is a nonlinear function of the scores themselves, which neither
 slot can express (the query-key slot acts before the dot product; the score bias is added independently of it,
-as SDPA's additive mask is): it is a score modifier, one of the six hook examples of `ablate.arms.papers`,
+as SDPA's additive mask is): it is a score modifier, one of the hook examples of `ablate.arms.papers`,
 registered after these.
 """
 

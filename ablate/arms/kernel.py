@@ -24,6 +24,13 @@ kernel support: the model applies it to q and k before RoPE (`ablate.model`).
 
 Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
 
+The mask has one owner, `mask_of`: the causal mask (key position ≤ query position), composed with an arm's mask
+hook. Every path reads it from there: the fused path keeps `is_causal` when it is the causal mask alone and
+takes it as SDPA's boolean (or, with a score bias, additive) mask otherwise; the reference path and decoding
+evaluate it on index tensors (`dense_mask`), queries at their absolute positions; flex_attention takes it as a
+BlockMask (`block_mask`), built once per forward and shape and handed to every layer through the context's
+shared dict, the causal one from a bounded cache. A normaliser's weights are zeroed wherever it is False.
+
 Hooks (`ablate.arms.base`). A score modifier maps s·q·k first, then the routing gate, the score bias, the mask and
 the phantom column follow as above; a normaliser replaces the softmax over the masked logits. Both train on the
 reference path on a CPU and through compiled flex_attention on CUDA (`_flex`: the phantom key as o·σ(lse − b),
@@ -35,13 +42,14 @@ its own KV cache (`LayerCache.for_call`) and state, so an override that calls `c
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
 from ablate.arms import checks
-from ablate.arms.base import Arm, AttentionContext
+from ablate.arms.base import Arm, AttentionContext, MaskMod
 from ablate.errors import AblateError
 
 
@@ -124,7 +132,7 @@ def refuse_decoding(arm: Arm) -> None:
 
 def attention(
     arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True,
-    context: AttentionContext | None = None, cache: LayerCache | None = None,
+    context: AttentionContext | None = None, cache: LayerCache | None = None, path: str | None = None,
 ) -> tuple[torch.Tensor, AttentionRecord | None]:
     """Causal self-attention. Returns (o (B, H, Tq, d), record or None; a record on the reference path).
 
@@ -132,20 +140,26 @@ def attention(
     the new positions offset … offset+Tq−1, offset the positions the cache holds; their keys and values join the
     cache and the reference path attends
     over every cached key. `context` reaches the hooks only (built from x when the arm has hooks and none is
-    given); an override's `core` calls this kernel with the arm's slots, each call with its own cache."""
+    given); an override's `core` calls this kernel with the arm's slots, each call with its own cache. `path`
+    (the check's): run that path ('fused', 'flex' or 'reference') whatever the arm's training path is."""
     if cache is not None:
         refuse_decoding(arm)
-    if not arm.hooks():
-        return _core(arm, q, k, v, x, fused, None, cache)
+    documents = None if context is None else context.documents
+    if path is None:
+        path = arm.path(q.device.type) if fused and cache is None else "reference"
+        if documents is not None and path == "fused" and q.is_cuda:  # a document mask: blocks to skip
+            path = "flex"
+    if not arm.hooks() and documents is None:
+        return _core(arm, q, k, v, x, path, None, cache)
     if context is None:
         context = AttentionContext.full(x)
     if not arm.has_hook("override"):
-        return _core(arm, q, k, v, x, fused, context, cache)
+        return _core(arm, q, k, v, x, path, context, cache)
     records: list[AttentionRecord | None] = []
 
     def core(q_call: torch.Tensor, k_call: torch.Tensor, v_call: torch.Tensor) -> torch.Tensor:
         call_cache = None if cache is None else cache.for_call(len(records))
-        o_call, rec = _core(arm, q_call, k_call, v_call, x, fused, context, call_cache)
+        o_call, rec = _core(arm, q_call, k_call, v_call, x, path, context, call_cache)
         records.append(rec)
         return o_call
 
@@ -157,8 +171,9 @@ def attention(
     return o, record
 
 
-def _core(arm, q, k, v, x, fused, context, cache):
-    """The kernel with the arm's slots, score modifier and normaliser (the `core` an override receives)."""
+def _core(arm, q, k, v, x, path, context, cache):
+    """The kernel with the arm's slots, score modifier, normaliser and mask (the `core` an override receives), on
+    `path`; decoding (a cache) always takes the reference path."""
     values, value_gate, log_gate = key_signals(arm, v, x)
     sink = checks.exact(arm, "sink_logit", arm.sink_logit(), (q.shape[1],), "b (H,)") if arm.has_slot(
         "denominator") else None
@@ -174,10 +189,11 @@ def _core(arm, q, k, v, x, fused, context, cache):
         call_context = replace(context, key_pos=torch.arange(n_key, device=q.device), state=state,
                                decoding=cache is not None)
         hooks = Hooks.of(arm, call_context)
-    path = arm.path(q.device.type)
-    if fused and cache is None and path == "fused":
-        o, record = _fused(q, k, values, sink, log_gate, bias), None
-    elif fused and cache is None and path == "flex":
+    if cache is None and path == "fused":
+        masked = hooks is not None and (hooks.mask is not None or hooks.context.documents is not None)
+        allowed = dense_mask(mask_of(hooks.mask, 0, hooks.context.documents), q, n_key) if masked else None
+        o, record = _fused(q, k, values, sink, log_gate, bias, allowed), None
+    elif cache is None and path == "flex":
         o, record = _flex(q, k, values, sink, log_gate, bias, hooks), None
     else:
         o, record = reference_attention(q, k, values, sink, log_gate, offset=offset, bias=bias, hooks=hooks)
@@ -200,6 +216,7 @@ class Hooks:
     normalise: object = None  # (logits) -> weights
     log_weight: object = None  # (score, b, h, q_idx, kv_idx) -> log p, the normaliser elementwise (flex)
     arm: Arm | None = None  # whose score modifier it is (its output is checked on the reference path)
+    mask: MaskMod | None = None  # (b, h, q_idx, kv_idx) -> bool, the arm's own (before `mask_of` composes it)
 
     @classmethod
     def of(cls, arm: Arm, context: AttentionContext) -> "Hooks":
@@ -211,18 +228,63 @@ class Hooks:
             hooks.normalise = lambda logits: checks.broadcast(arm, "normalise", arm.normalise(logits, context),
                                                               tuple(logits.shape), "weights p (B, H, T_q, T_k)")
             hooks.log_weight = arm.normaliser_log_weight(context)
+        if arm.has_hook("mask"):
+            hooks.mask = arm.mask_modifier(context)
         return hooks
 
 
+def mask_of(arm_mask: MaskMod | None, offset: int, documents: torch.Tensor | None = None) -> MaskMod:
+    """The one composed mask, FlexAttention's mask_mod (True: query q_idx may see key kv_idx): causal — the key's
+    position at most the query's, query q_idx of this call sitting at key position offset + q_idx — the document
+    mask (`documents` (B, Tk): a key of the query's document, or of document −1, which every document sees: the
+    sink token), and the arm's mask. Every path evaluates this one function; an arm's mask can only take keys
+    away. (The phantom key is no position: every query sees it.)"""
+
+    def composed(b, h, q_idx, kv_idx):
+        allowed = kv_idx <= q_idx + offset
+        if documents is not None:
+            key_document = documents[b, kv_idx]
+            allowed = allowed & ((key_document == documents[b, q_idx + offset]) | (key_document < 0))
+        if arm_mask is not None:
+            allowed = allowed & arm_mask(b, h, q_idx, kv_idx)
+        return allowed
+
+    return composed
+
+
+def dense_mask(mask: MaskMod, q: torch.Tensor, n_key: int) -> torch.Tensor:
+    """The composed mask evaluated on broadcasting index tensors: a bool tensor that broadcasts against (B, H, Tq,
+    Tk) — (1, 1, Tq, Tk) for the causal mask alone. A mask hook returning another dtype or shape is one line naming
+    the hook, the shape expected and the one it gave."""
+    B, H, Tq = q.shape[0], q.shape[1], q.shape[2]
+    allowed = mask(*_broadcast_indices((B, H, Tq, n_key), q.device))
+    expected = (B, H, Tq, n_key)
+    try:
+        shaped = torch.broadcast_shapes(allowed.shape, expected) == expected
+    except (RuntimeError, AttributeError):
+        shaped = False
+    if not shaped or allowed.dtype != torch.bool:
+        got = f"{getattr(allowed, 'dtype', type(allowed).__name__)} {tuple(getattr(allowed, 'shape', ()))}"
+        raise AblateError(f"mask hook (mask_modifier): expected a bool tensor broadcastable to (B, H, Tq, Tk) = "
+                          f"{expected}, got {got}")
+    return allowed if allowed.dim() == 4 else allowed.view((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
+
+
 def _fused(q, k, v, sink: torch.Tensor | None, log_gate: torch.Tensor | None,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA; `allowed` the composed mask evaluated (`dense_mask`) when an arm has a mask, else None: is_causal,
+    the causal mask alone."""
     n_head, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d)
     gqa = k.shape[1] != n_head
-    if sink is None and log_gate is None and bias is None and dv == d:
+    if sink is None and log_gate is None and bias is None and allowed is None and dv == d:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     q2, k2, v2 = _extra_columns(q, k, v, sink, log_gate, scale)
-    mask = None if bias is None else _bias_mask(bias, sink is not None, q2.dtype)
+    mask = None
+    if bias is not None or allowed is not None:
+        if allowed is None:  # the causal mask alone, as a tensor: SDPA takes a mask or is_causal, not both
+            allowed = dense_mask(mask_of(None, 0), q, k.shape[2])
+        mask = _sdpa_mask(allowed, bias, sink is not None, q2.dtype)
     o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
     return o[:, :, 1:, :dv] if sink is not None else o[..., :dv]
 
@@ -263,15 +325,18 @@ def _extra_columns(q, k, v, sink, log_gate, scale: float):
     return q2, k2, v2
 
 
-def _bias_mask(bias: torch.Tensor, with_sink: bool, dtype: torch.dtype) -> torch.Tensor:
-    """(1, H, n, n) additive mask: the bias where j ≤ i, −inf above the diagonal. With the phantom key, a first
-    row and column of zeros go in front: column 0 is the sink key (its logit b_h is in its extra column, so the
-    bias does not touch it); row 0 is the dummy query, which then sees the sink key alone, as under is_causal."""
+def _sdpa_mask(allowed: torch.Tensor, bias: torch.Tensor | None, with_sink: bool, dtype: torch.dtype) -> torch.Tensor:
+    """SDPA's mask from the composed one (`allowed`, broadcasting to (B, H, T, T)): boolean without a score bias;
+    with one, additive: the bias where allowed, −inf elsewhere. With the phantom key, a first row and column go in
+    front: column 0 is the sink key, visible to every query (its logit b_h is in its extra column, so the bias does
+    not touch it); row 0 is the dummy query, which sees the sink key alone, as under is_causal."""
     if with_sink:
-        bias = F.pad(bias, (1, 0, 1, 0))
-    n = bias.shape[-1]
-    future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)
-    return bias.to(dtype).masked_fill(future, float("-inf")).unsqueeze(0)
+        allowed = F.pad(allowed, (1, 0, 1, 0), value=False)
+        allowed[..., 0] = True
+        bias = None if bias is None else F.pad(bias, (1, 0, 1, 0))
+    if bias is None:
+        return allowed
+    return bias.to(dtype).unsqueeze(0).masked_fill(~allowed, float("-inf"))
 
 
 def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torch.Tensor | None = None,
@@ -280,21 +345,23 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     bias (H, Tq, Tk) is the score-bias slot's, for those positions; hooks: the arm's score modifier (on s·q·k,
     first) and normaliser (in place of the softmax), bound to this call's context."""
     n_head, d = q.shape[1], q.shape[-1]
-    Tq, Tk = q.shape[2], k.shape[2]
+    Tk = k.shape[2]
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
     if hooks is not None and hooks.score_mod is not None:
-        logits = checks.broadcast(hooks.arm, "score_modifier", hooks.score_mod(logits, *_broadcast_indices(logits)),
-                                  tuple(logits.shape), "a score for each (b, h, q_idx, kv_idx)")
+        logits = checks.exact(hooks.arm, "score_modifier",
+                              hooks.score_mod(logits, *_broadcast_indices(logits.shape, logits.device)),
+                              tuple(logits.shape), "a score for each (b, h, q_idx, kv_idx)")
     if log_gate is not None:
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
-    key_pos = torch.arange(Tk, device=q.device)
-    query_pos = torch.arange(Tq, device=q.device).unsqueeze(1) + offset
-    logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
+    allowed = dense_mask(mask_of(None if hooks is None else hooks.mask, offset,
+                                 None if hooks is None else hooks.context.documents), q, Tk)
+    logits = logits.masked_fill(~allowed, float("-inf"))
     phantom = None
     if hooks is not None and hooks.normalise is not None:
-        weights = hooks.normalise(logits)
+        weights = hooks.normalise(logits)  # its shape checked where it returns (`Hooks.of`)
+        weights = weights.masked_fill(~allowed, 0.0)  # no weight on a key the mask takes away
     elif sink is not None:
         sink_column = sink.to(logits.dtype).view(1, n_head, 1, 1).expand(*logits.shape[:3], 1)
         full = torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)
@@ -307,31 +374,59 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     return o, record
 
 
-def _broadcast_indices(logits: torch.Tensor):
-    """b, h, q_idx, kv_idx as index tensors that broadcast against (B, H, Tq, Tk): a score modifier written for
-    flex_attention (scalars there) runs unchanged on the whole materialised tensor."""
-    B, H, Tq, Tk = logits.shape
-    device = logits.device
+def _broadcast_indices(shape, device):
+    """b, h, q_idx, kv_idx as index tensors that broadcast against shape (B, H, Tq, Tk): a score modifier or mask
+    written for flex_attention (scalars there) runs unchanged on the whole materialised tensor."""
+    B, H, Tq, Tk = shape
     return (torch.arange(B, device=device).view(B, 1, 1, 1), torch.arange(H, device=device).view(1, H, 1, 1),
             torch.arange(Tq, device=device).view(1, 1, Tq, 1), torch.arange(Tk, device=device).view(1, 1, 1, Tk))
 
 
 _COMPILED_FLEX = None
-_BLOCK_MASKS: dict = {}  # (Tq, Tk, device) → the causal block mask with queries at the last Tq of Tk positions
+_CAUSAL_BLOCK_MASKS: OrderedDict = OrderedDict()  # (Tq, Tk, device) → the causal block mask, least recent first
+CAUSAL_BLOCK_MASK_CACHE = 16  # shapes kept: training uses one, `ablate eval` one per width bucket
+FORWARD_BLOCK_MASK = "kernel/block-mask"  # the key of a forward's block masks in the context's shared dict
 
 
-def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = True) -> torch.Tensor:
+def block_mask(hooks: Hooks, B: int, H: int, Tq: int, Tk: int, device: torch.device):
+    """The composed mask as flex_attention's BlockMask (masked blocks skipped). The causal mask alone comes from a
+    bounded cache by shape; with an arm's mask or documents it is built once per forward and shape and kept in the
+    context's shared dict, so every layer of that forward gets the same one (an arm's mask is one function in all
+    layers)."""
+    from torch.nn.attention.flex_attention import create_block_mask  # flex path only
+
+    offset = Tk - Tq
+    if hooks.mask is None and hooks.context.documents is None:
+        key = (Tq, Tk, str(device))
+        if key not in _CAUSAL_BLOCK_MASKS:  # building one costs more than a layer's attention
+            _CAUSAL_BLOCK_MASKS[key] = create_block_mask(mask_of(None, offset), None, None, Tq, Tk, device=device)
+            while len(_CAUSAL_BLOCK_MASKS) > CAUSAL_BLOCK_MASK_CACHE:
+                _CAUSAL_BLOCK_MASKS.popitem(last=False)
+        _CAUSAL_BLOCK_MASKS.move_to_end(key)
+        return _CAUSAL_BLOCK_MASKS[key]
+    masks = hooks.context.shared.setdefault(FORWARD_BLOCK_MASK, {})
+    key = (B, H, Tq, Tk)
+    if key not in masks:
+        masks[key] = create_block_mask(mask_of(hooks.mask, offset, hooks.context.documents), B, H, Tq, Tk,
+                                       device=device)
+    return masks[key]
+
+
+def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool | None = None) -> torch.Tensor:
     """Compiled flex_attention (CUDA): the score modifier, routing gate and score bias in one score_mod, the
-    causal mask as a block mask; the phantom key as o·σ(lse − b_h) (Σ_j e^l_ij / (e^b + Σ_j e^l_ij) = σ(lse − b));
-    a normaliser given as an elementwise log-weight log p as o·exp(lse) (flex normalises; its lse undoes it).
-    `compiled=False` runs it eagerly (a CPU test's forward: PyTorch 2.13 has no flex backward on a CPU)."""
+    composed mask as a block mask (`block_mask`); the phantom key as o·σ(lse − b_h) (Σ_j e^l_ij / (e^b + Σ_j e^l_ij)
+    = σ(lse − b)); a normaliser given as an elementwise log-weight log p as o·exp(lse) (flex normalises; its lse
+    undoes it). The lse is requested only for those two. `compiled` defaults to q's device being CUDA; eager on a
+    CPU (the check's forward: PyTorch 2.13 has no flex backward on a CPU)."""
     global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention  # CUDA path only
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention  # flex path only
+
+    if compiled is None:
+        compiled = q.is_cuda
 
     n_head, n_kv = q.shape[1], k.shape[1]
     groups = n_head // n_kv
     Tq, Tk = q.shape[2], k.shape[2]
-    offset = Tk - Tq
     arm_mod, log_weight = hooks.score_mod, hooks.log_weight
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -345,18 +440,18 @@ def _flex(q, k, values, sink, log_gate, bias, hooks: Hooks, *, compiled: bool = 
             score = log_weight(score, b, h, q_idx, kv_idx)
         return score
 
-    def causal(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + offset
-
-    mask_key = (Tq, Tk, str(q.device))
-    if mask_key not in _BLOCK_MASKS:  # one per shape: building it costs more than a layer's attention
-        _BLOCK_MASKS[mask_key] = create_block_mask(causal, None, None, Tq, Tk, device=q.device)
     if compiled and _COMPILED_FLEX is None:
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     kernel = _COMPILED_FLEX if compiled else flex_attention
+    need_lse = log_weight is not None or sink is not None
     # One dtype for q, k, v (flex_attention is not an autocast op: a gate may have promoted the values to float32).
-    o, aux = kernel(q, k.to(q.dtype), values.to(q.dtype), score_mod=score_mod, block_mask=_BLOCK_MASKS[mask_key],
-                    scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=groups > 1, return_aux=AuxRequest(lse=True))
+    out = kernel(q, k.to(q.dtype), values.to(q.dtype), score_mod=score_mod,
+                 block_mask=block_mask(hooks, q.shape[0], n_head, Tq, Tk, q.device),
+                 scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=groups > 1,
+                 return_aux=AuxRequest(lse=True) if need_lse else None)
+    if not need_lse:
+        return out
+    o, aux = out
     lse = aux.lse.to(o.dtype)  # (B, H, Tq), natural log
     if log_weight is not None:
         o = o * torch.exp(lse).unsqueeze(-1)

@@ -1,4 +1,4 @@
-"""Six registered examples through the hooks, each from its paper (outside the study, like qk-norm):
+"""Registered examples through the hooks, each from its paper (outside the study, like qk-norm):
 
 * softcap         score modifier: l ← c·tanh(l/c), c = `cap` (Gemma 2's 50)
 * sigmoid         normaliser: p_ij = σ(l_ij + b), b = −log n, n the training length; no normalisation
@@ -11,6 +11,11 @@
                   i sees
 * value-residual  override: ResFormer's value residual (Zhou et al. 2024), v ← λ₁v + λ₂v⁽¹⁾, v⁽¹⁾ the first
                   layer's values, passed on in the context's shared dict
+* sliding-window  mask: query i sees keys j with 0 ≤ i − j < w, w = `window` (64; Mistral, Gemma 2's local layers)
+* stick-breaking  normaliser: A_ij = σ(l_ij) Π_{j<k<i} σ(−l_ik), the nearest key first (Tan et al. 2024)
+* softpick        normaliser: ReLU(e^l − 1) / (Σ|e^l − 1| + ε) over the keys a query sees (Zuhri et al. 2025)
+* selective       normaliser: softmax(l − F), F the ReLU of head 0's logits summed over earlier queries
+                  (Leviathan et al. 2024)
 
 Formulas, sources and choices: docs/arms.md. Each is held to its formula, written independently, in
 tests/test_arms_papers.py.
@@ -210,3 +215,81 @@ class ValueResidual(Arm):
             nn.init.constant_(param, VALUE_RESIDUAL_INIT)
         else:
             super().init_parameter(name, param, generator)
+
+
+SLIDING_WINDOW = 64  # keys a query sees, itself included
+
+
+@register_arm("sliding-window")
+class SlidingWindow(Arm):
+    description = "mask: a hard sliding window, query i sees keys j with 0 ≤ i − j < w, w = 64 (Mistral; Gemma 2)"
+    example = True
+    window: ClassVar[int] = SLIDING_WINDOW
+
+    def mask_modifier(self, context):
+        query_pos, key_pos, window = context.query_pos, context.key_pos, self.window
+
+        def in_window(b, h, q_idx, kv_idx):
+            distance = query_pos[q_idx] - key_pos[kv_idx]
+            return (distance >= 0) & (distance < window)  # a mask says all it allows: no later key
+
+        return in_window
+
+
+@register_arm("stick-breaking")
+class StickBreaking(Arm):
+    description = ("normaliser: stick-breaking A_ij = β_ij Π_{j<k<i} (1 − β_ik), β = σ(l), over earlier keys, "
+                   "nearest first (Tan et al.)")
+    example = True
+
+    def normalise(self, logits, context):
+        """log A_ij = log σ(l_ij) + Σ_{j<k<i} log σ(−l_ik), the sum a reverse cumulative sum over the keys. The query
+        does not attend to itself (the authors' `attend_current=False`); a masked key (−∞) breaks nothing off."""
+        itself = context.key_pos.view(1, 1, 1, -1) == context.query_pos.view(1, 1, -1, 1)
+        logits = logits.masked_fill(itself, float("-inf"))
+        log_keep = F.logsigmoid(-logits)  # log(1 − β_ik); 0 where masked
+        after = log_keep.flip(-1).cumsum(-1).flip(-1) - log_keep  # Σ_{k > j} log(1 − β_ik)
+        return torch.exp(F.logsigmoid(logits) + after)
+
+
+SOFTPICK_EPS = 1e-6  # ε in the denominator
+
+
+@register_arm("softpick")
+class Softpick(Arm):
+    description = ("normaliser: softpick p_ij = ReLU(e^l_ij − 1) / (Σ_j |e^l_ij − 1| + ε), masked keys left out "
+                   "(Zuhri et al.)")
+    example = True
+
+    def normalise(self, logits, context):
+        """Multiplied through by e^−m, m = max(0, max_j l_ij), so no exponential overflows (exact: ε scales too).
+        A masked key (−∞) would add |0 − 1| to the denominator: it is left out."""
+        shift = logits.amax(-1, keepdim=True).clamp(min=0)
+        shifted = torch.exp(logits - shift) - torch.exp(-shift)  # (e^l − 1)·e^−m
+        seen = torch.isfinite(logits)
+        denominator = torch.where(seen, shifted.abs(), 0.0).sum(-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-shift)
+        return F.relu(shifted) / denominator
+
+
+SELECTIVE_STATE = "selective/mask-sums"  # per key, Σ of S over the queries before this call (decoding)
+
+
+@register_arm("selective")
+class Selective(Arm):
+    description = ("normaliser: selective attention, softmax(l − F), F_ij = Σ_{k<i} ReLU(l⁰_kj) from head 0's "
+                   "logits, not for key 0 or k = j (Leviathan et al.)")
+    example = True
+
+    def normalise(self, logits, context):
+        """S_kj = ReLU(l_kj) of head 0 (0 where masked, for the first key and for k = j); F_ij = Σ_{k<i} S_kj over
+        earlier queries, those of earlier decoding calls carried per key in the layer's state."""
+        query_pos, key_pos = context.query_pos.view(-1, 1), context.key_pos.view(1, -1)
+        select = F.relu(logits[:, 0]).masked_fill((key_pos == 0) | (key_pos == query_pos), 0.0)  # (B, Tq, Tk)
+        earlier = context.state.get(SELECTIVE_STATE)  # (B, keys of earlier calls)
+        carried = select.new_zeros(select.shape[0], select.shape[-1])
+        if earlier is not None:
+            carried[:, : earlier.shape[-1]] = earlier
+        forget = carried.unsqueeze(1) + select.cumsum(1) - select  # Σ over earlier queries, this one excluded
+        if context.decoding:
+            context.state[SELECTIVE_STATE] = carried + select.sum(1)
+        return torch.softmax(logits - forget.unsqueeze(1), dim=-1)

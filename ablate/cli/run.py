@@ -28,6 +28,9 @@ def add_commands(subparsers) -> None:
     parser.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: the tier's)")
     parser.add_argument("--devices", type=int, help="data-parallel processes (GPUs, or CPU processes with gloo)")
     parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    parser.add_argument("--document-mask", action="store_true", default=None,
+                        help="each token attends within its document only (split at <|endoftext|>); part of the "
+                             "run's identity; not on task tiers")
     parser.add_argument("--logger", choices=("none", "tensorboard", "wandb"))
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
@@ -47,7 +50,8 @@ def run_command(args) -> int:
     refuse_unsound([args.arm], args.arm_file)  # a user's arm: causal and finite, or refused before any folder exists
     spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
     options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
-                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress)
+                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress,
+                   document_mask=args.document_mask)
     summary = RunSummary.of((outcome := run_as(spec, args.results, args.data, args.force, options))[0])
     if not outcome[1]:  # a data-parallel child reports nothing: its parent does
         print(json.dumps({k: getattr(summary, k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",

@@ -85,7 +85,8 @@ class AblateLM(TemplateLM):
                 tokens = (context + continuation)[-(self.max_length + 1):][:-1]  # cut from the left, as HFLM
                 inputs.append(tokens)
                 spans.append((len(tokens) - len(continuation), len(tokens)))
-            width = max(len(tokens) for tokens in inputs)
+            width = padded_width(max(len(tokens) for tokens in inputs), self.max_length,
+                                 self.model.arm_class.path(self._device.type) == "flex")
             batch = torch.zeros(len(inputs), width, dtype=torch.long)
             for row, tokens in enumerate(inputs):
                 batch[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
@@ -147,3 +148,18 @@ def rolling_windows(tokens: list[int], max_length: int) -> list[tuple[list[int],
             token_list=tokens, prefix_token=EOT_TOKEN, max_seq_len=max_length, context_len=1
         )
     ]
+
+
+SMALLEST_BUCKET = 64  # the narrowest width a flex model's batch is padded to
+
+
+def padded_width(longest: int, limit: int, flex: bool) -> int:
+    """A batch's width: its longest row, or for a model on the flex path (which compiles once per shape) the next
+    of the fixed buckets 64, 128, 256, … capped at the model's window `limit`, so `ablate eval` compiles once per
+    bucket rather than once per batch. Right padding changes no logit of a causal model's real positions."""
+    if not flex:
+        return longest
+    width = SMALLEST_BUCKET
+    while width < longest:
+        width *= 2
+    return max(longest, min(width, limit))
