@@ -214,7 +214,7 @@ def test_table_and_report_commands(tmp_path, capsys):
         write_report(tmp_path / "p.csv")
     assert paired_seed_kinds() == ("paired", "increments", "overlap")
     assert analysis_cli.KINDS is KINDS and list(KINDS) == ["paired", "increments", "overlap", "losses", "declared",
-                                                          "scale", "lr"]
+                                                          "scale", "lr", "budgets"]
 
 
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module
