@@ -87,8 +87,13 @@ class UncachedMemory(Arm):
     no_decoding = "its mixing reads the mean of x over every earlier position, which the cache does not keep"
 
     def score_modifier(self, context):
-        total = context.x.sum(dim=2).cumsum(dim=1)  # (B, T): depends on every position up to each query
-        mean = total / torch.arange(1, total.shape[1] + 1, dtype=total.dtype)
+        xs = context.x.sum(dim=2)  # (B, T)
+        T = xs.shape[1]
+        earlier = torch.ones(T, T, dtype=torch.bool, device=xs.device).tril()  # (T, T): position j ≤ i
+        if context.documents is not None:  # under a document mask, the mean of this document's positions only
+            earlier = earlier & (context.documents[:, :, None] == context.documents[:, None, :])
+        earlier = earlier.expand(xs.shape[0], T, T).to(xs.dtype)
+        mean = (earlier @ xs.unsqueeze(-1)).squeeze(-1) / earlier.sum(-1)  # (B, T): every position up to each one
 
         def mod(score, b, h, q_idx, kv_idx):
             return score + mean[b, kv_idx]  # per key: a per-query constant would not move the softmax
@@ -268,16 +273,21 @@ def test_the_causal_check_catches_each_leak_no_decoding_or_not(name, leaking_arm
     by_kind = {r.check.split(":")[0]: r for r in check_arm(name)}
     assert by_kind["decoding"].status == "refused"
     assert by_kind["causal attention"].status == "fails", by_kind["causal attention"].detail
-    assert by_kind["causal model"].status == "fails", by_kind["causal model"].detail
-    assert "changed at positions it may not see" in by_kind["causal model"].detail
-    if name == "test-leaky-normaliser":  # the raw weights, not what a kernel leaves of them
+    if name == "test-leaky-normaliser":  # the raw weights, not what the kernel leaves of them: the kernel zeroes
+        # a normaliser's weight on a masked key (issue 55), so the model it trains is causal, and the check still
+        # reports the normaliser that puts weight there
         assert "puts weight 0.00909 on masked (later) keys" in by_kind["causal attention"].detail
+        assert by_kind["causal model"].status == "holds", by_kind["causal model"].detail
+        failing = "1 fail (causal attention)"
     else:
+        assert by_kind["causal model"].status == "fails", by_kind["causal model"].detail
+        assert "changed at positions it may not see" in by_kind["causal model"].detail
         assert "training" in by_kind["causal attention"].detail and "changed at positions" in \
             by_kind["causal attention"].detail
+        failing = "fail (causal attention, causal model)"
     assert check_command(name, as_json=False) == 1
     last = capsys.readouterr().out.splitlines()[-1]
-    assert "1 refused (decoding: not checked)" in last and "2 fail (causal attention, causal model)" in last, last
+    assert "1 refused (decoding: not checked)" in last and failing in last, last
 
 
 def test_the_leaky_normaliser_is_caught_by_its_weights_even_where_the_kernel_would_mask_them(leaking_arms,
@@ -346,7 +356,7 @@ def test_a_refused_decode_is_never_counted_as_holding(test_arms, capsys):
 
     assert check_command("test-uncached-memory", as_json=False) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == "5 of 6 checks hold; 1 refused (decoding: not checked); 0 do not apply; 0 fail", last
+    assert last == "5 of 8 checks hold; 1 refused (decoding: not checked); 2 do not apply; 0 fail", last
 
 
 LEAKY_FILE = '''import torch
@@ -411,7 +421,7 @@ def test_the_arms_ablate_ships_do_not_pay_the_check_at_each_run(monkeypatch):
     monkeypatch.setattr(armcheck, "run_checks", no_check)
     shipped = [cls.name for module in (builtin, examples, papers, testbed) for cls in vars(module).values()
                if isinstance(cls, type) and issubclass(cls, Arm) and cls.name and cls.__module__ == module.__name__]
-    assert len(shipped) == 22 and set(list_arms()) >= set(shipped)
+    assert len(shipped) == 26 and set(list_arms()) >= set(shipped)
     assert [name for name in shipped if armcheck.is_users(name)] == []
     armcheck.refuse_unsound(shipped)
     monkeypatch.setattr(PeekNextX, "__module__", "my_arms")
