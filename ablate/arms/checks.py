@@ -10,7 +10,6 @@ a non-finite value raises `NonFinite`, naming the arm, the layer and the method.
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import torch
 
@@ -29,7 +28,7 @@ METHODS = {
     "attend": ("override hook", "attend(q, k, v, context, core)"),
 }
 
-_STATE = threading.local()
+_CHECKING = False  # inside `finite_checks` (a plain global: torch.compile guards on it without a graph break)
 
 
 class ArmOutputError(AblateError):
@@ -90,17 +89,17 @@ def pair(arm, returned, q: torch.Tensor, k: torch.Tensor):
 
 @contextlib.contextmanager
 def finite_checks():
-    """While inside (this thread), every checked slot or hook output must be finite, or `NonFinite` names it."""
-    before = getattr(_STATE, "on", False)
-    _STATE.on = True
+    """While inside, every checked slot or hook output must be finite, or `NonFinite` names it."""
+    global _CHECKING
+    before, _CHECKING = _CHECKING, True
     try:
         yield
     finally:
-        _STATE.on = before
+        _CHECKING = before
 
 
 def finite(arm, method: str, value):
-    if getattr(_STATE, "on", False) and isinstance(value, torch.Tensor) and value.is_floating_point():
+    if _CHECKING and isinstance(value, torch.Tensor) and value.is_floating_point():
         ok = torch.isfinite(value) | (value == float("-inf")) if method == "score_modifier" else (
             torch.isfinite(value))
         if not bool(ok.all()):

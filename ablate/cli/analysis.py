@@ -90,8 +90,10 @@ def table_command(args: argparse.Namespace) -> int:
     if args.ran:
         table, elsewhere = _ran_only(table, args)
     text = kind.render(table, args.format)
-    if elsewhere:
+    if elsewhere and args.format == "md":
         text = f"{text.rstrip()}\n\n{elsewhere}\n"
+    elif elsewhere:  # a machine-readable output stays that; the line goes beside it
+        print(elsewhere, file=sys.stderr)
     if args.format in ("csv", "latex"):  # formats that cannot carry the warnings themselves
         from ablate.analysis.escape import one_line
 
