@@ -208,7 +208,8 @@ def test_a_score_modifiers_wrong_shape_is_named():
             return lambda score, b, h, q_idx, kv_idx: score.sum(-1)
 
     q, k, v, x = check_inputs(T=5)
-    with pytest.raises(AblateError, match=r"score-modifier hook score_modifier.* returned \(2, 4, 5\); expected a score"):
+    wrong = r"score-modifier hook score_modifier.* returned \(2, 4, 5\); expected a score"
+    with pytest.raises(AblateError, match=wrong):
         attention(Summing(make_checked_arm("baseline").ctx), q, k, v, x, fused=False)
 
 
