@@ -125,7 +125,8 @@ def test_micro_batch_follows_the_gpu_memory():
 @pytest.mark.parametrize("tier", ATTENTION_ONLY)
 def test_an_attention_only_tier_matches_the_small_arms_and_refuses_to_narrow_an_mlp_it_has_not(tier):
     """abstain-stream, the value-junk tiers and the graded testbed's have no MLP: an arm within the tolerance keeps
-    the baseline's config; one that is not (g2-value, +d² per layer) is refused in one line, never built with a negative width."""
+    the baseline's config; one that is not (g2-value, +d² per layer) is refused in one line, never built with a
+    negative width."""
     assert ATTENTION_ONLY == ["abstain-stream", "value-junk-norm", "value-junk-direction", "stream-absent-60",
                               "stream-absent-90", "stream-absent-95", "junk-content-e010", "junk-content-e020",
                               "junk-content-e050"]
