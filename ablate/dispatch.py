@@ -181,10 +181,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
-        if sequential is not None and recorded_design(folder) is None:
-            record_ledger(folder, {}, {**sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
-        elif sequential is None and recorded_design(folder) is None:  # a fixed design: frozen at its first submit
-            record_design(folder, request.declaration or experiment, request.amend)
+        _record_the_design(folder, experiment, request)
         report = _plan_submission(experiment, specs, results, resources, request.rerun_stale)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
         for spec in todo:
@@ -201,6 +198,16 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
         if eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources, report["jobs"])
     return report
+
+
+def _record_the_design(folder: Path, experiment: Experiment, request: Submission) -> None:
+    """Under the submit lock, before anything is queued: a sequential design's record once; else the fixed design's
+    whole declaration, frozen at its first submit (`ablate.design.record_design`: a changed one refused unless
+    `amend`)."""
+    if request.sequential is not None and recorded_design(folder) is None:
+        record_ledger(folder, {}, {**request.sequential, "recorded": dt.datetime.now().isoformat(timespec="seconds")})
+    elif request.sequential is None and recorded_design(folder) is None:
+        record_design(folder, request.declaration or experiment, request.amend)
 
 
 def _submit_evals(experiment, experiment_file, specs, request: Submission, profile, training_jobs) -> dict:

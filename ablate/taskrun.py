@@ -99,8 +99,7 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
     # as a corpus run's summary (`started_summary`, `completed_summary`)
     summary = {**started_summary(config, model_summary(model, init_fingerprint, init_common),
                                  made_by=(git_commit(), run_versions), started=started,
-                                 data=(None, task_fingerprint(task)),
-                                 arm_source=arm_source),
+                                 data=(None, task_fingerprint(task)), arm_source=arm_source),
                **completed_summary(config, val_loss, val=(_validation_fingerprint(validation), _scored(validation)),
                                    data_fingerprint=data_fingerprint, weights_sha256=weights_sha256,
                                    finished=(finished := now()), wall_seconds=time.time() - clock),

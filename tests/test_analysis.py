@@ -308,7 +308,7 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
             table = build_table(runs, name)
             assert table.kind == name and render(table, "json") if name != "scale" else table.kind == name
     with pytest.raises(AblateError, match=r"^unknown kind 'lossess'; valid kinds: paired, increments, overlap, "
-                                          r"losses, declared, scale, lr$"):
+                                          r"losses, declared, scale, lr, budgets$"):
         build_table(runs, "lossess")
     with pytest.raises(SystemExit):
         main(["table", str(store), "--kind", "lossess"])

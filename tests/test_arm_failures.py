@@ -4,6 +4,7 @@ value (the first layer and slot or hook that made it, found by replaying from th
 on, writing nothing). `ablate run` on a run that diverges exits 3; the traceback stays one flag away."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -123,8 +124,10 @@ def test_run_of_an_arm_of_the_wrong_shape_ends_in_one_line(tmp_path, sample_data
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr and len([e for e in errors if "ablate: error:" in e]) == 1
-    assert ("arm 'my-flat-gate', layer 0, value slot value_gate(v, x) returned (4, 2, 64); expected a gate "
-            "(B, H_kv, T, 1) or (B, H_kv, T, d), broadcastable to (4, 2, 64, 32)") in errors[-1]
+    # refused before training, by the check's fast part on the check's small model, in the same words
+    assert "fails the check before training" in errors[-1] and not (tmp_path / "results").exists()
+    assert re.search(r"arm 'my-flat-gate', layer 0, value slot value_gate\(v, x\) returned \(2, 2, \d+\); expected a "
+                     r"gate \(B, H_kv, T, 1\) or \(B, H_kv, T, d\), broadcastable to \(2, 2, \d+, 8\)", errors[-1])
 
 
 @pytest.mark.parametrize("source, line, message", [
@@ -202,7 +205,7 @@ TYPO_ARM = '''from ablate.arms import Arm, register_arm
 @register_arm("my-typo")
 class Typo(Arm):
     def output_gate(self, o, x):
-        return self.gate_weight * o  # never defined
+        return self.gate_weight * o if str(o.dtype) != "torch.float64" else o.new_ones(())  # in training only
 '''
 
 
@@ -281,7 +284,10 @@ def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_fini
 
 def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
     arm_file = tmp_path / "flat.py"
-    arm_file.write_text(BAD_GATE)
+    arm_file.write_text(BAD_GATE.replace("        return torch.sigmoid(v.mean(-1))", "        if v.dtype == torch.float64:"
+                                         "  # the check before training passes; the run fails\n"
+                                         "            return torch.sigmoid(v[..., :1])\n"
+                                         "        return torch.sigmoid(v.mean(-1))"))
     result = ablate_cli("testbed", "--arm", "my-flat-gate", "--arm-file", arm_file, "--tier", "abstain-stream",
                         "--steps", 2, "--seed-count", 1, "--parallel", 1, "--results", tmp_path / "r", check=False)
     assert result.returncode == 1, result.stderr

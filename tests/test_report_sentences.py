@@ -22,7 +22,11 @@ def _no_empty_lists(text: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    from ablate.design import record_design
+    from ablate.experiment import named_experiment
+
     results = tmp_path_factory.mktemp("results")
+    record_design(results / "testbed", named_experiment("testbed"))  # as `make demo`'s submit does, before its runs
     for i, arm in enumerate(BUILTIN_ARMS):
         for seed in range(2):
             write_run(results, "demo", "smoke", arm, seed, 6.0 + 0.01 * i + 0.003 * seed, curve_points=3)

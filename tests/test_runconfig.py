@@ -22,7 +22,8 @@ OLD_CHOICES = {"precision": ("32-true", "bf16-mixed"), "host_sync": ("step", "lo
 OLD_VALID = ["steps", "global_batch", "seq_len", "micro_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
              "betas", "eps", "grad_clip", "val_interval", "val_tokens", "final_val_tokens", "log_interval",
              "checkpoint_interval", "devices", "compile", "match_params", "loss_chunk", "precision", "host_sync",
-             "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model", "selection_tokens"]
+             "progress", "logger", "threads", "data_seed", "data_dir", "max_steps", "model", "selection_tokens",
+             "document_mask"]
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
@@ -78,7 +79,8 @@ def test_the_identity_key_tuples_are_read_from_the_fields():
                                         "log_interval", "host_sync"}
     assert set(identity.EXECUTION_KEYS) == {"devices", "micro_batch", "compile", "data_dir", "loss_chunk"}
     assert set(identity.SEED_KEYS) == {"seed", "data_seed"}
-    assert identity.IMPLIED == {"precision": "32-true"}
+    # the document mask is off unless asked, and absent from an older config.json: its fingerprint stands
+    assert identity.IMPLIED == {"precision": "32-true", "document_mask": False}
 
 
 def test_config_json_keeps_its_keys():

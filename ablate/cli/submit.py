@@ -142,48 +142,21 @@ def _submission(args, results, sequential: dict | None, grid):
 
 
 def _submit_and_tell(args) -> int:
-    import dataclasses  # the library loads in the handler: see ablate.cli
-
     from ablate.dispatch import submit
 
     from ablate.armcheck import refuse_unsound
 
     experiment, file, results = _resolve(args)
     refuse_unsound(experiment.arm_names(), file)  # the arms its file registers: causal and finite, before any run
-    sequential = None
     grid = lr_runs(args, experiment, results)
-    if args.sequential:
-        if args.seeds:
-            from ablate.errors import AblateError
-
-            raise AblateError("--sequential chooses the seeds look by look; drop --seeds")
-        from ablate.sequential import design_to_follow
-
-        tiers = args.tiers or experiment.tiers
-        design, new = design_to_follow(experiment, results / experiment.name, args.looks, args.max_seeds, args.alpha,
-                                       tiers)
-        counts = sequential_counts(design, results / experiment.name, tiers)
-        experiment = dataclasses.replace(experiment, seeds=design.max_seeds)
-        sequential = {"record": design.to_record() if new else None, "counts": counts}
-        print(f"{experiment.name}: sequential design ({'new' if new else 'recorded'}): looks at "
-              + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
-              + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
-                          for tier, n in counts.items()))
+    experiment, sequential = _sequential(args, experiment, results)
     report = submit(experiment, file, _submission(args, results, sequential, grid))
     for key, aside in (report.get("stale") or {}).items():
         print(f"{key}: stale (its arm's code changed since it trained): " + (
             f"kept aside in {aside}, trained again" if aside else "would be moved aside and trained again"))
     skipped = ", ".join(f"{n} {k}" for k, n in report["skipped"].items() if n) or "none"
     if args.dry_run:
-        print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
-              f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
-        if report["resources"]:
-            print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items()
-                                                      if v not in ("", [])}))
-        for key in report["to_submit"]:
-            print(f"  {key}")
-        for line in report.get("misfits", []):  # after the list: the last thing read
-            print(f"does not fit the cluster (sinfo), so a real submit refuses it: {line}")
+        _tell_dry_run(experiment, report, skipped)
         return 0
     evals = report.get("evals") or {}
     if evals:
@@ -204,3 +177,39 @@ def _submit_and_tell(args) -> int:
           + f", {len(diverged)} diverged" + (f" ({', '.join(diverged)})" if diverged else "")
           + (f"; see `{_hint(args)}`" if failed or diverged else ""))
     return 1 if failed else 0
+
+def _sequential(args, experiment, results):
+    """`--sequential`: (the experiment at the design's seeds, the design's record and counts), said in one line;
+    otherwise (the experiment, None)."""
+    import dataclasses  # the library loads in the handler: see ablate.cli
+
+    if not args.sequential:
+        return experiment, None
+    if args.seeds:
+        from ablate.errors import AblateError
+
+        raise AblateError("--sequential chooses the seeds look by look; drop --seeds")
+    from ablate.sequential import design_to_follow
+
+    tiers = args.tiers or experiment.tiers
+    design, new = design_to_follow(experiment, results / experiment.name, args.looks, args.max_seeds, args.alpha,
+                                   tiers)
+    counts = sequential_counts(design, results / experiment.name, tiers)
+    experiment = dataclasses.replace(experiment, seeds=design.max_seeds)
+    print(f"{experiment.name}: sequential design ({'new' if new else 'recorded'}): looks at "
+          + ", ".join(str(look["seeds"]) for look in design.boundaries["looks"]) + " seeds; "
+          + "; ".join(f"{tier}: {f'seeds 0–{n - 1}' if n else 'decided, nothing to queue'}"
+                      for tier, n in counts.items()))
+    return experiment, {"record": design.to_record() if new else None, "counts": counts}
+
+
+def _tell_dry_run(experiment, report: dict, skipped: str) -> None:
+    """What a real submit would queue and its resources; what would not fit the cluster last (the last thing read)."""
+    print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
+          f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
+    if report["resources"]:
+        print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+    for key in report["to_submit"]:
+        print(f"  {key}")
+    for line in report.get("misfits", []):
+        print(f"does not fit the cluster (sinfo), so a real submit refuses it: {line}")

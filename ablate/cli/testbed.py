@@ -131,6 +131,7 @@ def testbed_command(args) -> int:
 def _why(failed: list[str], experiment, results) -> None:
     """Each failed run's one-line error (a user's arm: the arm, the slot or hook, expected against got)."""
     from ablate.status import status  # the library loads in the handler: see ablate.cli
+    from ablate.store import run_key
 
     for row in status(experiment, results, [s for s in experiment.runs() if s.key in failed]):
-        print(f"  {row['tier']}/{row['arm']}/seed{row['seed']}: {row.get('error') or 'see `ablate status`'}")
+        print(f"  {run_key(row['tier'], row['arm'], row['seed'])}: {row.get('error') or 'see `ablate status`'}")
