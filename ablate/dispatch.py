@@ -156,7 +156,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
     results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
-    seeds_by_tier, sequential = request.seeds_by_tier, request.sequential
+    seeds_by_tier = request.seeds_by_tier
     if executor not in ("slurm", "local"):
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
