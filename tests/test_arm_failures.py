@@ -284,8 +284,8 @@ def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_fini
 
 def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
     arm_file = tmp_path / "flat.py"
-    arm_file.write_text(BAD_GATE.replace("        return torch.sigmoid(v.mean(-1))", "        if v.dtype == torch.float64:"
-                                         "  # the check before training passes; the run fails\n"
+    arm_file.write_text(BAD_GATE.replace("        return torch.sigmoid(v.mean(-1))",
+                                         "        if v.dtype == torch.float64:  # the check before training passes\n"
                                          "            return torch.sigmoid(v[..., :1])\n"
                                          "        return torch.sigmoid(v.mean(-1))"))
     result = ablate_cli("testbed", "--arm", "my-flat-gate", "--arm-file", arm_file, "--tier", "abstain-stream",
