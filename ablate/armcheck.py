@@ -219,7 +219,7 @@ def check_flex(name: str, device: str = "cpu") -> CheckResult:
             warnings.simplefilter("ignore", UserWarning)  # eager flex_attention warns that it is not compiled
             # The kernel's own composition (slots, hooks, mask), on the path asked for.
             o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x, train_len=32),
-                             path="flex" if flex else "reference")
+                             fused="flex" if flex else "reference")
             row = [("o", o.detach())]
             if cuda:
                 o.sum().backward()
@@ -278,7 +278,7 @@ class _Attention(torch.nn.Module):
         self.arm = arm
 
     def forward(self, q, k, v, x):
-        return attention(self.arm, q, k, v, x, path="reference", context=AttentionContext.full(x, train_len=32))[0]
+        return attention(self.arm, q, k, v, x, fused="reference", context=AttentionContext.full(x, train_len=32))[0]
 
 
 def check_gradients(name: str) -> CheckResult:
@@ -425,7 +425,7 @@ def attention_calls(name: str) -> dict[str, object]:
         def flex(q, k, v, x):
             with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled: on purpose here
                 warnings.simplefilter("ignore", UserWarning)
-                return attention(arm, q, k, v, x, path="flex", context=AttentionContext.full(x, train_len=32))[0]
+                return attention(arm, q, k, v, x, fused="flex", context=AttentionContext.full(x, train_len=32))[0]
         calls["flex (eager)"] = flex
     return calls
 

@@ -33,7 +33,7 @@ def compare(name: str, seq_len: int, documents: bool = False) -> tuple[float, fl
             context.documents = (torch.arange(seq_len) * 4 // seq_len).expand(q.shape[0], -1)
         start = time.perf_counter()
         with torch.no_grad():
-            outputs[path], _ = attention(arm, q, k, v, x, context=context, path=path)
+            outputs[path], _ = attention(arm, q, k, v, x, context=context, fused=path)
         if path == "flex":
             first_call = time.perf_counter() - start
     reference = outputs["reference"]

@@ -40,7 +40,7 @@ def run_path(arm, path, T=13, window=None):
     if window is not None:
         arm.window = window
     with torch.no_grad():
-        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x, train_len=32), path=path)
+        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x, train_len=32), fused=path)
     return o, (q, k, v)
 
 
@@ -266,7 +266,7 @@ def test_the_document_mask_is_composed_on_every_path():
         context = AttentionContext.full(x, train_len=32)
         context.documents = documents
         with torch.no_grad():
-            o, _ = attention(arm, q, k, v, x, context=context, path=path)
+            o, _ = attention(arm, q, k, v, x, context=context, fused=path)
         torch.testing.assert_close(o, expected, rtol=1e-12, atol=1e-12, msg=path)
 
 

@@ -131,8 +131,8 @@ def refuse_decoding(arm: Arm) -> None:
 
 
 def attention(
-    arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool = True,
-    context: AttentionContext | None = None, cache: LayerCache | None = None, path: str | None = None,
+    arm: Arm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, *, fused: bool | str = True,
+    context: AttentionContext | None = None, cache: LayerCache | None = None,
 ) -> tuple[torch.Tensor, AttentionRecord | None]:
     """Causal self-attention. Returns (o (B, H, Tq, d), record or None; a record on the reference path).
 
@@ -140,11 +140,13 @@ def attention(
     the new positions offset … offset+Tq−1, offset the positions the cache holds; their keys and values join the
     cache and the reference path attends
     over every cached key. `context` reaches the hooks only (built from x when the arm has hooks and none is
-    given); an override's `core` calls this kernel with the arm's slots, each call with its own cache. `path`
-    (the check's): run that path ('fused', 'flex' or 'reference') whatever the arm's training path is."""
+    given); an override's `core` calls this kernel with the arm's slots, each call with its own cache. `fused`:
+    True, the arm's training path; False, the reference path; a path's name ('fused', 'flex' or 'reference', the
+    check's): that path, whatever the arm's training path is."""
     if cache is not None:
         refuse_decoding(arm)
     documents = None if context is None else context.documents
+    path = fused if isinstance(fused, str) else None
     if path is None:
         path = arm.path(q.device.type) if fused and cache is None else "reference"
         if documents is not None and path == "fused" and q.is_cuda:  # a document mask: blocks to skip
