@@ -19,6 +19,7 @@ from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
 from ablate.sizing import _meta_counts, memory_estimate_gb, model_config, reference_attention_bytes, run_micro_batch
 from ablate.arms.cost import attention_cost
+from ablate.arms.kernel import blocked_rows
 from ablate.family import Family
 from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier, is_pipeline_check, tier_rank
 
@@ -149,7 +150,8 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
             "mlp_hidden": config.mlp_width, "params_vs_baseline": counts["non_embedding"] / baseline - 1,
             "tokens": steps * tier.tokens_per_step, "steps": steps, "train_flops": flops,
             "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
-            "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": cost.note},
+            "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": _path_note(cost, tier)},
+            "reference_block": blocked_rows(get_arm(arm), tier.seq_len) if cost.path == "reference" else None,
             "peak_memory_gb": _peak_gb(tier, micro, overrides or {}, world_size, arm, config.mlp_hidden),
         })
     return {
@@ -161,6 +163,18 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
         "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
         "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
     }
+
+
+def _path_note(cost, tier: Tier) -> str:
+    """The probe's line, and for the reference path how it runs at the tier's length: in query blocks (the block
+    `blocked_rows` takes), or whole rows, and why."""
+    if cost.path != "reference":
+        return cost.note
+    block = blocked_rows(get_arm(cost.arm), tier.seq_len)
+    if block is not None:
+        return f"{cost.note}; blocks of {block} query rows at T = {tier.seq_len}, recomputed in the backward pass"
+    why = get_arm(cost.arm).no_decoding or f"T = {tier.seq_len} is one block"
+    return f"{cost.note}; whole rows ({why})"
 
 
 def _peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:

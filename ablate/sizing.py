@@ -14,6 +14,7 @@ import torch
 
 from ablate.arms import get_arm, list_arms
 from ablate.arms.cost import attention_cost
+from ablate.arms.kernel import blocked_rows
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 from ablate.tiers import Tier, get_tier
@@ -119,11 +120,17 @@ def loss_chunk_for(setting: int | None, device) -> int:
 def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: str = "cuda") -> tuple[int, int]:
     """(bytes kept for the backward pass in all layers, working bytes of one layer) of the (B, H, T, T) tensors an
     arm on the reference path materialises for `rows` sequences, from its measured bytes per element
-    (`ablate.arms.cost.attention_cost`); (0, 0) on the fused and flex paths."""
+    (`ablate.arms.cost.attention_cost`); (0, 0) on the fused and flex paths. On the blocked reference path
+    (`ablate.arms.kernel.blocked_rows`: T over one block, an arm that decodes) no layer keeps a square (its blocks
+    keep their inputs, O(T) activations) and one block's saved and allocated tensors, (B, H, block, T), are the
+    working set."""
     if arm is None or get_arm(arm).path(device) != "reference":
         return 0, 0
     saved, working = attention_cost(arm, device).bytes(rows, tier.n_head, tier.seq_len)
-    return tier.n_layer * saved, working
+    block = blocked_rows(get_arm(arm), tier.seq_len)
+    if block is None:  # whole rows: every layer keeps its square for the backward pass
+        return tier.n_layer * saved, working
+    return 0, (saved + working) * block // tier.seq_len  # blocks: one block recomputed and differentiated at a time
 
 
 def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,

@@ -37,11 +37,13 @@ def test_plan_measures_a_users_arm_and_says_when_its_probe_cannot_run(tmp_path, 
     assert mine["attention"]["path"] == "reference" and mine["attention"]["source"] == "measured"
     assert 4 <= mine["attention"]["saved"] < 40 and mine["attention"]["allocated"] > mine["attention"]["saved"]
     assert base["attention"]["saved"] == 0 and base["attention"]["path"] == "fused"
-    assert mine["micro_batch_for_gpu"] < base["micro_batch_for_gpu"]
-    assert 0 < mine["peak_memory_gb"] <= 0.9 * 80 and mine["gpu_hours_per_run"] > base["gpu_hours_per_run"]
+    assert mine["micro_batch_for_gpu"] <= base["micro_batch_for_gpu"] and mine["reference_block"] == 128  # T/8
+    assert base["peak_memory_gb"] < mine["peak_memory_gb"] <= 0.9 * 80
+    assert mine["gpu_hours_per_run"] > base["gpu_hours_per_run"]
     assert broken["attention"]["source"].startswith("fallback: ValueError: only at T = 1024")
     assert main(args) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "my-broken-norm: probe could not run" in line]
     assert len(lines) == 1 and "ValueError: only at T = 1024" in lines[0] and "sized at 12 saved" in lines[0]
-    assert any(line.startswith("  my-relu-norm: reference path, measured") for line in out.splitlines())
+    assert any(line.startswith("  my-relu-norm: reference path, measured") and "blocks of 128 query rows" in line
+               for line in out.splitlines())
