@@ -19,6 +19,11 @@ class ReluNorm(Arm):
         return torch.relu(logits).pow(2) / context.train_len
 
 
+@register_arm("my-whole-norm")
+class WholeNorm(ReluNorm):
+    no_decoding = "it reads every position's x at once"
+
+
 @register_arm("my-broken-norm")
 class BrokenNorm(Arm):
     def normalise(self, logits, context):
@@ -29,8 +34,8 @@ class BrokenNorm(Arm):
 def test_plan_measures_a_users_arm_and_says_when_its_probe_cannot_run(tmp_path, capsys):
     arm_file = tmp_path / "my_arms.py"
     arm_file.write_text(USER_ARMS)
-    args = ["plan", "--tier", "10M", "--arms", "baseline", "my-relu-norm", "my-broken-norm", "--arm-file",
-            str(arm_file)]
+    args = ["plan", "--tier", "10M", "--arms", "baseline", "my-relu-norm", "my-broken-norm", "my-whole-norm",
+            "--arm-file", str(arm_file)]
     assert main([*args, "--json"]) == 0
     rows = {r["arm"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
     mine, broken, base = rows["my-relu-norm"], rows["my-broken-norm"], rows["baseline"]
@@ -40,6 +45,9 @@ def test_plan_measures_a_users_arm_and_says_when_its_probe_cannot_run(tmp_path, 
     assert mine["micro_batch_for_gpu"] <= base["micro_batch_for_gpu"] and mine["reference_block"] == 128  # T/8
     assert base["peak_memory_gb"] < mine["peak_memory_gb"] <= 0.9 * 80
     assert mine["gpu_hours_per_run"] > base["gpu_hours_per_run"]
+    whole = rows["my-whole-norm"]
+    assert whole["reference_block"] is None and whole["micro_batch_for_gpu"] < mine["micro_batch_for_gpu"]
+    assert whole["attention"]["note"].endswith("whole rows (it reads every position's x at once)")
     assert broken["attention"]["source"].startswith("fallback: ValueError: only at T = 1024")
     assert main(args) == 0
     out = capsys.readouterr().out
