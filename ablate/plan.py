@@ -17,7 +17,8 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
-from ablate.sizing import _meta_counts, memory_estimate_gb, model_config, reference_attention_bytes, run_micro_batch
+from ablate.sizing import (_meta_counts, loss_chunk_for, memory_estimate_gb, model_config, reference_attention_bytes,
+                           run_micro_batch)
 from ablate.arms.cost import attention_cost
 from ablate.arms.kernel import blocked_rows
 from ablate.family import Family
@@ -179,8 +180,6 @@ def _path_note(cost, tier: Tier) -> str:
 
 def _peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:
     """The estimated peak memory per GPU (GB) of a run of `arm` at its micro-batch: the largest phase's."""
-    from ablate.sizing import loss_chunk_for
-
     shaped = replace(tier, **{k: int(options[k]) for k in ("global_batch", "seq_len") if options.get(k) is not None})
     return memory_estimate_gb(shaped, micro, world_size=world_size, mlp_hidden=mlp_hidden, arm=arm,
                               loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"))

@@ -405,7 +405,7 @@ def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: Attention
     its keys, one shared dict per block index across the layers), carrying `context.state` from block to block, so a
     normaliser that couples query rows sees the earlier rows' state. Each block starts its recomputation from a copy
     of the state it first saw."""
-    from torch.utils.checkpoint import checkpoint
+    from torch.utils.checkpoint import checkpoint  # the blocked path only: the fused path never loads it
 
     T, rows = q.shape[2], blocked_rows(arm, q.shape[2])
     state, blocks = context.state, context.shared.setdefault(BLOCKS, {})
