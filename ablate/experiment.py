@@ -35,14 +35,15 @@ class RunSpec:
     seed: int
     overrides: Mapping = field(default_factory=dict)
     lr_factor: float | None = None  # a run at a multiple of the tier's lr (an LR sweep's, or a confirmatory one)
+    seq_len: int | None = None  # a run at a sequence length other than the tier's (`ablate run --seq-len`): its key
 
     @property
     def key(self) -> str:
-        return run_key(self.tier, self.arm, self.seed, self.lr_factor)
+        return run_key(self.tier, self.arm, self.seed, self.lr_factor, self.seq_len)
 
     def folder(self, results: str | os.PathLike) -> Path:
         """The run's folder in the store (`ablate.store.run_dir`)."""
-        return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor)
+        return run_dir(results, self.experiment, self.tier, self.arm, self.seed, self.lr_factor, self.seq_len)
 
 
 @dataclass(frozen=True)

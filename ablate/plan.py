@@ -17,12 +17,40 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
-from ablate.sizing import _meta_counts, model_config, run_micro_batch
+from ablate.sizing import (_meta_counts, loss_chunk_for, memory_estimate_gb, model_config, reference_attention_bytes,
+                           run_micro_batch)
+from ablate.arms.cost import attention_cost
+from ablate.arms.kernel import blocked_rows
 from ablate.family import Family
 from ablate.tiers import DEFAULT_GPU, TIERS, Tier, get_gpu, get_tier, is_pipeline_check, tier_rank
 
 ASSUMED_MFU = 0.40  # model-FLOPs utilisation a well-tuned small-GPT run reaches (nanoGPT/llm.c report 40-50%)
 GPU_CHECK_FILE = "gpu_check.json"
+
+
+REFERENCE_PRICE = ("an arm on the reference path: the model's FLOPs with the attention's own, the full (T, T) square "
+                   "of q·k and p·v (12·n_layer·T·d per token, no causal saving) at the MFU, plus its (B, H, T, T) "
+                   "tensors (the measured bytes saved and allocated per element) written and read once at the GPU's "
+                   "memory bandwidth, plus the weights (bf16) read again by each extra accumulation pass its smaller "
+                   "micro-batch takes")
+
+
+def reference_hours(tier: Tier, arm: str, steps: int, micro: int, baseline_micro: int, params: int,
+                    speed: "Throughput", world_size: int = 1) -> float:
+    """GPU-hours a run of an arm on the reference path adds over its fused-path price (REFERENCE_PRICE): the
+    attention's own FLOPs beyond the Kaplan term the model's count has, its measured (B, H, T, T) traffic, and
+    the extra accumulation passes of its micro-batch."""
+    gpu = get_gpu(speed.gpu)
+    sequences = steps * tier.global_batch
+    extra_flops = 6 * tier.n_layer * tier.seq_len * tier.d_model * tier.seq_len * sequences  # 12·L·T·d less 6·L·T·d
+    saved, working = reference_attention_bytes(tier, 1, arm, "cuda")
+    traffic = 2 * (saved + tier.n_layer * working) * sequences
+    local = tier.global_batch // world_size
+    passes = steps * max(local // micro - local // baseline_micro, 0)
+    weights = passes * 3 * 2 * params * world_size
+    seconds = extra_flops / (gpu.peak_bf16_tflops * 1e12 * speed.mfu) + (traffic + weights) / (gpu.memory_tb_per_s
+                                                                                                  * 1e12)
+    return seconds / 3600
 
 
 def training_flops(tier: Tier, params_non_embedding: int, padded_vocab: int, steps: int | None = None) -> float:
@@ -106,30 +134,55 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
         raise AblateError(f"seed count {seeds} must be 0 or more")
     baseline = _meta_counts(model_config(tier, "baseline", **model_overrides))["non_embedding"]
     rows = []
+    memory_gb = get_gpu(speed.gpu).memory_gb
+    baseline_micro = run_micro_batch(tier, memory_gb, overrides or {}, world_size=world_size)
     for arm in arms:
         config = model_config(tier, arm, match_params=match, **model_overrides)
         counts = _meta_counts(config)
         flops = training_flops(tier, counts["non_embedding"], config.padded_vocab_size, steps)
         hours = flops / speed.flops_per_hour
+        micro = run_micro_batch(tier, memory_gb, overrides or {}, world_size=world_size, arm=arm)
+        cost = attention_cost(arm, "cuda")
+        if cost.path == "reference":
+            hours += reference_hours(tier, arm, steps, micro, baseline_micro, counts["total"], speed, world_size)
         rows.append({
             "tier": tier.name, "arm": arm, "params_total": counts["total"],
             "params_non_embedding": counts["non_embedding"], "params_arm_extra": counts["arm_extra"],
             "mlp_hidden": config.mlp_width, "params_vs_baseline": counts["non_embedding"] / baseline - 1,
             "tokens": steps * tier.tokens_per_step, "steps": steps, "train_flops": flops,
             "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
-            "micro_batch_for_gpu": run_micro_batch(tier, get_gpu(speed.gpu).memory_gb, overrides or {},
-                                                   world_size=world_size, arm=arm),
+            "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": _path_note(cost, tier)},
+            "reference_block": blocked_rows(get_arm(arm), tier.seq_len) if cost.path == "reference" else None,
+            "peak_memory_gb": _peak_gb(tier, micro, overrides or {}, world_size, arm, config.mlp_hidden),
         })
     return {
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,
         "params_non_embedding_baseline": baseline,
         "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
-        "micro_batch_for_gpu": run_micro_batch(tier, get_gpu(speed.gpu).memory_gb, overrides or {},
-                                               world_size=world_size),
+        "micro_batch_for_gpu": baseline_micro, "reference_price": REFERENCE_PRICE,
         "runs": rows, "total_runs": len(rows) * seeds,
         "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
         "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
     }
+
+
+def _path_note(cost, tier: Tier) -> str:
+    """The probe's line, and for the reference path how it runs at the tier's length: in query blocks (the block
+    `blocked_rows` takes), or whole rows, and why."""
+    if cost.path != "reference":
+        return cost.note
+    block = blocked_rows(get_arm(cost.arm), tier.seq_len)
+    if block is not None:
+        return f"{cost.note}; blocks of {block} query rows at T = {tier.seq_len}, recomputed in the backward pass"
+    why = get_arm(cost.arm).no_decoding or f"T = {tier.seq_len} is one block"
+    return f"{cost.note}; whole rows ({why})"
+
+
+def _peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:
+    """The estimated peak memory per GPU (GB) of a run of `arm` at its micro-batch: the largest phase's."""
+    shaped = replace(tier, **{k: int(options[k]) for k in ("global_batch", "seq_len") if options.get(k) is not None})
+    return memory_estimate_gb(shaped, micro, world_size=world_size, mlp_hidden=mlp_hidden, arm=arm,
+                              loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"))
 
 
 def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,

@@ -13,6 +13,8 @@ from functools import lru_cache
 import torch
 
 from ablate.arms import get_arm, list_arms
+from ablate.arms.cost import attention_cost
+from ablate.arms.kernel import blocked_rows
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 from ablate.tiers import Tier, get_tier
@@ -101,12 +103,9 @@ ACTIVATION_SAFETY = 1.25  # arm gates, autocast copies, allocator fragmentation
 RESERVED_GB = 2.0  # CUDA context, cuBLAS/cuDNN workspaces
 USABLE_FRACTION = 0.9
 EVAL_BATCH = 16  # `ablate eval --batch-size`'s default
-# An arm on the reference path (a score modifier or a normaliser where flex_attention does not run it) materialises
-# (B, H, T, T) per layer: float32 tensors of that size kept for the backward pass per layer (measured with
-# saved_tensors_hooks on the CPU: 1.25 for softcap and ssmax, 0.25 for sigmoid, 0.3 for forgetting, the mask's
-# bytes included), and the working tensors of one layer's forward or backward (logits, weights, their gradients).
-REFERENCE_SAVED_PER_LAYER = 3
-REFERENCE_WORKING = 4
+# An arm on the reference path (a normaliser with no elementwise log-weight on CUDA; any hooked arm on a CPU)
+# materialises (B, H, T, T) per layer: the bytes per element its graph keeps for the backward pass, and the working
+# bytes of one layer's forward or backward, are measured for the arm on a small CPU probe (`ablate.arms.cost`).
 PHASES = ("train_step", "evaluation", "final_evaluation", "eval_scoring")
 
 
@@ -120,11 +119,18 @@ def loss_chunk_for(setting: int | None, device) -> int:
 
 def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: str = "cuda") -> tuple[int, int]:
     """(bytes kept for the backward pass in all layers, working bytes of one layer) of the (B, H, T, T) tensors an
-    arm on the reference path materialises for `rows` sequences; (0, 0) on the fused and flex paths."""
+    arm on the reference path materialises for `rows` sequences, from its measured bytes per element
+    (`ablate.arms.cost.attention_cost`); (0, 0) on the fused and flex paths. On the blocked reference path
+    (`ablate.arms.kernel.blocked_rows`: T over one block, an arm that decodes) no layer keeps a square (its blocks
+    keep their inputs, O(T) activations) and one block's saved and allocated tensors, (B, H, block, T), are the
+    working set."""
     if arm is None or get_arm(arm).path(device) != "reference":
         return 0, 0
-    square = rows * tier.n_head * tier.seq_len * tier.seq_len * 4
-    return tier.n_layer * REFERENCE_SAVED_PER_LAYER * square, REFERENCE_WORKING * square
+    saved, working = attention_cost(arm, device).bytes(rows, tier.n_head, tier.seq_len)
+    block = blocked_rows(get_arm(arm), tier.seq_len)
+    if block is None:  # whole rows: every layer keeps its square for the backward pass
+        return tier.n_layer * saved, working
+    return 0, (saved + working) * block // tier.seq_len  # blocks: one block recomputed and differentiated at a time
 
 
 def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
@@ -188,9 +194,9 @@ def arm_memory_phases_gb(tier: Tier | str, micro_batch: int, arm: str | None, *,
                          **options) -> dict[str, float]:
     """`memory_phases_gb` (options: its keywords) plus what `arm`'s attention path adds on `device`: on the
     reference path (`Arm.path`: a score modifier or normaliser that flex_attention does not run there) its
-    (B, H, T, T) float32 tensors, REFERENCE_SAVED_PER_LAYER per layer kept for the backward pass and
-    REFERENCE_WORKING of one layer at a time, in every phase (times the activations' 1.25); nothing on the fused
-    and flex paths, which keep no T×T tensor."""
+    (B, H, T, T) tensors at the bytes per element measured for it (`reference_attention_bytes`), those kept for the
+    backward pass in every layer and one layer's working bytes at a time, in every phase (times the activations'
+    1.25); nothing on the fused and flex paths, which keep no T×T tensor."""
     tier = get_tier(tier) if isinstance(tier, str) else tier
     phases = memory_phases_gb(tier, micro_batch, **options)
     saved, working = reference_attention_bytes(tier, micro_batch, arm, device)

@@ -119,20 +119,25 @@ def experiment_dir(results: str | os.PathLike, experiment) -> Path:
     return check_results_folder(results) / check_name("experiment", experiment.name)
 
 
-def run_key(tier: str, arm: str, seed: int, lr_factor: float | None = None) -> str:
-    """<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k> at f × the tier's lr): a run's name in its experiment folder."""
+def run_key(tier: str, arm: str, seed: int, lr_factor: float | None = None, seq_len: int | None = None) -> str:
+    """<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k> at f × the tier's lr; …/<arm>/T<n>/[lr<f>/]seed<k> at a sequence
+    length n other than the tier's): a run's name in its experiment folder."""
     lr = "" if lr_factor is None else f"{lr_folder(lr_factor)}/"
-    return f"{tier}/{arm}/{lr}seed{int(seed)}"
+    length = "" if seq_len is None else f"{seq_len_folder(seq_len)}/"
+    return f"{tier}/{arm}/{length}{lr}seed{int(seed)}"
 
 
 def run_dir(results: str | os.PathLike, experiment: str, tier: str, arm: str, seed: int,
-            lr_factor: float | None = None) -> Path:
-    """RESULTS/<experiment>/<tier>/<arm>/seed<k>, or …/<arm>/lr<f>/seed<k> for a run at f × the tier's lr;
-    every part is checked, so the folder lies inside RESULTS."""
+            lr_factor: float | None = None, seq_len: int | None = None) -> Path:
+    """RESULTS/<experiment>/<tier>/<arm>/seed<k>, or …/<arm>/lr<f>/seed<k> for a run at f × the tier's lr, or
+    …/<arm>/T<n>/seed<k> for a run at sequence length n (not the tier's); every part is checked, so the folder lies
+    inside RESULTS."""
     if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:
         raise AblateError(f"invalid seed {seed!r}: seeds are integers >= 0")
     check_name("tier", tier), check_name("arm", arm), lr_factor is None or check_name("lr factor", lr_folder(lr_factor))
-    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor)
+    seq_len is None or check_name("sequence length", seq_len_folder(seq_len))
+    return check_results_folder(results) / check_name("experiment", experiment) / run_key(tier, arm, seed, lr_factor,
+                                                                                           seq_len)
 
 
 @dataclass(frozen=True)
@@ -144,23 +149,44 @@ class RunName:
     arm: str
     seed: int
     lr_factor: float | None = None
+    seq_len: int | None = None  # a run at a sequence length other than its tier's (`ablate run --seq-len`)
 
     @property
     def key(self) -> str:
-        return run_key(self.tier, self.arm, self.seed, self.lr_factor)
+        return run_key(self.tier, self.arm, self.seed, self.lr_factor, self.seq_len)
 
 
 def run_of(folder: str | os.PathLike) -> RunName:
-    """The inverse of `run_dir`: RESULTS/<experiment>/<tier>/<arm>/seed<k> (…/<arm>/lr<f>/seed<k>) → its
-    RunName. Every reader that needs a run's name from its folder asks here, so none parses paths by hand;
-    a folder not named as a run (seed0.old-…, a copy elsewhere) is refused in one line."""
+    """The inverse of `run_dir`: RESULTS/<experiment>/<tier>/<arm>/[T<n>/][lr<f>/]seed<k> → its RunName. Every
+    reader that needs a run's name from its folder asks here, so none parses paths by hand; a folder not named as a
+    run (seed0.old-…, a copy elsewhere) is refused in one line."""
     path = Path(folder)
     factor = lr_factor_of(path)
-    arm_dir = path.parent.parent if factor is not None else path.parent
+    above = path.parent.parent if factor is not None else path.parent
+    length = seq_len_of(above / "seed0")
+    arm_dir = above.parent if length is not None else above
     found = SEED_DIR.fullmatch(path.name)
     if not found or len(arm_dir.parts) < 3:
-        raise AblateError(f"{str(folder)!r} is not a run folder (RESULTS/<experiment>/<tier>/<arm>[/lr<f>]/seed<k>)")
-    return RunName(arm_dir.parent.parent.name, arm_dir.parent.name, arm_dir.name, int(found.group(1)), factor)
+        raise AblateError(f"{str(folder)!r} is not a run folder "
+                          "(RESULTS/<experiment>/<tier>/<arm>[/T<n>][/lr<f>]/seed<k>)")
+    return RunName(arm_dir.parent.parent.name, arm_dir.parent.name, arm_dir.name, int(found.group(1)), factor, length)
+
+
+SEQ_DIR = re.compile(r"T([1-9][0-9]*)")
+
+
+def seq_len_folder(seq_len: int) -> str:
+    """The folder of the runs at sequence length n, not the tier's: T1024, T4096 (between the arm and seed<k>, or
+    the arm and lr<f>)."""
+    if isinstance(seq_len, bool) or int(seq_len) != seq_len or int(seq_len) < 1:
+        raise AblateError(f"invalid sequence length {seq_len!r}: a positive integer")
+    return f"T{int(seq_len)}"
+
+
+def seq_len_of(folder: str | os.PathLike) -> int | None:
+    """The sequence length a run folder's parent names (…/T2048/seed<k> → 2048), None for a run at its tier's."""
+    found = SEQ_DIR.fullmatch(Path(folder).parent.name)
+    return int(found.group(1)) if found else None
 
 
 LR_DIR = re.compile(r"lr([0-9][0-9.e+-]*)")

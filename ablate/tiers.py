@@ -351,15 +351,16 @@ class GPU:
     name: str
     peak_bf16_tflops: float  # dense (no sparsity), from the vendor's data sheet
     memory_gb: float
+    memory_tb_per_s: float = 2.0  # HBM bandwidth, from the vendor's data sheet (prices a materialised attention)
 
 
 GPUS: dict[str, GPU] = {
     g.key: g
     for g in (
-        GPU("a100", "NVIDIA A100 40GB", 312.0, 40.0),
-        GPU("a100-80", "NVIDIA A100 80GB", 312.0, 80.0),
-        GPU("h100", "NVIDIA H100 SXM", 989.0, 80.0),
-        GPU("h200", "NVIDIA H200", 989.0, 141.0),
+        GPU("a100", "NVIDIA A100 40GB", 312.0, 40.0, 1.555),
+        GPU("a100-80", "NVIDIA A100 80GB", 312.0, 80.0, 2.039),
+        GPU("h100", "NVIDIA H100 SXM", 989.0, 80.0, 3.35),
+        GPU("h200", "NVIDIA H200", 989.0, 141.0, 4.8),
     )
 }
 DEFAULT_GPU = "h100"

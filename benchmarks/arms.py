@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/arms.py --quick              # a smoke check (tiny sizes, seconds)
     .venv/bin/python benchmarks/arms.py --arms baseline sink-logit --profile   # which ops the arm adds
     .venv/bin/python benchmarks/arms.py --json out.json
+    .venv/bin/python benchmarks/arms.py --arm-file my_arm.py # your arm(s) against the baseline, in one run
 
 Time: one training forward+backward (`model(idx, targets).loss.backward()`, gradients set to None before
 each step; no optimiser step, which is the same for every arm) of the full model — the 50,304-row tied
@@ -100,6 +101,18 @@ def peak_growth_mib(rss_before_kib: int) -> float:
     return (_status_kib("VmHWM") - rss_before_kib) / 1024
 
 
+def load_arms(arm_file: str | None) -> list[str]:
+    """The arms `arm_file` registers (loaded as `ablate run --arm-file` loads it), in registration order; none
+    without a file. Every memory subprocess loads it again, so a user's arm is measured like a registered one."""
+    if not arm_file:
+        return []
+    from ablate.cli.arms import load_arm_file
+
+    before = set(list_arms())
+    load_arm_file(arm_file)
+    return [arm for arm in list_arms() if arm not in before]
+
+
 def run_worker(module: str, args: list[str], threads: int) -> dict:
     """Run `python -m`-style worker code in a fresh process; it prints one JSON line last."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(threads))
@@ -162,6 +175,7 @@ def time_arms(arms, tier, batch_size, seq_len, repeats, warmup) -> dict:
 
 def memory_worker(argv: list[str]) -> None:
     tier, arm, seq_len, batch_size, threads = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    load_arms(argv[5] if argv[5] != "-" else None)
     torch.set_num_threads(threads)
     model = build(tier, arm, seq_len)
     idx, targets = batch(batch_size, seq_len, TIERS[tier].vocab_size)
@@ -174,12 +188,12 @@ def memory_worker(argv: list[str]) -> None:
                       "params": sum(p.numel() for p in model.parameters())}))
 
 
-def measure_memory(arms, tier, batch_size, seq_lens, threads) -> dict:
+def measure_memory(arms, tier, batch_size, seq_lens, threads, arm_file: str | None = None) -> dict:
     rows: dict[str, dict] = {arm: {} for arm in arms}
     for seq_len in seq_lens:
         for arm in arms:
-            result = run_worker(__file__, ["--memory-worker", tier, arm, str(seq_len), str(batch_size), str(threads)],
-                                threads)
+            result = run_worker(__file__, ["--memory-worker", tier, arm, str(seq_len), str(batch_size), str(threads),
+                                           str(Path(arm_file).resolve()) if arm_file else "-"], threads)
             rows[arm][seq_len] = result["peak_growth_mib"]
             print(f"  memory {arm} T={seq_len}: {result['peak_growth_mib']:.0f} MiB", file=sys.stderr, flush=True)
     return rows
@@ -222,6 +236,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", help="arms to measure (default: every registered arm; baseline "
                                                   "is always added)")
+    parser.add_argument("--arm-file", metavar="FILE.py",
+                        help="a Python file that registers your arm(s); measured against the baseline (with --arms: "
+                             "those arms, which may name the file's)")
     parser.add_argument("--tier", default="10M", help="model shape (default 10M)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--seq-len", type=int, default=512, help="sequence length for timing (default 512)")
@@ -234,7 +251,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="also profile each arm's ops against baseline")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke check")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
-    parser.add_argument("--memory-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_worker:
         memory_worker(args.memory_worker)
@@ -243,7 +260,8 @@ def main(argv=None) -> int:
         args.seq_len, args.repeats, args.warmup, args.memory_seq_lens = 64, 3, 1, [64, 128]
         args.tier = "smoke" if args.tier == "10M" else args.tier
     torch.set_num_threads(args.threads)
-    arms = list(args.arms or list_arms())
+    registered = load_arms(args.arm_file)
+    arms = list(args.arms or registered or list_arms())
     for arm in arms:
         get_arm(arm)
     if "baseline" not in arms:
@@ -251,12 +269,12 @@ def main(argv=None) -> int:
     tier = TIERS[args.tier]
     info = machine()
     result = {"machine": info, "tier": args.tier, "batch": args.batch, "seq_len": args.seq_len,
-              "repeats": args.repeats, "warmup": args.warmup, "command": " ".join(sys.argv)}
+              "repeats": args.repeats, "warmup": args.warmup, "arm_file": args.arm_file, "command": " ".join(sys.argv)}
     print(machine_line(info))
     print(f"shape: tier {args.tier} (n_layer {tier.n_layer}, d_model {tier.d_model}, {tier.n_head} heads, "
           f"vocab {tier.vocab_size} padded to 64), batch {args.batch}, float32")
     timing = None if args.no_timing else time_arms(arms, args.tier, args.batch, args.seq_len, args.repeats, args.warmup)
-    memory = (measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads)
+    memory = (measure_memory(arms, args.tier, args.batch, args.memory_seq_lens, args.threads, args.arm_file)
               if args.memory_seq_lens else None)
     result.update(timing=timing, memory=memory, load_average_after=[round(x, 2) for x in os.getloadavg()])
 

@@ -151,6 +151,8 @@ def attention(
         path = arm.path(q.device.type) if fused and cache is None else "reference"
         if documents is not None and path == "fused" and q.is_cuda:  # a document mask: blocks to skip
             path = "flex"
+        if fused and path == "reference" and blocked_rows(arm, q.shape[2]) is not None:
+            path = "blocked"
     if not arm.hooks() and documents is None:
         return _core(arm, q, k, v, x, path, None, cache)
     if context is None:
@@ -197,6 +199,8 @@ def _core(arm, q, k, v, x, path, context, cache):
         o, record = _fused(q, k, values, sink, log_gate, bias, allowed), None
     elif cache is None and path == "flex":
         o, record = _flex(q, k, values, sink, log_gate, bias, hooks), None
+    elif cache is None and path == "blocked":
+        o, record = blocked_reference(arm, q, k, values, sink, log_gate, context), None
     else:
         o, record = reference_attention(q, k, values, sink, log_gate, offset=offset, bias=bias, hooks=hooks)
         record.reads, record.value_gate = v, value_gate
@@ -374,6 +378,60 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom,
                              routing_log_gate=log_gate, score_bias=bias)
     return o, record
+
+
+BLOCK_MIN, BLOCK_MAX = 64, 512  # query rows per block of the blocked reference path
+BLOCKS = "kernel/blocks"  # the key, in a forward's shared dict, of each block's own shared dict
+
+
+def reference_block(seq_len: int) -> int:
+    """Query rows per block of the blocked reference path at length T: T/8 rounded down to a power of two, within
+    [64, 512] — one block's working tensors (B, H, block, T) are then at most an eighth of one layer's whole-row
+    ones, and the saved state per layer is the blocks' inputs, O(B·H·T·d), instead of O(B·H·T²)."""
+    rows = 1 << max(int(seq_len // 8).bit_length() - 1, 0)
+    return min(max(rows, BLOCK_MIN), BLOCK_MAX)
+
+
+def blocked_rows(arm: Arm, seq_len: int) -> int | None:
+    """The block the training reference path takes for `arm` at length T, or None for the whole-row path: an arm
+    whose state a KV cache cannot hold (`no_decoding`: its rows cannot be run as chunks), an override (its core
+    calls take the path themselves), or T within one block."""
+    if arm.no_decoding or arm.has_hook("override") or seq_len <= reference_block(seq_len):
+        return None
+    return reference_block(seq_len)
+
+
+def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: AttentionContext):
+    """The reference path in query blocks, each recomputed in the backward pass (`torch.utils.checkpoint`): block
+    [s, e) attends over keys 0 … e−1 as a decoding chunk at offset s does (its x, query positions, the documents of
+    its keys, one shared dict per block index across the layers), carrying `context.state` from block to block, so a
+    normaliser that couples query rows sees the earlier rows' state. Each block starts its recomputation from a copy
+    of the state it first saw."""
+    from torch.utils.checkpoint import checkpoint  # the blocked path only: the fused path never loads it
+
+    T, rows = q.shape[2], blocked_rows(arm, q.shape[2])
+    state, blocks = context.state, context.shared.setdefault(BLOCKS, {})
+    outputs = []
+    for start in range(0, T, rows):
+        end = min(start + rows, T)
+        block_context = replace(context, x=context.x[:, start:end], query_pos=context.query_pos[start:end],
+                                key_pos=torch.arange(end, device=q.device), decoding=True,
+                                documents=None if context.documents is None else context.documents[:, :end],
+                                shared=blocks.setdefault(start, {}))
+
+        def run(q_block, k_keys, v_keys, before=dict(state), start=start, end=end, block_context=block_context):
+            carried = dict(before)
+            hooks = Hooks.of(arm, replace(block_context, state=carried))
+            gate = None if log_gate is None else log_gate[:, :, :end]
+            o, _ = reference_attention(q_block, k_keys, v_keys, sink, gate, offset=start,
+                                       bias=score_bias(arm, end - start, end, start, q.device), hooks=hooks)
+            return o, carried
+
+        o, carried = checkpoint(run, q[:, :, start:end], k[:, :, :end], values[:, :, :end], use_reentrant=False)
+        state.clear()
+        state.update(carried)
+        outputs.append(o)
+    return torch.cat(outputs, dim=2)
 
 
 def _broadcast_indices(shape, device):

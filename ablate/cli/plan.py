@@ -31,6 +31,8 @@ def add_commands(subparsers) -> None:
                         help="cluster profile slurm/NAME.toml whose `gpu` key names the GPU")
     parser.add_argument("--gpu-check", metavar="PATH",
                         help="gpu_check.json with a measured MFU (default: ./gpu_check.json, else the repository's)")
+    parser.add_argument("--arm-file", metavar="FILE.py",
+                        help="a Python file that registers your arm(s), loaded first: price them (--arms NAME)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--sweep", action="store_true",
                         help="the experiment's LR sweep (lr_sweep=LRSweep(...)): its runs and GPU-hours, beside the "
@@ -240,6 +242,10 @@ def plan_command(args) -> int:
     from ablate.profiles import load_profile
 
     gpu, world_size = args.gpu, 1
+    if args.arm_file:
+        from ablate.cli.arms import load_arm_file
+
+        load_arm_file(args.arm_file)
     if args.profile:
         profile = load_profile(args.profile)
         gpu, world_size = gpu or profile.get("gpu") or None, profile.get("processes_per_run") or 1
@@ -327,16 +333,18 @@ def _print_tier(plan: dict) -> None:
           f"micro-batch for the GPU {plan['micro_batch_for_gpu']}"
           + (" ; parameter-matched" if plan["match_params"] else ""))
     print(f"{'arm':<15} {'total':>12} {'non-emb':>12} {'vs base':>8} {'arm extra':>10} {'MLP':>6} {'tokens':>14} "
-          f"{'steps':>7} {'FLOPs':>10} {'GPU-h/run':>10} {'seeds':>5}")
+          f"{'steps':>7} {'FLOPs':>10} {'GPU-h/run':>10} {'seeds':>5} {'micro':>5} {'peak GB':>8} {'path':>9}")
     for r in plan["runs"]:
         print(f"{r['arm']:<15} {r['params_total']:>12,} {r['params_non_embedding']:>12,} "
               f"{r['params_vs_baseline']:>+8.2%} {r['params_arm_extra']:>10,} {r['mlp_hidden']:>6} {r['tokens']:>14,} "
-              f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5}")
-    other = {r["arm"]: r["micro_batch_for_gpu"] for r in plan["runs"]
-             if r["micro_batch_for_gpu"] != plan["micro_batch_for_gpu"]}
-    if other:
-        print("micro-batch for the GPU of the arms on the reference path (T×T attention per layer): "
-              + ", ".join(f"{arm} {micro}" for arm, micro in other.items()))
+              f"{r['steps']:>7,} {r['train_flops']:>10.3g} {r['gpu_hours_per_run']:>10.2f} {r['seeds']:>5} "
+              f"{r['micro_batch_for_gpu']:>5} {r['peak_memory_gb']:>8.1f} {r['attention']['path']:>9}")
+    reference = [r for r in plan["runs"] if r["attention"]["path"] == "reference"]
+    for r in reference:
+        print(f"  {r['attention']['note']}")
+    if reference:
+        print(f"  peak GB: the estimated peak per GPU at the micro-batch (the probe's float32 bytes; bf16 keeps 0.5–1× "
+              f"of them); GPU-h of {plan['reference_price']}")
     print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
 
 

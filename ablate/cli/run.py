@@ -21,6 +21,9 @@ def add_commands(subparsers) -> None:
                         help="a Python file that registers your arm (`@register_arm(\"my-arm\")`), loaded first (give "
                              "it again to resume the run)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seq-len", type=int, metavar="T",
+                        help="train at this sequence length instead of the tier's: a run of its own (its folder "
+                             "…/<arm>/T<n>/seed<k>), so a sweep over T needs no experiment file per length")
     parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (schedule shortened)")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--experiment", default="adhoc", help="experiment name for the run folder (default adhoc)")
@@ -38,9 +41,19 @@ def add_commands(subparsers) -> None:
     parser.set_defaults(func=run_command)
 
 
+def run_spec(args):
+    """The run `ablate run` trains: a `--seq-len` other than the tier's is its own run (the length joins its key, as
+    an LR sweep's factor does); the tier's own length is the tier's run."""
+    from ablate.experiment import RunSpec
+    from ablate.tiers import get_tier
+
+    if args.seq_len is None or args.seq_len == get_tier(args.tier).seq_len:
+        return RunSpec(args.experiment, args.tier, args.arm, args.seed)
+    return RunSpec(args.experiment, args.tier, args.arm, args.seed, {"seq_len": args.seq_len}, seq_len=args.seq_len)
+
+
 def run_command(args) -> int:
     from ablate.armcheck import refuse_unsound  # the library loads in the handler: `ablate --help` stays torch-free
-    from ablate.experiment import RunSpec
     from ablate.store import Status
     from ablate.store_summary import RunSummary
     from ablate.train import run_as
@@ -48,7 +61,7 @@ def run_command(args) -> int:
     if args.arm_file:
         load_arm_file(args.arm_file)
     refuse_unsound([args.arm], args.arm_file)  # a user's arm: causal and finite, or refused before any folder exists
-    spec = RunSpec(args.experiment, args.tier, args.arm, args.seed)
+    spec = run_spec(args)
     options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
                    compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress,
                    document_mask=args.document_mask)
