@@ -24,7 +24,7 @@ def _run(name, path, documents=None):
     context = AttentionContext.full(x)
     if documents is not None:
         context.documents = documents
-    o, _ = attention(arm, q, k, v, x, context=context, path=path)
+    o, _ = attention(arm, q, k, v, x, context=context, fused=True if path is None else path)
     leaves = [q, k, v, x, *[p for p in arm.parameters() if p.requires_grad]]
     grads = torch.autograd.grad((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum(), leaves,
                                 allow_unused=True)
@@ -87,7 +87,7 @@ def test_the_blocked_path_saves_no_square_tensor_and_an_undecodable_arm_keeps_wh
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            attention(arm, q, k, v, x, context=AttentionContext.full(x), path=path)
+            attention(arm, q, k, v, x, context=AttentionContext.full(x), fused=True if path is None else path)
         return sum(kept.values()), any(square)
 
     softcap = make_checked_arm("softcap").float()

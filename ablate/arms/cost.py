@@ -104,7 +104,7 @@ def probe_bytes(name: str, T: int, B: int = 1, path: str = "reference") -> tuple
 
     forward, backward = _Allocations(), _Allocations()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), forward:
-        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x), path=path)
+        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x), fused=path)
     inputs = [t for t in (q, k, v, x, *arm.parameters()) if t.requires_grad]
     with backward:
         torch.autograd.grad(o, inputs, torch.ones_like(o), allow_unused=True)
