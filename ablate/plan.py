@@ -17,8 +17,8 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.arms import get_arm, list_arms
 from ablate.paths import search_folders
-from ablate.sizing import (_meta_counts, loss_chunk_for, memory_estimate_gb, model_config, reference_attention_bytes,
-                           run_micro_batch)
+from ablate.sizing import (_meta_counts, model_config, reference_attention_bytes,
+                           run_micro_batch, run_peak_gb)
 from ablate.arms.cost import attention_cost
 from ablate.arms.kernel import blocked_rows
 from ablate.family import Family
@@ -153,7 +153,7 @@ def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | N
             "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
             "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": _path_note(cost, tier)},
             "reference_block": blocked_rows(get_arm(arm), tier.seq_len) if cost.path == "reference" else None,
-            "peak_memory_gb": _peak_gb(tier, micro, overrides or {}, world_size, arm, config.mlp_hidden),
+            "peak_memory_gb": run_peak_gb(tier, micro, overrides or {}, world_size, arm, config.mlp_hidden),
         })
     return {
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,
@@ -176,13 +176,6 @@ def _path_note(cost, tier: Tier) -> str:
         return f"{cost.note}; blocks of {block} query rows at T = {tier.seq_len}, recomputed in the backward pass"
     why = get_arm(cost.arm).no_decoding or f"T = {tier.seq_len} is one block"
     return f"{cost.note}; whole rows ({why})"
-
-
-def _peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:
-    """The estimated peak memory per GPU (GB) of a run of `arm` at its micro-batch: the largest phase's."""
-    shaped = replace(tier, **{k: int(options[k]) for k in ("global_batch", "seq_len") if options.get(k) is not None})
-    return memory_estimate_gb(shaped, micro, world_size=world_size, mlp_hidden=mlp_hidden, arm=arm,
-                              loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"))
 
 
 def plan_grid(experiment=None, *, tiers=None, arms=None, seeds=None, seed_count: int | None = None,

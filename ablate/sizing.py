@@ -289,3 +289,11 @@ def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = Non
             "d_model": config.d_model, "n_head": config.n_head, **where,
         })
     return rows
+
+
+def run_peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:
+    """The estimated peak memory per GPU (GB) of a run of `arm` with these options at its micro-batch: the largest
+    phase's (`memory_estimate_gb`), with the run's own global batch, length and loss chunk."""
+    shaped = replace(tier, **{k: int(options[k]) for k in ("global_batch", "seq_len") if options.get(k) is not None})
+    return memory_estimate_gb(shaped, micro, world_size=world_size, mlp_hidden=mlp_hidden, arm=arm,
+                              loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"))
