@@ -40,10 +40,11 @@ from ablate.sequential import recorded_design
 from ablate.runconfig import chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
-from ablate.store import SUBMIT_LOCK, Status, experiment_dir, keep_aside, record_ledger, run_lock_path
+from ablate.store import (CONFIG, SUBMIT_LOCK, Status, experiment_dir, keep_aside, read_json_file, record_ledger,
+                          run_lock_path)
 from ablate.store_summary import read_summary
 from ablate.tiers import get_gpu, get_tier
-from ablate.workers import RunJob, run_local
+from ablate.workers import RunJob, recorded_options, run_local
 
 
 def executor_parameters(profile: dict, name: str) -> dict:
@@ -92,6 +93,24 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
                 f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
                 f"(vocabulary {config.model['vocab_size']})")
     return check_slurm() if executor == "slurm" else {}
+
+
+def refuse_other_document_mask(specs: list[RunSpec], results: Path, options: dict) -> None:
+    """A finished run trained with another document mask than the submit asks for (`--document-mask`, or the
+    experiment's `document_mask` override) would be skipped as finished, its results read as the asked-for runs':
+    refused in one line naming them, before anything is queued (`ablate run` refuses the same folder as a run of a
+    different config)."""
+    other = []
+    for spec in specs:
+        folder = spec.folder(results)
+        if (folder / CONFIG).is_file() and read_summary(folder).done:
+            trained = bool(read_json_file(folder / CONFIG, "use `ablate run --force`").get("document_mask"))
+            if trained != bool(chosen_options(spec.overrides, options).get("document_mask")):
+                other.append(f"{spec.key} ({'with' if trained else 'without'} it)")
+    if other:
+        raise AblateError(f"{len(other)} finished run(s) trained with another document mask than this submit asks "
+                          f"for: {', '.join(other)}; submit to another --results folder (or match --document-mask); "
+                          "nothing was queued")
 
 
 def check_slurm() -> dict[str, dict]:
@@ -170,6 +189,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     resources = load_profile(request.profile) if executor == "slurm" else None
     options = {"progress": False, **request.options}
     partitions = preflight(experiment, specs, executor, options)
+    refuse_other_document_mask(specs, results, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
     list_arms()  # every arm registered here (the built-ins too): a completed run of older arm code is stale
@@ -302,7 +322,7 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
                                         "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
-                                        **({"data": options["data_dir"]} if options.get("data_dir") else {})})
+                                        **recorded_options(options)})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
 

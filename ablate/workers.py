@@ -73,6 +73,13 @@ class Interrupted(KeyboardInterrupt):
         self.keys = keys
 
 
+def recorded_options(options: dict) -> dict:
+    """What a submission's ledger record keeps of its run options, for the resume hints (`ablate status`): the
+    data folder (`--data`) and `--document-mask`, which its runs must be given again to resume."""
+    return {**({"data": options["data_dir"]} if options.get("data_dir") else {}),
+            **({"document_mask": True} if options.get("document_mask") else {})}
+
+
 def run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
     """The runs on this machine: `parallel` worker processes, each training its share of the runs one after
     another (a process per run would pay the ~6 s of imports every time); a bar over the grid.
@@ -91,8 +98,7 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     grid = _LocalGrid(experiment_dir(results, experiment), results, experiment_file, options)
     record_ledger(grid.folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
                                         "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
-                  {"executor": "local", "runs": [s.key for s in specs],
-                   **({"data": options["data_dir"]} if options.get("data_dir") else {})})  # for the resume hints
+                  {"executor": "local", "runs": [s.key for s in specs], **recorded_options(options)})
     for spec in specs:
         spec.folder(results).mkdir(parents=True, exist_ok=True)
     main_thread = threading.current_thread() is threading.main_thread()

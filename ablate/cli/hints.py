@@ -24,6 +24,7 @@ class Selection:
     results: str | None = None  # as the user gave it (None: the default)
     data: str | None = None  # `--data` as the user gave it
     sequential: bool = False
+    document_mask: bool = False  # `--document-mask`: a run option its runs resume with
 
     @classmethod
     def of(cls, args) -> "Selection":
@@ -33,7 +34,7 @@ class Selection:
                    getattr(args, "seeds", None), executor,
                    getattr(args, "profile", None) if executor == "slurm" else None,
                    None if args.results is None else str(args.results), getattr(args, "data", None),
-                   bool(getattr(args, "sequential", False)))
+                   bool(getattr(args, "sequential", False)), bool(getattr(args, "document_mask", False)))
 
     def _options(self, where: bool) -> list[str]:
         words = []
@@ -46,6 +47,8 @@ class Selection:
             words += ["--executor", self.executor] + (["--profile", self.profile] if self.profile else [])
         if where and self.data:
             words += ["--data", self.data]
+        if where and self.document_mask:
+            words.append("--document-mask")
         if self.results:
             words += ["--results", self.results]
         return words

@@ -114,7 +114,7 @@ def register_arms() -> None:
 
 def _hints(args, rows, folder, counts, adhoc) -> None:
     """What resumes the failed and cancelled runs: the same `ablate run`, or one `ablate submit` per way they
-    were submitted (executor, profile, data folder), narrowed to them."""
+    were submitted (executor, profile, data folder, --document-mask), narrowed to them."""
     stopped = [r for r in rows if r["state"] in ("failed", "cancelled")]
     commands = (["the same `ablate run` command (with its --experiment, --tier, --arm, --seed)"] if adhoc else
                 [f"`{command}`" for command in resume_commands(args, rows, stopped, folder)]) if stopped else []
@@ -129,8 +129,8 @@ def _hints(args, rows, folder, counts, adhoc) -> None:
 
 def resume_commands(args, rows, stopped, folder) -> list[str]:
     """`ablate submit` commands that resume the `stopped` rows as they were submitted: the ledger says each
-    run's executor and its submission's profile and data folder; tiers, arms and seeds are narrowed to the
-    stopped runs where they are fewer than the rows shown."""
+    run's executor and its submission's profile, data folder and `--document-mask`; tiers, arms and seeds are
+    narrowed to the stopped runs where they are fewer than the rows shown."""
     from ablate.store import read_ledger, run_key  # the library loads in the handler: see ablate.cli
 
     ledger = read_ledger(folder)
@@ -140,9 +140,10 @@ def resume_commands(args, rows, stopped, folder) -> list[str]:
         executor = (ledger["runs"].get(key) or {}).get("executor")
         submission = next((s for s in reversed(ledger["submissions"]) if isinstance(s, dict)
                            and s.get("executor") == executor and key in s.get("runs", [])), {})
-        groups.setdefault((executor, submission.get("profile"), submission.get("data")), []).append(row)
+        groups.setdefault((executor, submission.get("profile"), submission.get("data"),
+                           bool(submission.get("document_mask"))), []).append(row)
     commands = []
-    for (executor, profile, data), group in groups.items():
+    for (executor, profile, data, document_mask), group in groups.items():
         narrowed = {}
         for field in ("tier", "arm", "seed"):
             wanted = list(dict.fromkeys(r[field] for r in group))
@@ -150,7 +151,8 @@ def resume_commands(args, rows, stopped, folder) -> list[str]:
         given = Selection.of(args)
         commands.append(dataclasses.replace(
             given, tiers=narrowed["tier"] or given.tiers, arms=narrowed["arm"] or given.arms,
-            seeds=narrowed["seed"] or given.seeds, executor=executor, profile=profile, data=data).submit_command())
+            seeds=narrowed["seed"] or given.seeds, executor=executor, profile=profile, data=data,
+            document_mask=document_mask).submit_command())
     return commands
 
 

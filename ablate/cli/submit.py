@@ -24,6 +24,9 @@ def add_commands(subparsers) -> None:
                         help="narrow the MLP of arms that add parameters to the baseline's count")
     parser.add_argument("--no-match-params", dest="match_params", action="store_false",
                         help="run arms that add parameters unmatched (overrides the experiment)")
+    parser.add_argument("--document-mask", action="store_true", default=None,
+                        help="every run: each token attends within its document only (split at <|endoftext|>), as "
+                             "`ablate run --document-mask`; part of each run's identity; not on task tiers")
     parser.add_argument("--results", help="results folder (default: $ABLATE_RESULTS, else the checkout's results/)")
     parser.add_argument("--dry-run", action="store_true", help="print runs, resources and GPU-hours; submit nothing")
     parser.add_argument("--rerun-stale", action="store_true",
@@ -133,7 +136,8 @@ def _submission(args, results, sequential: dict | None, grid):
         results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
         seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
         options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                 **({"match_params": args.match_params} if args.match_params is not None else {})},
+                 **({"match_params": args.match_params} if args.match_params is not None else {}),
+                 **({"document_mask": True} if args.document_mask else {})},
         eval_tasks=args.eval_tasks, rerun_stale=args.rerun_stale,
         eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
                       if v is not None},

@@ -30,6 +30,9 @@ def add_commands(subparsers) -> None:
                              "default budget's)")
     parser.add_argument("--seed-count", type=int, metavar="K", help="the first K seeds only (default: the testbed's)")
     parser.add_argument("--parallel", type=int, help="runs at a time (default: CPU count)")
+    parser.add_argument("--document-mask", action="store_true",
+                        help="as `ablate submit --document-mask`; refused: the testbed's tiers are task tiers, whose "
+                             "synthetic tokens have no <|endoftext|> to split documents at")
     parser.add_argument("--results", help=f"results folder (default: {OWN_RESULTS}/ in $ABLATE_RESULTS, else in the "
                                           "checkout's results/: a folder of its own, with the baselines it compares "
                                           "with, apart from the shared testbed's runs)")
@@ -92,17 +95,20 @@ def testbed_command(args) -> int:
     from ablate.analysis.kinds import KINDS
     from ablate.analysis.load import load_runs
     from ablate.analysis.testbed import task_runs, testbed_markdown
-    from ablate.dispatch import Submission, submit
+    from ablate.dispatch import Submission, preflight, submit
     from ablate.experiment import experiment_file
 
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
+    options = {"document_mask": True} if args.document_mask else {}
+    if options:  # the run option's own refusal (a task tier has no documents), before a word is said or a run queued
+        preflight(experiment, experiment.runs(), "local", options)
     refuse_unsound(args.arm, args.arm_file)  # a user's arm: causal and finite, before any run of the grid
     results = results_folder(args.results) if args.results else results_folder(None) / OWN_RESULTS
     print(f"runs in {results / experiment.name} (the baseline's too; the shared testbed's stay apart; "
           f"later: `ablate table testbed --results {results}`)")
     report = submit(experiment, str(file), Submission(results=results, executor="local", parallel=args.parallel,
-                                                      declaration=testbed))  # the testbed's whole design
+                                                      options=options, declaration=testbed))  # its whole design
     failed = [k for k, code in (report.get("jobs") or {}).items() if code != 0]
     runs = load_runs(results / experiment.name)
     # The testbed's own declarations and family (m is the design's, whatever ran), as `ablate table testbed` reads
