@@ -73,7 +73,8 @@ def test_the_resume_hints_repeat_document_mask(tmp_path):
     rows = [{"tier": "smoke", "arm": arm, "seed": 0} for arm in ("baseline", "diff")]
     status_args = argparse.Namespace(experiment="e", results=None, tiers=None, arms=None, seeds=None)
     assert resume_commands(status_args, rows, rows, tmp_path) == [
-        "ablate submit e --arms baseline --executor local --document-mask", "ablate submit e --arms diff --executor local"]
+        "ablate submit e --arms baseline --executor local --document-mask",
+        "ablate submit e --arms diff --executor local"]
 
 
 def test_a_window_arm_of_ones_own_trains_through_the_testbed(tmp_path, capsys):
