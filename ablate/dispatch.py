@@ -175,14 +175,13 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
     results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
-    seeds_by_tier = request.seeds_by_tier
     if executor not in ("slurm", "local"):
         raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
     if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
         raise AblateError(f"--parallel must be a positive integer, not {parallel}")
     specs = experiment.runs(request.tiers, request.arms, request.seeds) if request.grid is None else list(request.grid)
-    if seeds_by_tier is not None:
-        specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
+    if request.seeds_by_tier is not None:
+        specs = [s for s in specs if s.seed < request.seeds_by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
