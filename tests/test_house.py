@@ -201,6 +201,44 @@ def test_the_store_owns_every_folder_fact():
         assert len(where) <= 1, (fact, where)
 
 
+# Where an increment's name or a gate's arm may be spelled besides ablate/increments.py, and why.
+INCREMENT_WORDS_ALSO_IN = {
+    "ablate/arms/": "the arms' own registry and classes name the arms",
+    "ablate/probes/injection.py": "which arms have a gate that reads v: a fact of the arms, not of the increments",
+}
+
+
+def test_the_increments_are_named_in_their_module_only():
+    """The increments, the filtering forms, the gaps and the gates' arms are spelled in ablate/increments.py alone;
+    every reader (the crossover, the figures' colours and legends, the report's "left out" words) derives from it.
+    crossover.py once restated ZERO_OPTION and the filtering forms, plots.py re-keyed the colours by increment,
+    report.py wrote the arms each section needs in prose."""
+    from ablate.increments import GAPS, INCREMENTS, OVERLAP_GATES
+
+    words = set(INCREMENTS) | set(GAPS) | {arm for arms in OVERLAP_GATES.values() for arm in arms}
+    word = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")(?![\w-])")
+    spelled = [f"{path.relative_to(REPO)}:{line}: {value!r}" for path in sources()
+               if path != PACKAGE / "increments.py"
+               and not any(str(path.relative_to(REPO)).startswith(where) for where in INCREMENT_WORDS_ALSO_IN)
+               for line, value in string_constants(path) if word.search(value)]
+    assert spelled == [], "an increment or a gate's arm spelled outside ablate/increments.py:\n" + "\n".join(spelled)
+
+
+def test_what_a_quantity_needs_is_said_from_the_arms_it_needs():
+    """The report's "left out" words name exactly the arms each quantity's choices need, and its sections are left
+    out exactly when no choice is met (`NEEDS`, derived from the increments and the gates)."""
+    from ablate.analysis.report import cannot_have
+    from ablate.increments import NEEDS
+
+    for name, need in NEEDS.items():
+        assert {arm for choice in need.choices for arm in choice} <= set(re.findall(r"[\w-]+", need.words)), name
+        for choice in need.choices:
+            assert need.met_by(choice) and name not in cannot_have(list(choice))
+    assert cannot_have(["baseline", "sink-logit"]) == {k: NEEDS[k].words for k in ("overlap", "crossover")}
+    assert cannot_have(["renorm"]) == {**{k: n.words for k, n in NEEDS.items()},
+                                       "scale": "needs increments or declared comparisons"}
+
+
 MAX_FUNCTION_LINES, MAX_PARAMETERS = 60, 8
 # The one function still over the parameter limit, and why: `prepare`'s keywords are the `ablate data prepare`
 # options every test and the CLI pass by name (a dataclass of them is the next step, not yet taken).
