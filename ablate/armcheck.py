@@ -25,12 +25,10 @@
 * causal model: tokens changed after t, or another sequence, move no logit at ≤ t, on the training and the
   reference path. Every arm is held to both, `no_decoding` or not.
 
-The causal checks are black boxes, reusable over any call (a document mask's, say):
-
-    find_leak(call, [Probe("x", x, time_dim=1), ...], out_time_dim=1, visible=causal) -> None | "what leaked"
-
-changes every probe at the positions `visible(i, positions)` hides from query i and requires call's output at i
-unchanged, then changes the second sequence of dim 0 and requires the first's unchanged; a token probe gives its
+The causal checks hold an arm to a black box of their own module, reusable over any call (a document mask's, say):
+`ablate.causality.find_leak(call, [Probe("x", x, time_dim=1), ...], out_time_dim=1, visible=causal)` changes every
+probe at the positions `visible(i, positions)` hides from query i and requires call's output at i unchanged, then
+changes the second sequence of dim 0 and requires the first's unchanged; a token probe gives its
 `vocab`. `check_causal(name)`, `check_causal_model(name)` apply it to an arm (`attention_calls(name)`: the
 arm's attention per path as (q, k, v, x) -> o; `masked_weight(name)`: its normaliser's weight on masked keys).
 
@@ -49,6 +47,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from ablate.arms.base import ArmContext, AttentionContext, get_arm
 from ablate.arms.kernel import attention, dense_mask
+from ablate.causality import Probe, find_leak, relative
 from ablate.data.documents import document_ids
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
@@ -102,11 +101,6 @@ def make_checked_arm(name: str, layer: int = 0, seed: int = 0, head_dim: int = H
     return arm
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = max(b.abs().max().item(), 1e-300)
-    return (a - b).abs().max().item() / scale
-
-
 def _compare(check: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rtol: float) -> CheckResult:
     worst_name, worst = "", 0.0
     unreached = [label for label, a, b in pairs if a is None and b is None]  # e.g. the query-key slot's, which
@@ -114,7 +108,7 @@ def _compare(check: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rt
     for label, a, b in pairs:
         if a is None or b is None:
             return CheckResult(check, "fails", f"{label}: no gradient on one path")
-        error = _relative(a, b)
+        error = relative(a, b)
         if not error <= rtol:  # NaN fails too
             return CheckResult(check, "fails", f"{label}: relative error {error:.2e} > {rtol:g}")
         if error >= worst:
@@ -330,84 +324,8 @@ def check_arm(name: str) -> list[CheckResult]:
 
 
 # --------------------------------------------------------------------------------------- causality
-# A black box: change the inputs at positions a query may not see and require its outputs unchanged. `find_leak`
-# takes any call and any visibility rule (`causal`: key j visible from query i when j <= i); `check_causal` and
-# `check_causal_model` hold an arm to it at the attention call (every path it takes) and in the whole model.
-CAUSAL_RTOL = 1e-12  # float64: an output that may not see a change moves by no more than this, relative
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One input of a black box: its value, the dimension that is position, and for token ids the vocabulary
-    (a changed token is another id below it; a float input is changed by a draw of N(0, 1))."""
-
-    name: str
-    value: torch.Tensor
-    time_dim: int
-    vocab: int | None = None
-
-    def changed(self, where: torch.Tensor, gen: torch.Generator, batch: int | None = None) -> torch.Tensor:
-        """The value with the positions `where` (bool, (T,)) changed — in sequence `batch` only, if given."""
-        shape = [1] * self.value.dim()
-        shape[self.time_dim] = where.numel()
-        keep = where.view(shape).expand_as(self.value).clone()
-        if batch is not None:
-            keep[:batch] = False
-            keep[batch + 1:] = False
-        if self.vocab is not None:
-            shift = torch.randint(1, self.vocab, self.value.shape, generator=gen)
-            other = (self.value + shift) % self.vocab
-        else:
-            other = self.value + torch.randn(self.value.shape, generator=gen, dtype=self.value.dtype)
-        return torch.where(keep, other, self.value)
-
-
-def causal(query: int, keys: torch.Tensor) -> torch.Tensor:
-    """The causal rule: which of the positions `keys` query position `query` may see."""
-    return keys <= query
-
-
-def _moved(before: torch.Tensor, after: torch.Tensor) -> float:
-    if not (torch.isfinite(before).all() and torch.isfinite(after).all()):
-        return float("nan")
-    return _relative(after, before)
-
-
-def find_leak(call, probes: list[Probe], *, out_time_dim: int, visible=causal, seed: int = 0,
-              rtol: float = CAUSAL_RTOL) -> str | None:
-    """None when `call(*values)` is blind to what it may not see, else one line saying what leaked.
-
-    For each query position i: every probe changed at the positions that `visible(i, positions)` hides, the output
-    at position i (along `out_time_dim`) must move by ≤ rtol relative; and every probe changed in the second
-    sequence of the batch (dim 0) alone, the first sequence's outputs must not move. A leak is then traced to the
-    probe(s) that make it alone. A non-finite output is a leak too (it hides one)."""
-    gen = torch.Generator().manual_seed(seed)
-    values = [p.value for p in probes]
-    base = call(*values)
-    n = base.shape[out_time_dim]
-    positions = torch.arange(n)
-
-    def moved(which, where, batch=None) -> float:
-        out = call(*[p.changed(where, gen, batch) if k in which else p.value for k, p in enumerate(probes)])
-        if batch is not None:
-            return _moved(base[0], out[0])
-        return _moved(base.select(out_time_dim, i), out.select(out_time_dim, i))
-
-    def traced(where, batch=None) -> str:
-        names = [p.name for k, p in enumerate(probes) if not moved({k}, where, batch) <= rtol]
-        return " and ".join(names) or "the inputs together"
-
-    everything = set(range(len(probes)))
-    for i in range(n):
-        hidden = ~visible(i, positions)
-        if hidden.any() and not (error := moved(everything, hidden)) <= rtol:
-            return (f"the output at position {i} moved by {error:.2e} (relative) when {traced(hidden)} changed at "
-                    f"positions it may not see ({', '.join(map(str, positions[hidden].tolist()))})")
-    every = torch.ones(n, dtype=torch.bool)
-    if base.shape[0] > 1 and not (error := moved(everything, every, batch=1)) <= rtol:
-        return (f"sequence 0's output moved by {error:.2e} (relative) when {traced(every, batch=1)} of sequence 1 "
-                "changed")
-    return None
+# The black box (`ablate.causality.find_leak`) held to an arm: `check_causal` at the attention call (every path it
+# takes), `check_causal_model` in the whole model.
 
 
 def attention_calls(name: str) -> dict[str, object]:

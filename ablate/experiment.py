@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ablate.errors import AblateError
-from ablate.family import Comparison, Family  # Comparison is declared in experiment files: from ablate.experiment
-from ablate.power import FAMILIES
+from ablate.family import FAMILIES, Comparison, Family  # Comparison: experiment files import it from here
 from ablate.paths import find_file, names_in, results_folder
 from ablate.store import check_name, check_name_length, run_dir, run_key
 from ablate.sweep import LRSweep  # declared in experiment files: `from ablate.experiment import LRSweep`

@@ -26,10 +26,13 @@ from dataclasses import dataclass
 
 from ablate.errors import AblateError
 from ablate.increments import INCREMENTS, gaps_of, increments_of
-from ablate.power import FAMILIES
 from ablate.store import check_name
 from ablate.tiers import is_pipeline_check
 
+# The families a declared comparison's p is adjusted in: each tier's own, or the whole experiment's (every tier's
+# declared comparisons and the scale slopes together). The experiment, its sequential design, the tables and (through
+# `Family.tier_size`) the planner read it; the planner has no rule of its own.
+FAMILIES = ("tier", "experiment")
 # The smallest tier that can carry evidence; any tier below it only shows that the pipeline runs.
 PIPELINE_GROUP = "pipeline-check"
 STUDY_GROUP = "all"

@@ -39,9 +39,6 @@ SMALL_PILOT = 3  # a pilot of this many seeds or fewer gets a warning
 # A spread of paired differences at or below this fraction of the losses' magnitude is float rounding, not
 # noise (3.9 − 3.8 and 4.3 − 4.2 differ in binary by ~1e-16): no spread, so no t. The tables' rule too.
 RESOLUTION = 1e-9
-# The families a declared comparison's p is adjusted in: each tier's own, or the whole experiment's (every tier's
-# declared comparisons and the scale slopes together). The experiment, its sequential design and the planner read it.
-FAMILIES = ("tier", "experiment")
 
 
 # ---------------------------------------------------------------- checks
@@ -206,33 +203,27 @@ class Pilot:
         return cls(pilot_sd(values), len(values))
 
 
-def family_sizes(comparisons: Mapping[str, Sequence[str]],
-                  family: str | int | Mapping[str, int] = "tier") -> dict[str, int]:
-    """m per tier: its declared comparisons (`family="tier"`), all of the experiment's ("experiment"), an m
-    given outright (an int ≥ the comparisons it covers: the experiment's family with its scale slopes), or
-    per tier (tier → m, as `ablate.family.Family.tier_size` gives it)."""
-    total = sum(len(names) for names in comparisons.values())
-    if isinstance(family, Mapping):
-        for tier, names in comparisons.items():
-            if family.get(tier, 0) < len(names):
-                raise AblateError(f"a family of m = {family.get(tier, 0)} at tier {tier!r} cannot hold its "
-                                  f"{len(names)} comparisons")
-        return {tier: int(family[tier]) for tier in comparisons}
-    if isinstance(family, int) and not isinstance(family, bool):
-        if family < total:
-            raise AblateError(f"a family of m = {family} cannot hold the {total} comparisons planned in it")
-        return {tier: family for tier in comparisons}
-    if family not in FAMILIES:
-        raise AblateError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
-    return {tier: (len(names) if family == "tier" else total) for tier, names in comparisons.items()}
+def family_sizes(comparisons: Mapping[str, Sequence[str]], family: Mapping[str, int]) -> dict[str, int]:
+    """m per tier, as given (tier → m: `ablate.family.Family.tier_size`, the family rule's one owner), checked: every
+    tier has one, and it holds the comparisons planned there. Which comparisons and slopes a family holds is not
+    decided here."""
+    if not isinstance(family, Mapping):
+        raise AblateError(f"the family's m is given per tier (tier → m, from ablate.family.Family.tier_size), not "
+                          f"{family!r}")
+    for tier, names in comparisons.items():
+        if family.get(tier, 0) < len(names):
+            raise AblateError(f"a family of m = {family.get(tier, 0)} at tier {tier!r} cannot hold its "
+                              f"{len(names)} comparisons")
+    return {tier: int(family[tier]) for tier in comparisons}
 
 
 def power_rows(comparisons: Mapping[str, Sequence[str]], effect: float, gpu_hours_per_seed: Mapping[str, float],
                sd: float | None = None, pilots: Mapping[tuple[str, str], Pilot] | None = None, alpha: float = 0.05,
-               target_power: float = 0.8, family: str | int | Mapping[str, int] = "tier") -> list[dict]:
+               target_power: float = 0.8, *, family: Mapping[str, int]) -> list[dict]:
     """One `plan --power --json` row per (tier, declared comparison), in the order given.
 
-    `comparisons` maps a tier to its declared comparisons; `gpu_hours_per_seed[tier]` is what one more
+    `comparisons` maps a tier to its declared comparisons, `family` a tier to the m its comparisons are planned at
+    (`ablate.family.Family.tier_size`: `Experiment.declared_family()`); `gpu_hours_per_seed[tier]` is what one more
     seed costs at that tier (every arm the experiment runs there), and `gpu_hours` = seeds × that.
     The sd is the pilot's for that (tier, comparison) when `pilots` has it, else `sd`; with a pilot,
     `seeds_conservative` is planned with the sd's 80% upper limit (else None). A pilot of SMALL_PILOT

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.power import FAMILIES, sequential_design
+from ablate.family import FAMILIES
+from ablate.power import sequential_design
 from ablate.store import LEDGER, iter_run_dirs, read_ledger, run_of
 from ablate.store_summary import read_summary
 

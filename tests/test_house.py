@@ -174,6 +174,51 @@ def test_every_module_is_in_a_layer_of_the_import_contract():
     assert unplaced == []
 
 
+def contract_layers() -> tuple[list[str], list[frozenset[str]]]:
+    """The layers contract of pyproject.toml: the floors its name lists, and each layer's modules, top first."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    contract = next(c for c in config if c["type"] == "layers")
+    floors = [floor.strip() for floor in contract["name"].removeprefix("layers:").split(",")]
+    return floors, [frozenset(name.strip() for name in layer.split(":")) for layer in contract["layers"]]
+
+
+def documented_layers(text: str) -> tuple[list[str], list[frozenset[str]]]:
+    """docs/architecture.md's table of layers: its floors (the first cell where a floor starts, less its number)
+    and each row's modules (`name` or `package/`), top first."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(r"\|\s*floor\s*\|", line)), None)
+    assert start is not None, "docs/architecture.md has no table of the layers (a header row `| floor | … |`)"
+    floors, layers = [], []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        floor, modules = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        if floor:
+            floors.append(re.sub(r"^\d+\s+", "", floor))
+        layers.append(frozenset("ablate." + name.rstrip("/") for name in re.findall(r"`([\w/]+)`", modules)))
+    return floors, layers
+
+
+def test_the_documented_layers_are_the_import_contract():
+    """docs/architecture.md states the layers the contract enforces: the same layers, in the same order, each with
+    the same modules, under the floors the contract's name lists (they once disagreed: 8 rows against 17 layers,
+    family beside the arms in one and below them in the other)."""
+    floors, layers = contract_layers()
+    assert documented_layers((REPO / "docs" / "architecture.md").read_text()) == (floors, layers)
+    assert len(floors) == 8 and len(layers) > len(floors)
+
+
+def test_the_layer_check_sees_a_difference():
+    """A doc table that moves a module, drops one, or renames a floor is told apart from the contract."""
+    floors, layers = contract_layers()
+    text = (REPO / "docs" / "architecture.md").read_text()
+    for fault in (text.replace("| | `family` |", "| | `taskmodel` `family` |").replace("| | `taskmodel` |", "| | |"),
+                  text.replace(" `_lazy` |", " |"), text.replace("| 6 orchestration |", "| 6 orchestra |")):
+        assert fault != text and documented_layers(fault) != (floors, layers)
+
+
 def test_every_command_handler_is_named_one_way():
     """A command's handler is `<what>_command` (`ablate.cli.analysis.table_command`), so the handler of a command
     is found by its name; a handler named otherwise (`_plan`, `run_prepare`, `_submit_cli` once) fails here."""
@@ -199,6 +244,44 @@ def test_the_store_owns_every_folder_fact():
         owner = owners.get(fact, "ablate/store.py")
         assert [w for w in where if w != owner] == [], fact
         assert len(where) <= 1, (fact, where)
+
+
+# Where an increment's name or a gate's arm may be spelled besides ablate/increments.py, and why.
+INCREMENT_WORDS_ALSO_IN = {
+    "ablate/arms/": "the arms' own registry and classes name the arms",
+    "ablate/probes/injection.py": "which arms have a gate that reads v: a fact of the arms, not of the increments",
+}
+
+
+def test_the_increments_are_named_in_their_module_only():
+    """The increments, the filtering forms, the gaps and the gates' arms are spelled in ablate/increments.py alone;
+    every reader (the crossover, the figures' colours and legends, the report's "left out" words) derives from it.
+    crossover.py once restated ZERO_OPTION and the filtering forms, plots.py re-keyed the colours by increment,
+    report.py wrote the arms each section needs in prose."""
+    from ablate.increments import GAPS, INCREMENTS, OVERLAP_GATES
+
+    words = set(INCREMENTS) | set(GAPS) | {arm for arms in OVERLAP_GATES.values() for arm in arms}
+    word = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")(?![\w-])")
+    spelled = [f"{path.relative_to(REPO)}:{line}: {value!r}" for path in sources()
+               if path != PACKAGE / "increments.py"
+               and not any(str(path.relative_to(REPO)).startswith(where) for where in INCREMENT_WORDS_ALSO_IN)
+               for line, value in string_constants(path) if word.search(value)]
+    assert spelled == [], "an increment or a gate's arm spelled outside ablate/increments.py:\n" + "\n".join(spelled)
+
+
+def test_what_a_quantity_needs_is_said_from_the_arms_it_needs():
+    """The report's "left out" words name exactly the arms each quantity's choices need, and its sections are left
+    out exactly when no choice is met (`NEEDS`, derived from the increments and the gates)."""
+    from ablate.analysis.report import cannot_have
+    from ablate.increments import NEEDS
+
+    for name, need in NEEDS.items():
+        assert {arm for choice in need.choices for arm in choice} <= set(re.findall(r"[\w-]+", need.words)), name
+        for choice in need.choices:
+            assert need.met_by(choice) and name not in cannot_have(list(choice))
+    assert cannot_have(["baseline", "sink-logit"]) == {k: NEEDS[k].words for k in ("overlap", "crossover")}
+    assert cannot_have(["renorm"]) == {**{k: n.words for k, n in NEEDS.items()},
+                                       "scale": "needs increments or declared comparisons"}
 
 
 MAX_FUNCTION_LINES, MAX_PARAMETERS = 60, 8

@@ -134,12 +134,13 @@ def test_the_docs_figures_are_what_plan_power_computes(per_seed):
     first = power_plan(study, 0.0013, sd=0.002)  # the command's own function once; power_rows for the rest
     assert {t["tier"]: t["gpu_hours_per_seed"] for t in first["tiers"]} == pytest.approx(per_seed)
     names = {t: ["zero_option", "filtering_norm", "filtering_proj"] for t in study.tiers}
+    family = {t: study.declared_family().tier_size(t) for t in study.tiers}
     for path in (REPO / "docs" / "power.md", REPO / "docs" / "method.md"):
         rows = docs_table(path)
         assert len(rows) == 5, path
         for row in rows[:4]:
             effect, sd = float(row[0]), float(row[1])
-            planned = power_rows(names, effect, per_seed, sd=sd)
+            planned = power_rows(names, effect, per_seed, sd=sd, family=family)
             seeds = {r["seeds"] for r in planned}
             assert seeds == {int(row[2])} == {smallest_n(effect, sd, 0.05 / 3)}, (path, row)
             hours = [int(row[2]) * per_seed[t] for t in study.tiers]

@@ -17,6 +17,7 @@ import pytest
 from scipy import stats
 
 from ablate.errors import AblateError
+from ablate.family import Family
 from ablate.power import (Pilot, look_seeds, obrien_fleming_spent, pilot_sd, pilot_warning, power_rows,
                           sd_upper_limit, seeds_needed, sequential_decision, sequential_design)
 
@@ -116,10 +117,19 @@ def test_pilot_sd_refuses_too_few_or_broken_differences(values, needle):
 
 COMPARISONS = {"small": ["zero_option", "filtering_norm", "filtering_proj"], "medium": ["zero_option"]}
 GPU_HOURS = {"small": 2.5, "medium": 10.0}
+DECLARED = [("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
+            ("filtering_proj", "sink-logit", "combo2")]
+AT_SMALL = {"filtering_norm": ("small",), "filtering_proj": ("small",)}
+
+
+def m_per_tier(kind: str) -> dict[str, int]:
+    """COMPARISONS' m per tier by the family rule's one owner, `Family`."""
+    family = Family.of(DECLARED, list(COMPARISONS), kind, at=AT_SMALL)
+    return {tier: family.tier_size(tier) for tier in COMPARISONS}
 
 
 def test_power_rows_with_an_assumed_sd():
-    rows = power_rows(COMPARISONS, effect=0.004, gpu_hours_per_seed=GPU_HOURS, sd=0.004)
+    rows = power_rows(COMPARISONS, effect=0.004, gpu_hours_per_seed=GPU_HOURS, sd=0.004, family=m_per_tier("tier"))
     assert [(r["tier"], r["comparison"]) for r in rows] == [("small", "zero_option"), ("small", "filtering_norm"),
                                                             ("small", "filtering_proj"), ("medium", "zero_option")]
     assert all(set(r) == ROW_FIELDS for r in rows)
@@ -127,13 +137,28 @@ def test_power_rows_with_an_assumed_sd():
     assert small["family_size"] == 3 and medium["family_size"] == 1
     assert small["seeds"] == smallest_n(1.0, 0.05 / 3, 0.8) and medium["seeds"] == smallest_n(1.0, 0.05, 0.8)
     assert small["seeds_conservative"] is None and small["gpu_hours"] == small["seeds"] * 2.5
-    whole = power_rows(COMPARISONS, effect=0.004, gpu_hours_per_seed=GPU_HOURS, sd=0.004, family="experiment")
-    assert {r["family_size"] for r in whole} == {4}
+    whole = power_rows(COMPARISONS, effect=0.004, gpu_hours_per_seed=GPU_HOURS, sd=0.004,
+                       family=m_per_tier("experiment"))
+    assert {r["family_size"] for r in whole} == {4 + 5}  # the 4 declared members and the 5 slopes: Family's m
+
+
+def test_power_has_no_family_rule_of_its_own():
+    """Which comparisons and slopes a family holds is `Family`'s alone (ablate/family.py): power_rows takes its m
+    per tier, and a family named to it ("tier", "experiment") is refused rather than sized by a rule of its own."""
+    import ablate.power
+
+    for named in ("tier", "experiment", 4):
+        with pytest.raises(AblateError, match=r"m is given per tier \(tier → m, from ablate.family.Family.tier_size\)"):
+            power_rows(COMPARISONS, effect=0.004, gpu_hours_per_seed=GPU_HOURS, sd=0.004, family=named)
+    assert not hasattr(ablate.power, "FAMILIES")
+    with pytest.raises(AblateError, match="unknown family 'arm'; valid families: tier, experiment"):
+        Family.of(DECLARED, ["small"], "arm")
 
 
 def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit(caplog):
     pilots = {("small", "zero_option"): Pilot.from_differences([0.001, 0.004, -0.002])}
-    rows = power_rows({"small": ["zero_option"]}, effect=0.003, gpu_hours_per_seed=GPU_HOURS, pilots=pilots)
+    rows = power_rows({"small": ["zero_option"]}, effect=0.003, gpu_hours_per_seed=GPU_HOURS, pilots=pilots,
+                      family={"small": 1})
     assert "zero_option at tier small: a 3-seed pilot's sd is unreliable" in caplog.text
     (row,) = rows
     assert row["sd"] == pytest.approx(0.003)
@@ -145,12 +170,12 @@ def test_power_rows_with_a_pilot_plan_conservatively_with_the_upper_limit(caplog
 @pytest.mark.parametrize("kwargs, needle", [
     ({"sd": None}, "no sd for comparison 'zero_option' at tier 'small'"),
     ({"gpu_hours_per_seed": {"medium": 1.0}}, "no GPU-hours per seed for tier 'small'"),
-    ({"family": "arm"}, "unknown family 'arm'; valid families: tier, experiment"),
+    ({"family": {"small": 0}}, "a family of m = 0 at tier 'small' cannot hold its 1 comparisons"),
     ({"pilots": {("small", "zero_option"): Pilot(0.0, 3)}}, "all equal"),
 ])
 def test_power_rows_refuses_what_it_cannot_plan(kwargs, needle):
     args = {"comparisons": {"small": ["zero_option"]}, "effect": 0.003, "gpu_hours_per_seed": GPU_HOURS,
-            "sd": 0.004} | kwargs
+            "sd": 0.004, "family": {"small": 1}} | kwargs
     with pytest.raises(AblateError, match=needle):
         power_rows(**args)
 

@@ -27,14 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ablate.analysis.scale import GAPS, crossing_of, fit_quantity
+from ablate.analysis.scale import crossing_of, fit_quantity
 from ablate.analysis.scale_sizes import NOMINAL, TierSizes
-from ablate.increments import DESCRIPTIONS
+from ablate.increments import DESCRIPTIONS, GAPS, ZERO_OPTION
 from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.tiers import tier_rank
 
-FILTERING_FORMS = ("filtering_proj", "filtering_norm")
-ZERO_OPTION = "zero_option"
 GAP_OF = {form: gap for gap, form in GAPS.items()}
 
 

@@ -33,8 +33,8 @@ from ablate.design import DesignState, design_state
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
 from ablate.errors import AblateError
-from ablate.family import PIPELINE_GROUP, STUDY_GROUP, Family
-from ablate.power import FAMILIES, sequential_decision
+from ablate.family import FAMILIES, PIPELINE_GROUP, STUDY_GROUP, Family
+from ablate.power import sequential_decision
 from ablate.sequential import recorded_design
 from ablate.store import LEDGER
 from ablate.tiers import tier_rank

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
-from ablate.analysis.crossover import (FILTERING_FORMS, ZERO_OPTION, Crossover, find_crossover,  # noqa: F401
-                                       format_params, sized)
-from ablate.increments import DESCRIPTIONS, INCREMENTS
+from ablate.analysis.crossover import Crossover, find_crossover, format_params, sized  # noqa: F401
+from ablate.increments import DESCRIPTIONS, FILTERING, INCREMENTS
 from ablate.analysis.tables import Table, is_pipeline_check
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.store import atomic_write_bytes
@@ -32,7 +31,9 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 MARKERS = ("o", "s", "^", "v", "D", "P", "X")
 LINESTYLES = ("-", "--", ":")
 BASELINE_STYLE = {"color": "#000000", "marker": ".", "linestyle": "-", "zorder": 10, "lw": 2.0}
-QUANTITY_COLOURS = {"zero_option": "#1f77b4", "filtering_norm": "#d62728", "filtering_proj": "#9467bd"}
+# One colour per increment, by its place in `ablate.increments.INCREMENTS` (the increments' one owner).
+QUANTITY_PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#2ca02c", "#ff7f0e")
+QUANTITY_COLOURS = {q: QUANTITY_PALETTE[i % len(QUANTITY_PALETTE)] for i, q in enumerate(INCREMENTS)}
 
 
 def arm_styles(arm_order: list[str]) -> dict[str, dict]:
@@ -160,7 +161,7 @@ def plot_increments(increments: Table, crossovers: list[Crossover], path: Path) 
         ax.plot([], [], "o-", color=colour, label=f"{quantity} ({DESCRIPTIONS[quantity]})")
     for crossover in crossovers:
         colour = QUANTITY_COLOURS[crossover.form]
-        form = crossover.form.split("_")[1]
+        form = FILTERING[crossover.form]
         if crossover.params is None:
             continue
         ax.axvline(crossover.params, ls="--", color=colour, alpha=0.8,

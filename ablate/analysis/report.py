@@ -27,7 +27,7 @@ from ablate.analysis.armcode import check_arm_code
 from ablate.analysis.figures import figure
 from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
                                         supported as declared_support)
-from ablate.analysis.crossover import FILTERING_FORMS, Crossover, find_crossover
+from ablate.analysis.crossover import Crossover, find_crossover
 from ablate.analysis.scale import ScaleTable, confounded, confounder_sentence, sizes_of
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
@@ -44,7 +44,7 @@ from ablate.analysis.kinds import KINDS, get_kind, paired_seed_kinds, report_kin
 from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
-from ablate.increments import INCREMENTS, OVERLAP_BASE, OVERLAP_GATES, OVERLAP_SINK
+from ablate.increments import FILTERING_FORMS, NEEDS
 from ablate.store import REPORT_DIR, atomic_write_bytes
 from ablate.sweep import LRSweep
 
@@ -390,18 +390,7 @@ def cannot_have(arms: list[str], declares: bool = False) -> dict[str, str]:
     """The sections whose arms are absent from the source, each with the arms it needs: increments and overlap
     when none of their quantities has its arms, the crossover without zero_option and a filtering increment,
     the scale model without increments and without declared comparisons (`declares`)."""
-    def possible(needs) -> bool:
-        return any(all(arm in arms for arm in need) for need in needs)
-
-    crossover = [(*INCREMENTS["zero_option"], *INCREMENTS[form]) for form in FILTERING_FORMS]
-    sections = {
-        "increments": (INCREMENTS.values(), "needs baseline and sink-logit, or sink-logit with combo or combo2"),
-        "overlap": ([(OVERLAP_BASE, OVERLAP_SINK, *gate) for gate in OVERLAP_GATES.values()],
-                    "needs baseline, sink-logit and a gate with its combo: norm-gate and combo, or proj-gate and "
-                    "combo2"),
-        "crossover": (crossover, "needs baseline, sink-logit and combo or combo2"),
-    }
-    out = {name: why for name, (needs, why) in sections.items() if not possible(needs)}
+    out = {name: need.words for name, need in NEEDS.items() if not need.met_by(arms)}
     if "increments" in out and not declares:
         out["scale"] = "needs increments or declared comparisons"
     return out
