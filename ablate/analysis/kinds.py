@@ -96,11 +96,14 @@ class TableKind:
         return self._made()[1](table, fmt)
 
     def _made(self) -> tuple[Builder, Renderer]:
-        if self.builder is None or self.renderer is None:
+        """Its builder and renderer; a kind taken from the registry before its builder attached (`builds` registers
+        the kind with them) finds them there."""
+        kind = self if self.builder is not None else KINDS.get(self.name, self)
+        if kind.builder is None or kind.renderer is None:
             raise AblateError(f"table kind {self.name!r} has no builder: decorate one with @builds({self.name!r}, "
                               "renderer) in a module that build_table's module imports, or give the kind its "
                               "builder and renderer")
-        return self.builder, self.renderer
+        return kind.builder, kind.renderer
 
     def effect_name(self, row: dict, key: str, reference: str | None) -> str:
         """How the report's lists name one row of this kind's table."""
