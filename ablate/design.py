@@ -130,9 +130,12 @@ def recorded_versions(folder: str | os.PathLike) -> list[Version]:
     return found
 
 
-def finished_runs(folder: Path) -> int:
-    """How many runs of the experiment folder are done (completed or diverged)."""
+def finished_runs(folder: Path, reads=None) -> int:
+    """How many runs of the experiment folder are done (completed or diverged). `reads`: the folder as a command
+    reads it once (`ablate.analysis.load.RunFolders`: its `grid` and each run's `summary`), else read here."""
     way_out = "move that run folder out of the experiment folder"
+    if reads is not None:
+        return sum(reads.summary(run, way_out).done for run in reads.grid)
     return sum(read_summary(run, way_out).done for run in iter_run_dirs(folder)) if folder.is_dir() else 0
 
 
@@ -172,13 +175,14 @@ class DesignState:
     notes: tuple[str, ...]
 
 
-def design_state(experiment, folder: str | os.PathLike) -> DesignState:
+def design_state(experiment, folder: str | os.PathLike, reads=None) -> DesignState:
     """The recorded design of the experiment folder, checked against `experiment` (None: the folder read alone,
-    its record decides). Refused in one line naming what changed when the file declares otherwise."""
+    its record decides). Refused in one line naming what changed when the file declares otherwise. `reads`: see
+    `finished_runs`."""
     folder = Path(folder)
     versions = recorded_versions(folder)
     if not versions:
-        done = finished_runs(folder)
+        done = finished_runs(folder, reads)
         note = (f"{AFTER_RUNS}: no design is recorded in {folder / LEDGER} for the {done} finished run(s) here (run "
                 "by `ablate run`, or an older ablate); the declarations are read from the experiment file as it is "
                 "now") if done else ""

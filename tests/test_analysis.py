@@ -300,12 +300,12 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
     so a kind registered there is listed and built, and any other name is refused in one line everywhere
     (build_table used to build an overlap table for any name it did not know)."""
     from ablate.analysis.build import build_losses
-    from ablate.analysis.kinds import BUILDERS, KINDS, TableKind, builds, register_kind
+    from ablate.analysis.kinds import ABSOLUTE, KINDS, TableKind, builds, register_kind
     from ablate.cli import main
 
     for name, kind in KINDS.items():
         if name not in ("declared", "lr"):  # a declared family and an LR sweep: their own tests
-            table = build_table(runs, name)
+            table = build_table(runs, kind)
             assert table.kind == name and render(table, "json") if name != "scale" else table.kind == name
     with pytest.raises(AblateError, match=r"^unknown kind 'lossess'; valid kinds: paired, increments, overlap, "
                                           r"losses, declared, scale, lr, budgets$"):
@@ -313,15 +313,14 @@ def test_the_kind_registry_is_what_every_reader_knows(runs, store, capsys):
     with pytest.raises(SystemExit):
         main(["table", str(store), "--kind", "lossess"])
     assert "invalid choice: 'lossess'" in capsys.readouterr().err
-    register_kind(TableKind("final-losses", "t", "e", "a kind added in a test"))
+    register_kind(TableKind("final-losses", "t", "e", "a kind added in a test", shape=ABSOLUTE))
     builds("final-losses", render)(build_losses)
     try:
-        assert build_table(runs, "final-losses").kind == "losses"
+        assert build_table(runs, "final-losses").kind == "final-losses"
         assert main(["table", str(store), "--kind", "final-losses", "--format", "csv"]) == 0
         assert capsys.readouterr().out.startswith("tier,arm,")
     finally:
         KINDS.pop("final-losses")
-        BUILDERS.pop("final-losses")
 
 
 def test_kind_format_and_reference_errors(runs):

@@ -5,19 +5,23 @@ or by string; a built-in arm is one edit (its class in builtin.py), its order an
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from analysis_fixtures import reference_losses, write_csv
+from analysis_fixtures import reference_losses, write_csv, write_store
 from ablate.analysis import kinds
 from ablate.analysis.build import build_losses, build_table
-from ablate.analysis.kinds import BUILDERS, KINDS, TableKind, builds, get_kind, register_kind, report_kinds
+from ablate.analysis.kinds import ABSOLUTE, KINDS, TableKind, builds, get_kind, register_kind, report_kinds
 from ablate.analysis.load import load_runs
 from ablate.analysis.plots import arm_styles
 from ablate.analysis.render import render
+from ablate.analysis.report import make_report
+from ablate.analysis.tables import losses_table
 from ablate.arms.names import BUILTIN_ARMS, BUILTIN_SOURCE, registered_names
 from ablate.cli import main
 from ablate.errors import AblateError
@@ -34,22 +38,22 @@ def csv(tmp_path_factory):
 @pytest.fixture
 def test_kind():
     """A kind registered in a test (a loss table under another name that takes no metric), removed after it."""
-    kind = register_kind(TableKind("final-losses", "Final losses", "e", "a kind added in a test", takes_metric=False))
+    kind = register_kind(TableKind("final-losses", "Final losses", "e", "a kind added in a test", takes_metric=False,
+                                   shape=ABSOLUTE))
     builds("final-losses", render)(build_losses)
     yield kind
     KINDS.pop("final-losses")
-    BUILDERS.pop("final-losses", None)
 
 
 def test_every_kind_has_its_builder_once_build_table_is_importable():
-    assert set(BUILDERS) == set(KINDS)
-    assert BUILDERS["paired"][1] is render and BUILDERS["scale"][1].__name__ == "render_scale"
-    assert BUILDERS["lr"][1].__name__ == "render_lr"
+    assert all(kind.builder is not None and kind.renderer is not None for kind in KINDS.values())
+    assert KINDS["paired"].renderer is render and KINDS["scale"].renderer.__name__ == "render_scale"
+    assert KINDS["lr"].renderer.__name__ == "render_lr"
 
 
 def test_a_builder_registers_itself_for_its_kind(csv, test_kind, capsys):
     runs = load_runs(csv)
-    assert build_table(runs, "final-losses").kind == "losses"
+    assert build_table(runs, get_kind("final-losses")).kind == "final-losses"  # built from a losses table
     assert main(["table", str(csv), "--kind", "final-losses", "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("tier,arm,")
 
@@ -63,7 +67,7 @@ def test_a_builder_for_an_undeclared_kind_or_a_second_builder_is_refused(test_ki
 
 
 def test_a_kind_without_a_builder_is_refused_in_one_line(csv, test_kind):
-    BUILDERS.pop("final-losses")
+    register_kind(test_kind)  # the kind as declared, before its builder attached
     with pytest.raises(AblateError, match=r"^table kind 'final-losses' has no builder: decorate one with "
                                           r"@builds\('final-losses', renderer\)"):
         build_table(load_runs(csv), "final-losses")
@@ -91,6 +95,84 @@ def test_the_commands_ask_the_kind_not_its_name(csv, test_kind, capsys):
         assert main(["table", str(csv), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (argv, err)
+
+
+@pytest.fixture
+def best_kind():
+    """The issue's new kind, registered in ONE place (this one call, in this one file; no module of ablate edited):
+    the lowest mean final loss of each tier, an absolute table the report writes. Its builder starts from the
+    losses table, so the table is the kind's own only because build_table makes it so."""
+    def build_best(runs, reference, declared):
+        table = losses_table(runs)
+        return dataclasses.replace(table, frame=table.frame.sort("mean").unique("tier", keep="first",
+                                                                                 maintain_order=True))
+
+    kind = register_kind(TableKind("best", "Best arm per tier", "the arm with the lowest mean final val_loss of each "
+                                   "tier", "the best arm of each tier", shape=ABSOLUTE, in_report=True,
+                                   builder=build_best, renderer=render))
+    yield kind
+    KINDS.pop("best")
+
+
+def test_a_kind_registered_in_one_place_renders_in_every_format_and_the_report(csv, best_kind, tmp_path, capsys):
+    """`ablate table --kind best` used to fail with KeyError 'ci_low' (render.py laid out every kind but "losses" and
+    "budgets" as differences); its layout is now its shape, in markdown, CSV, LaTeX, JSON and the report."""
+    outputs = {}
+    for fmt in ("md", "csv", "latex", "json"):
+        assert main(["table", str(csv), "--kind", "best", "--format", fmt]) == 0, fmt
+        outputs[fmt] = capsys.readouterr().out
+    assert outputs["md"].startswith("## Best arm per tier — runs\n") and "Validation loss in nats" in outputs["md"]
+    assert "| tier | arm | n | mean ± sd | se | min | max | marks |" in outputs["md"]
+    assert outputs["csv"].splitlines()[0] == "tier,arm,n,mean,sd,se,min,max,marks"
+    assert len(outputs["csv"].splitlines()) == 2  # one tier (10M): its best arm
+    assert r"Tier & Arm & $n$ & Mean $\pm$ sd & se & Marks \\" in outputs["latex"]
+    assert json.loads(outputs["json"])["kind"] == "best"
+    folder = write_store(tmp_path, losses={k: v for k, v in reference_losses().items() if k[0] == "10M"})
+    ctx = make_report(folder)
+    assert (ctx.out_dir / "best.md").read_text() == best_kind.render(ctx.tables["best"], "md")
+    assert (ctx.out_dir / "best.md").read_text().startswith("## Best arm per tier — study\n")
+    assert "[best.md](best.md) ([csv](best.csv)): 1 rows" in (ctx.out_dir / "summary.md").read_text()
+
+
+def test_a_kind_s_shape_is_checked_and_a_table_shape_needs_a_table(csv):
+    with pytest.raises(AblateError, match=r"^unknown shape 'wide'; valid shapes: difference, absolute, by-budget, "
+                                          r"own$"):
+        register_kind(TableKind("wide", "t", "e", "h", shape="wide"))
+    assert "wide" not in KINDS
+    with pytest.raises(AblateError, match=r"^table kind 'scale' has shape 'own', which a Table has not"):
+        render(dataclasses.replace(build_table(load_runs(csv), get_kind("losses")), kind="scale"), "md")
+
+
+def test_the_renderers_and_the_report_ask_a_kind_s_attributes_never_its_name():
+    """No comparison of a kind's name (`table.kind == "losses"`) and no table looked up by a kind's name
+    (`ctx.tables["paired"]`) in the modules that lay out and write the tables, and build_table is handed the kind
+    itself by every caller in the library."""
+    readers = [REPO / "ablate" / "analysis" / f for f in ("render.py", "report.py", "lr_report.py", "tuned.py")]
+    for path in [*readers, REPO / "ablate" / "cli" / "analysis.py"]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                assert not any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides), \
+                    f"{path.name}:{node.lineno} compares a kind's name"
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                assert getattr(node.value, "attr", None) != "tables", f"{path.name}:{node.lineno} looks a table up"
+    for path in (REPO / "ablate").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "build_table" and len(node.args) > 1:
+                kind = node.args[1]
+                assert not isinstance(kind, ast.Constant) and getattr(kind, "attr", None) != "name", \
+                    f"{path.name}:{node.lineno} hands build_table a kind's name"
+
+
+def test_the_table_handler_resolves_source_once_for_all_its_paths():
+    """`ablate table`: SOURCE's experiment and folder are resolved in one place (table_command), whichever path then
+    makes the table (by item, the LR sweep's or the tuned one, the kind's own); each path used to resolve them."""
+    tree = ast.parse((REPO / "ablate" / "cli" / "analysis.py").read_text())
+    handler = ("table_command", "_kind_command", "_lr_command", "_by_item")
+    calls = [getattr(node.func, "id", None) for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+             and function.name in handler for node in ast.walk(function) if isinstance(node, ast.Call)]
+    assert calls.count("named_experiment") == 1 and calls.count("results_of") == 1, calls
 
 
 def test_what_the_report_asks_is_in_the_kind():

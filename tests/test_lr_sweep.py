@@ -4,6 +4,7 @@ the quadratic vertex, confirmatory seeds, the tuned paired table."""
 import json
 import math
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -169,6 +170,31 @@ def test_the_quadratic_vertex_is_numpy_polyfit_s_over_the_best_lr_and_its_neighb
     a, b, _ = np.polyfit(x, y, 2)
     assert best["vertex_lr"] == pytest.approx(2 ** (-b / (2 * a)), rel=1e-9)
     assert table.curvature[("smoke", "baseline")] == pytest.approx(2 * a, rel=1e-9)
+
+
+def test_table_tuned_reads_the_folder_once(tmp_path, monkeypatch, capsys):
+    """`ablate table FOLDER --tuned`: the run folders listed once each (the grid's, the sweep's) and every run's
+    summary.json and config.json read once, though the LR table, the grid's table and the tuned table all read
+    them (they read the folder two and three times before: `ablate.analysis.load.RunFolders`)."""
+    import ablate.store
+    from ablate.cli import main
+
+    experiment = sweep_experiment(seeds=1)
+    write_sweep(tmp_path, experiment, {(arm, f): (5.0 + abs(f - 1), 5.0) for arm in ("baseline", "sink-logit")
+                                       for f in (0.5, 1.0, 2.0)})
+    for spec in experiment.runs():
+        write_run(tmp_path, spec, val=4.0 + 0.01 * spec.seed)
+    reads, listings = [], []
+    read_json, glob = ablate.store.read_json, type(tmp_path).glob
+    monkeypatch.setattr(ablate.store, "read_json", lambda path: reads.append(str(path)) or read_json(path))
+    monkeypatch.setattr(type(tmp_path), "glob", lambda self, pattern: listings.append(pattern) or glob(self, pattern))
+    assert main(["table", str(tmp_path / "lrx"), "--tuned"]) == 0
+    assert "each arm at its own best LR" in capsys.readouterr().out
+    summaries = [r for r in reads if r.endswith("summary.json")]
+    assert len(summaries) == 2 * 3 + 2 * 2 == len(set(summaries))  # the 6 sweep runs' and the 4 grid runs', once
+    configs = Counter(r for r in reads if r.endswith("config.json"))  # once for the settings, once checked against
+    assert len(configs) == 10 and set(configs.values()) == {2}  # the run's fingerprint (ablate.store's own check)
+    assert sorted(p for p in listings if "seed*" in p) == ["*/*/lr*/seed*/summary.json", "*/*/seed*/summary.json"]
 
 
 def test_tuned_pairs_each_arm_at_its_own_best_lr(tmp_path):

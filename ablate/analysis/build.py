@@ -9,7 +9,7 @@ import dataclasses
 
 from ablate.analysis import budgets  # noqa: F401  (registers the budgets kind's builder)
 from ablate.analysis.hypotheses import adjust_over_family, count_diverged, exploratory_metric_table
-from ablate.analysis.kinds import builds, check_options, get_kind
+from ablate.analysis.kinds import TableKind, builds, check_options, get_kind
 from ablate.analysis.lr import lr_table, render_lr
 from ablate.analysis.render import render
 from ablate.analysis.runs import Runs
@@ -20,8 +20,11 @@ from ablate.analysis.tables import Table, increments_table, losses_table, overla
 from ablate.errors import AblateError
 
 
-def build_table(runs: Runs, kind: str, reference: str | None = None, declared=None) -> Table | ScaleTable:
-    """The one entry point the CLI and the report use; `reference` applies to the kinds that take one.
+def build_table(runs: Runs, kind: TableKind | str, reference: str | None = None, declared=None) -> Table | ScaleTable:
+    """The one entry point the CLI and the report use: `kind`'s table. The library hands the `TableKind` itself
+    (as `get_kind` gave it); a kind's name, from a caller outside it, is looked up once here. A `Table` carries its
+    kind by name (a builder that starts from another kind's table still makes its own kind's: its title, caption
+    and layout); `reference` applies to the kinds that take one.
 
     `declared` (`ablate.analysis.hypotheses.Declared`, the experiment's declared comparisons): p_holm
     over that family only, every other row marked exploratory; kind "declared" is the family's own table;
@@ -29,9 +32,11 @@ def build_table(runs: Runs, kind: str, reference: str | None = None, declared=No
     with `family="experiment"` the slopes of the declared comparisons and the gaps are in the same Holm family
     (`ablate.analysis.scale_family`).
     """
-    spec = get_kind(kind)
-    check_options(spec, ["--reference"] * (reference is not None) + ["--metric"] * (runs.metric is not None))
-    table = spec.build(runs, reference, declared)
+    kind = get_kind(kind) if isinstance(kind, str) else kind
+    check_options(kind, ["--reference"] * (reference is not None) + ["--metric"] * (runs.metric is not None))
+    table = kind.build(runs, reference, declared)
+    if isinstance(table, Table) and table.kind != kind.name:
+        table = dataclasses.replace(table, kind=kind.name)
     design_notes = tuple(getattr(declared, "notes", ()))  # the design's history (`ablate.design`): every table says it
     if design_notes and isinstance(table, (Table, ScaleTable)):
         table = dataclasses.replace(table, notes=tuple(table.notes) + design_notes)

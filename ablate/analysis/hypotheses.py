@@ -26,6 +26,7 @@ from typing import Mapping
 
 import polars as pl
 
+from ablate.analysis.load import RunFolders
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
 from ablate.increments import INCREMENTS
@@ -483,7 +484,10 @@ def declared_for(experiment, folder) -> Declared | None:
     folder's ledger, with their design (which `experiment`, when given, must still declare: a changed design is
     refused), else the fixed design the first submit recorded there (`ablate.design`: likewise checked, its
     history in `notes`), else the experiment's own (`experiment`: an `ablate.experiment.Experiment` or None, taken as
-    given so the analysis never loads an experiment file). None: no family."""
+    given so the analysis never loads an experiment file). None: no family. `folder`: a path, or the `RunFolders`
+    the command reads it through (its runs' summaries read once)."""
+    reads = RunFolders.of(folder)
+    folder = reads.root
     design = recorded_design(folder) if Path(folder).is_dir() else None
     if design is not None and experiment is not None:
         design.check_declares(experiment.hypotheses, experiment.family, experiment.family_size(), experiment.name,
@@ -493,7 +497,7 @@ def declared_for(experiment, folder) -> Declared | None:
         return Declared.of(design.comparisons, design.family, design.boundaries, members)
     # a fixed design: decided under the declaration recorded at the first submit (`ablate.design`), which the
     # experiment file must still declare
-    state = design_state(experiment, folder) if Path(folder).is_dir() else DesignState(None, ())
+    state = design_state(experiment, folder, reads) if Path(folder).is_dir() else DesignState(None, ())
     if state.declaration is not None:
         recorded = state.declaration
         return Declared.of(recorded.comparisons_of(), recorded.family, members=recorded.family_of(),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import math
 import os
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import polars as pl
@@ -23,11 +25,13 @@ from ablate.arms.source import current_scheme
 from ablate.analysis.tablefile import read_table
 from ablate.evals.results import check_metric, read_metric
 from ablate.identity import fingerprints_without, shared_fingerprint
-from ablate.store import (CONFIG, METRICS, SUMMARY, Status, check_name, iter_run_dirs, refuse_damaged_config,
-                          read_json_file, read_metrics, run_key, run_of)
+from ablate.store import (CONFIG, METRICS, SUMMARY, Status, check_name, iter_lr_run_dirs, iter_run_dirs,
+                          refuse_damaged_config, read_json_file, read_metrics, run_key, run_of)
 from ablate.store_summary import RunSummary, read_summary
 
 TABLE_SUFFIXES = (".csv", ".parquet")
+STORE_WAY_OUT = ("rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move the folder out of "
+                 "the experiment")
 RUN_SCHEMA = {
     "tier": pl.String,
     "arm": pl.String,
@@ -52,7 +56,54 @@ RUN_SCHEMA = {
 }
 
 
-def load_runs(source: str | os.PathLike, *, allow_unverified: bool = False, metric: str | None = None) -> Runs:
+@dataclass
+class RunFolders:
+    """An experiment folder read once: its run folders listed once (`grid`, the grid's; `swept`, those at an lr
+    factor), and each run's summary.json and config.json read at most once, whichever reader asks first (the
+    grid's tables, the LR sweep's, the tuned table's: `ablate table --tuned` reads the folder through one)."""
+
+    root: Path
+    _summaries: dict = field(default_factory=dict, repr=False)
+    _configs: dict = field(default_factory=dict, repr=False)
+    _checked: set = field(default_factory=set, repr=False)
+
+    @classmethod
+    def of(cls, folder: "str | os.PathLike | RunFolders") -> "RunFolders":
+        return folder if isinstance(folder, RunFolders) else cls(Path(folder))
+
+    @cached_property
+    def grid(self) -> list[Path]:
+        return list(iter_run_dirs(self.root))
+
+    @cached_property
+    def swept(self) -> list[Path]:
+        return list(iter_lr_run_dirs(self.root))
+
+    def summary(self, run: Path, way_out: str) -> RunSummary:
+        """The run's summary.json (`read_summary`; `way_out`: what a damaged one's error says to do)."""
+        if run not in self._summaries:
+            self._summaries[run] = read_summary(run, way_out)
+        return self._summaries[run]
+
+    def refuse_damaged(self, run: Path, summary: RunSummary) -> None:
+        """`ablate.store.refuse_damaged_config` of the run, once: its config.json against the fingerprint it trained
+        with (that check reads config.json itself, so a run's config is read twice: once checked, once here)."""
+        if run not in self._checked:
+            refuse_damaged_config(run, summary)
+            self._checked.add(run)
+
+    def config(self, run: Path, way_out: str) -> dict | None:
+        """The run's config.json; None when it has none (an older run)."""
+        if run not in self._configs:
+            try:
+                self._configs[run] = read_json_file(run / CONFIG, way_out)
+            except FileNotFoundError:
+                self._configs[run] = None
+        return self._configs[run]
+
+
+def load_runs(source: "str | os.PathLike | RunFolders", *, allow_unverified: bool = False,
+              metric: str | None = None) -> Runs:
     """SOURCE: a CSV/parquet file or an experiment's folder of runs (an experiment's name or file is
     resolved to its folder by `ablate.experiment.results_of`, which the commands call first).
 
@@ -65,15 +116,15 @@ def load_runs(source: str | os.PathLike, *, allow_unverified: bool = False, metr
     `metric` (TASK/METRIC of `ablate eval`, store sources only) replaces the loss by that downstream
     metric, oriented like a loss (negated when higher is better), so that every table keeps "positive
     = the arm is better"; runs evaluated under other settings than their pair are refused like any
-    unmatched pair.
+    unmatched pair. A `RunFolders` source is that folder, read through it.
     """
-    path = Path(source)
+    path = source.root if isinstance(source, RunFolders) else Path(source)
     if path.suffix.lower() in TABLE_SUFFIXES:
         if not path.is_file():
             raise AblateError(f"no such file {str(path)!r}")
         runs = _runs_from_table(path)
     elif path.is_dir():
-        runs = _runs_from_store(path)
+        runs = _runs_from_store(RunFolders.of(source))
     else:
         raise AblateError(f"{str(path)!r} is neither an experiment's folder of runs nor a .csv/.parquet file")
     if metric is not None:
@@ -107,11 +158,10 @@ def _with_metric(runs: Runs, name: str) -> Runs:
                 higher_is_better=higher)
 
 
-def _runs_from_store(folder: Path) -> Runs:
-    rows, seen = [], {}
-    for run in iter_run_dirs(folder):
-        summary = read_summary(run, "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move "
-                                    "the folder out of the experiment")
+def _runs_from_store(reads: RunFolders) -> Runs:
+    rows, seen, folder = [], {}, reads.root
+    for run in reads.grid:
+        summary = reads.summary(run, STORE_WAY_OUT)
         name = run_of(run)
         _check_folder_names(run, name.tier, name.arm)
         for key in ("experiment", "tier", "arm", "seed"):
@@ -120,9 +170,9 @@ def _runs_from_store(folder: Path) -> Runs:
                 raise AblateError(
                     f"{run} holds a run of {key} {recorded!r}, but its folder says {expected!r} (a copied or "
                     "moved run folder?); move it out of the experiment folder")
-        refuse_damaged_config(run, summary)
+        reads.refuse_damaged(run, summary)
         refuse_twice(seen, (name.tier, name.arm, name.seed), name.key, run)
-        rows.append(store_row(run, name.tier, name.arm, name.seed, summary, _read_config(run)))
+        rows.append(store_row(run, name.tier, name.arm, name.seed, summary, reads.config(run, STORE_WAY_OUT)))
     if not rows:
         raise AblateError(f"no runs (no */*/seed<k>/{SUMMARY}) under {str(folder)!r}")
     frame = pl.DataFrame(rows, schema=RUN_SCHEMA)
@@ -176,15 +226,6 @@ def refuse_hybrid(run: Path, summary: RunSummary) -> None:
         raise AblateError(f"run {run} trained under {len(versions)} versions of arm {summary.arm!r}'s code "
                           f"({', '.join(v[:15] + '…' for v in versions)}): it is no run of either; rerun it "
                           "(`ablate run ... --force` keeps it aside) or move it out of the experiment folder")
-
-
-def _read_config(run: Path) -> dict | None:
-    """The run's config.json; None when it has none (an older run)."""
-    try:
-        return read_json_file(run / CONFIG, "rerun that run (`ablate run ... --force` keeps the damaged folder "
-                                            "aside) or move the folder out of the experiment")
-    except FileNotFoundError:
-        return None
 
 
 def _exclusion_reason(status, val_loss, summary: RunSummary) -> str | None:

@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ablate.analysis.load import RUN_SCHEMA, _exclusion_reason, refuse_twice, store_row
+from ablate.analysis.load import RUN_SCHEMA, RunFolders, _exclusion_reason, refuse_twice, store_row
 from ablate.analysis.lr_optimum import OPTIMUM_NOTE, optimum_rows
 from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.identity import config_differences, describe_differences
 from ablate.runconfig import RunConfig
-from ablate.store import (CONFIG, Status, iter_lr_run_dirs, read_json_file, refuse_damaged_config, run_key, run_of)
-from ablate.store_summary import RunSummary, read_summary
+from ablate.store import CONFIG, Status, run_key, run_of
+from ablate.store_summary import RunSummary
 from ablate.sweep import LRSweep
 from ablate.tiers import tier_rank
 
@@ -120,21 +120,21 @@ def _rounded(value: float) -> float:
     return float(f"{value:.9g}")
 
 
-def sweep_runs(folder: str | Path) -> list[SweepRun]:
+def sweep_runs(folder: str | Path | RunFolders) -> list[SweepRun]:
     """Every LR-sweep run of an experiment folder (runs at an lr factor whose config has a selection split):
-    one per (tier, arm, factor, seed), each at its folder's factor × the tier's lr."""
-    found, seen = [], {}
-    for run in iter_lr_run_dirs(folder):
+    one per (tier, arm, factor, seed), each at its folder's factor × the tier's lr. `folder`: a path, or the
+    `RunFolders` the command reads it through."""
+    found, seen, reads = [], {}, RunFolders.of(folder)
+    for run in reads.swept:
         way_out = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
-        summary = read_summary(run, way_out)
-        try:
-            config = read_json_file(run / CONFIG, way_out)
-        except FileNotFoundError:
-            raise AblateError(f"sweep run {run} has no {CONFIG}: its settings cannot be compared; {WAY_OUT}") from None
+        summary = reads.summary(run, way_out)
+        config = reads.config(run, way_out)
+        if config is None:
+            raise AblateError(f"sweep run {run} has no {CONFIG}: its settings cannot be compared; {WAY_OUT}")
         settings = RunConfig.from_dict(config)
         if not settings.selection_tokens:
             continue  # a confirmatory run at an arm's best LR: the tuned table's, not the sweep's
-        refuse_damaged_config(run, summary)
+        reads.refuse_damaged(run, summary)
         name = run_of(run)
         if settings.tier != name.tier or settings.arm != name.arm:
             raise AblateError(f"{run} holds a run of {settings.tier}/{settings.arm} (a moved folder?); "
@@ -147,7 +147,7 @@ def sweep_runs(folder: str | Path) -> list[SweepRun]:
         found.append(SweepRun(name.tier, name.arm, name.seed, name.lr_factor, float(settings.lr), summary.status,
                               selection, _finite(summary.val_loss), reason, str(run), config, summary))
     if not found:
-        raise AblateError(f"no LR-sweep runs (<tier>/<arm>/lr<f>/seed<k>) under {str(folder)!r}; "
+        raise AblateError(f"no LR-sweep runs (<tier>/<arm>/lr<f>/seed<k>) under {str(reads.root)!r}; "
                           "`ablate submit EXPERIMENT --sweep` makes them")
     check_lr_factors([LRAt(r.path, r.tier, r.factor, r.lr) for r in found])
     return found
@@ -241,8 +241,8 @@ def _same(group: list[SweepRun], key: str, only_completed: bool, what: str) -> N
             raise AblateError(f"sweep runs {values[0][0].path} and {run.path} {what} ({key} differs); {WAY_OUT}")
 
 
-def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA, *, sweep: LRSweep | None = None,
-             allow_unverified: bool = False) -> LRTable:
+def lr_table(folder: str | Path | RunFolders, margin: float = MARGIN, delta: float = DELTA, *,
+             sweep: LRSweep | None = None, allow_unverified: bool = False) -> LRTable:
     """Per tier and arm the loss at each LR, the best LR (on the selection loss), the vertex of a parabola
     in log2(lr) through the minimum and its neighbours, the largest stable LR and the δ-range's width.
     `sweep`: the experiment's declared LRSweep (only its factors × seeds count: `declared_only`)."""
@@ -260,7 +260,7 @@ def lr_table(folder: str | Path, margin: float = MARGIN, delta: float = DELTA, *
         warnings += [warning] if warning else []
     points = [{"tier": r.tier, "arm": r.arm, "seed": r.seed, "lr": r.lr, "factor": r.factor,
                "loss": r.selection_loss if r.reason is None else None} for r in runs]
-    return LRTable(Path(folder).name, rows, best, points, curvature, margin, delta, tuple(warnings),
+    return LRTable(RunFolders.of(folder).root.name, rows, best, points, curvature, margin, delta, tuple(warnings),
                    optimum_rows(points, best))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ablate.analysis.lr import lr_table, render_lr, stable
 from ablate.analysis.lr_optimum import OPTIMUM_NOTE, optimum_text
 from ablate.analysis.plots import _save, arm_colours, figure, tier_title
-from ablate.analysis.render import render
+from ablate.analysis.kinds import kind_where
 from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
 from ablate.errors import AblateError
 from ablate.store import iter_lr_run_dirs
@@ -72,14 +72,14 @@ def lr_section(ctx) -> str:
     if table.optimum:
         lines += ["", OPTIMUM_NOTE + ".", "", optimum_text(table.optimum).rstrip()]
     lines += ["", "![lr](lr.png)"]
+    paired = kind_where("forest")  # the report's paired table, at the shared and the tuned LRs
     try:
-        shared, tuned, survived, key = tuned_tables(root, table.best_factors(), "paired",
-                                                    _reference(ctx), getattr(ctx, "declared", None),
-                                                    ctx.allow_unverified)
+        shared, tuned, survived, key = tuned_tables(root, table.best_factors(), paired, _reference(ctx),
+                                                    getattr(ctx, "declared", None), ctx.allow_unverified)
     except AblateError as err:
         return "\n".join(lines + ["", f"No tuned table yet: {err}"])
-    ctx.write("tuned.md", f"# Shared LR\n\n{render(shared, 'md')}\n\n# Each arm at its own best LR\n\n"
-                          f"{render(tuned, 'md')}\n")
+    ctx.write("tuned.md", f"# Shared LR\n\n{paired.render(shared, 'md')}\n\n# Each arm at its own best LR\n\n"
+                          f"{paired.render(tuned, 'md')}\n")
     lines += ["", "[tuned.md](tuned.md): the paired table at each arm's own best LR (the confirmatory runs, seeds the "
               "sweep did not use) beside the shared-LR one. " + TUNING_NOTE + ".", "",
               tuning_text(survived, key).rstrip()]

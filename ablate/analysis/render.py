@@ -5,7 +5,9 @@ there is no spread; CSV and JSON carry the exact machine columns (empty / null s
 n = 1). Markdown and JSON also carry the excluded runs, missing seeds, skipped quantities and the
 meaning of every row mark; CSV cannot, so the CLI prints those to stderr.
 
-Every cell is escaped for its format (`ablate.analysis.escape`): a name is data, never markup.
+Every cell is escaped for its format (`ablate.analysis.escape`): a name is data, never markup. The layout is
+chosen by the table's kind's `shape` (`ablate.analysis.kinds.SHAPES`), never by the kind's name, so a kind
+registered anywhere renders in every format.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 import json
 import math
 
-from ablate.errors import choice_error
+from ablate.errors import AblateError, choice_error
 from ablate.analysis.figures import figure
 from ablate.analysis.escape import latex_text, markdown_cell, markdown_text
-from ablate.analysis.kinds import get_kind
+from ablate.analysis.kinds import ABSOLUTE, BY_BUDGET, DIFFERENCE, get_kind
 from ablate.increments import DESCRIPTIONS
 from ablate.analysis.tables import MARK_NOTES, Table
 from ablate.tiers import TIERS
@@ -52,6 +54,7 @@ LOSS_FOOTER = "sd with ddof 1; se = sd/√n; completed runs with a finite val_lo
 
 
 def render(table: Table, fmt: str) -> str:
+    """`table` as text in `fmt`, laid out by its kind's shape (every kind whose table is a `Table`)."""
     if fmt not in FORMATS:
         raise choice_error("format", fmt, FORMATS)
     return {"md": to_markdown, "csv": to_csv, "latex": to_latex, "json": to_json}[fmt](table)
@@ -83,6 +86,15 @@ def effect_cells(row: dict) -> tuple[str, str]:
     if row["n"] < 2 or row["sd"] is None:
         return f"{_num(row['mean'])} (1 seed)", "–"
     return f"{_num(row['mean'])} ± {_num(row['sd'], signed=False)}", f"[{_num(row['ci_low'])}, {_num(row['ci_high'])}]"
+
+
+def shape(table: Table) -> str:
+    """How `table` is laid out: its kind's shape, one of those a `Table` has (the others render themselves)."""
+    found = get_kind(table.kind).shape
+    if found not in (DIFFERENCE, ABSOLUTE, BY_BUDGET):
+        raise AblateError(f"table kind {table.kind!r} has shape {found!r}, which a Table has not: give the kind "
+                          f"shape {DIFFERENCE!r}, {ABSOLUTE!r} or {BY_BUDGET!r}, or its own renderer")
+    return found
 
 
 def title(table: Table) -> str:
@@ -118,9 +130,9 @@ def footer_lines(table: Table) -> list[str]:
 
 def to_markdown(table: Table) -> str:
     key = table.key
-    if table.kind == "losses":
+    if shape(table) == ABSOLUTE:
         return _losses_markdown(table)
-    if table.kind == "budgets":
+    if shape(table) == BY_BUDGET:
         return _budgets_markdown(table)
     holm, sequential = "p_holm" in table.columns, "decision" in table.columns
     head = ["tier", key, "n", "mean ± sd", "se", "95% CI", "min", "max", "agree", "p", *(["p_holm"] if holm else []),
@@ -141,12 +153,13 @@ def to_markdown(table: Table) -> str:
 
 
 def row_label(table: Table, row: dict) -> str:
-    """The arm; a quantity with what it is; a declared comparison with its two arms."""
+    """The arm; a quantity with what it is; a comparison with its two arms."""
     if table.key == "arm":
         return row["arm"]
-    if table.kind == "declared":
-        return f"{row['comparison']} ({row['minuend']} − {row['subtrahend']})"
-    return f"{row[table.key]} ({DESCRIPTIONS[row[table.key]]})"
+    if "minuend" in row:
+        return f"{row[table.key]} ({row['minuend']} − {row['subtrahend']})"
+    described = DESCRIPTIONS.get(row[table.key])
+    return f"{row[table.key]} ({described})" if described else row[table.key]
 
 
 METRIC_FOOTER = ("p_holm: empty, because no declared comparison is on this metric: every row is exploratory "
@@ -160,7 +173,7 @@ def holm_footer(table: Table) -> str:
         return METRIC_FOOTER
     if table.family:
         return FAMILY_FOOTER.format(family=table.family)
-    return HOLM_FOOTER.format(reference=table.reference) if table.kind == "paired" else QUANTITY_HOLM_FOOTER
+    return HOLM_FOOTER.format(reference=table.reference) if table.reference is not None else QUANTITY_HOLM_FOOTER
 
 
 def decision_text(row: dict) -> str:
@@ -270,8 +283,8 @@ def to_json(table: Table) -> str:
 
 def to_latex(table: Table) -> str:
     """A booktabs tabular; '1 seed' in place of a spread that does not exist; marks as a last column."""
-    key = table.key
-    if table.kind == "losses":
+    key, layout = table.key, shape(table)
+    if layout == ABSOLUTE:
         head, spec = "Tier & Arm & $n$ & Mean $\\pm$ sd & se & Marks \\\\", "llrlll"
     else:
         holm, sequential = "p_holm" in table.columns, "decision" in table.columns
@@ -284,10 +297,10 @@ def to_latex(table: Table) -> str:
         f"\\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule",
     ]
     for row in table.frame.iter_rows(named=True):
-        label = f"{row[key]} at {row['budget']}" if table.kind == "budgets" else row[key]
+        label = f"{row[key]} at {row['budget']}" if layout == BY_BUDGET else row[key]
         tier, label, marks = latex_text(row["tier"]), latex_text(label), latex_text(_marks(row))
         se = f"${_tex(row['se'], signed=False)}$"
-        if table.kind == "losses":
+        if layout == ABSOLUTE:
             effect = f"${_tex(row['mean'], signed=False)}" + (f" \\pm {_tex(row['sd'], signed=False)}$"
                                                               if row["sd"] is not None else "$ (1 seed)")
             lines.append(f"{tier} & {label} & {row['n']} & {effect} & {se} & {marks} \\\\")

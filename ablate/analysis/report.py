@@ -25,10 +25,10 @@ import polars as pl
 
 from ablate.analysis.armcode import check_arm_code
 from ablate.analysis.figures import figure
-from ablate.analysis.hypotheses import (DECLARED, MISSING_SEEDS, Declared, fixed_decision,
+from ablate.analysis.hypotheses import (MISSING_SEEDS, Declared, fixed_decision,
                                         supported as declared_support)
 from ablate.analysis.crossover import Crossover, find_crossover
-from ablate.analysis.scale import ScaleTable, confounded, confounder_sentence, sizes_of
+from ablate.analysis.scale import SCALE, ScaleTable, confounded, confounder_sentence, sizes_of
 from ablate.analysis.scale_text import crossing_sentence, render_scale, scale_intro, trend_sentence
 from ablate.analysis.items import item_tasks, items_table, render_items
 from ablate.analysis.load import TABLE_SUFFIXES, load_curves, load_runs
@@ -36,11 +36,11 @@ from ablate.analysis.lr_report import lr_section
 from ablate.analysis.runs import Runs
 from ablate.analysis.plots import plot_curves, plot_increments, plot_paired
 from ablate.analysis.probes import summarise_injections, summarise_probes
-from ablate.analysis.render import decision_text, effect_cells, format_p, render
+from ablate.analysis.render import decision_text, effect_cells, format_p
 from ablate.analysis.testbed import (dose_response_markdown, graded_families, plot_dose_response, plot_testbed,
                                      task_runs, testbed_markdown)
 from ablate.analysis.build import build_table
-from ablate.analysis.kinds import KINDS, get_kind, paired_seed_kinds, report_kinds
+from ablate.analysis.kinds import KINDS, get_kind, kind_where, paired_seed_kinds, report_kinds
 from ablate.analysis.tables import Table, is_pipeline_check, pipeline_check_text
 from ablate.errors import AblateError
 from ablate.evals.results import available_metrics
@@ -53,7 +53,8 @@ ALPHA = 0.05
 
 @dataclass
 class ReportContext:
-    """What every section may use. `tables` maps each kind the report writes (`report_kinds`) to its table."""
+    """What every section may use. `tables` maps each kind the report writes (`report_kinds`) to its table; a
+    section asks for the table of a part (`table_where`), never for a kind by its name."""
 
     runs: Runs
     out_dir: Path
@@ -65,6 +66,13 @@ class ReportContext:
     declared: Declared | None = None  # the experiment's declared comparisons (the LR section's tuned table uses them)
     left_out: dict[str, str] = field(default_factory=dict)  # section → why this experiment's arms cannot give it
     lr_sweep: LRSweep | None = None  # the experiment's declared LR sweep: only its factors × seeds count
+
+    def table_where(self, attribute: str) -> Table | None:
+        """The table of the first kind the report writes whose `attribute` is true (`forest`: the forest plot's
+        table, against the report's reference; `crossover`; `needs_declared`: the declared family), or None."""
+        found = [self.tables[kind.name] for kind in KINDS.values() if getattr(kind, attribute) and kind.name in
+                 self.tables]
+        return found[0] if found else None
 
     def write(self, name: str, data: str | bytes) -> Path:
         path = self.out_dir / name
@@ -113,11 +121,11 @@ def tables_section(ctx: ReportContext) -> str:
     lines = ["## Tables", ""]
     for kind in (k for k in ctx.tables if k not in ctx.left_out):
         table = ctx.tables[kind]
-        ctx.write(f"{kind}.md", render(table, "md"))
-        ctx.write(f"{kind}.csv", render(table, "csv"))
+        ctx.write(f"{kind}.md", get_kind(kind).render(table, "md"))
+        ctx.write(f"{kind}.csv", get_kind(kind).render(table, "csv"))
         lines.append(f"- [{kind}.md]({kind}.md) ([csv]({kind}.csv)): {table.frame.height} rows")
         lines += [f"  - {note}" for note in table.notes]
-    paired = ctx.tables["paired"]
+    paired = ctx.table_where("forest")
     plot_paired(paired, ctx.runs.arm_order, ctx.record("paired.png"), _starred(ctx, paired))
     lines += ["", f"Paired differences against {paired.reference}, one panel per tier (each seed a dot, the mean "
               "with its 95% interval):", "", "![paired](paired.png)"]
@@ -127,7 +135,7 @@ def tables_section(ctx: ReportContext) -> str:
 def crossover_section(ctx: ReportContext) -> str:
     if "crossover" in ctx.left_out:
         return ""
-    increments = ctx.tables["increments"]
+    increments = ctx.table_where("crossover")
     lines = ["## Crossover", ""]
     if increments.frame.is_empty():
         return "\n".join(lines + ["No increments could be computed, so there is no crossover:",
@@ -190,7 +198,7 @@ def flags_section(ctx: ReportContext) -> str:
     """
     supported, contains_zero, single, families = [], [], [], []
     tested: set[tuple] = set()  # the distinct effects tested: (tier, n, mean, interval's low end)
-    family = ctx.tables.get(DECLARED)
+    family = ctx.table_where("needs_declared")
     verdicts = declared_support(family, ALPHA) if family is not None else None
     for kind in _kinds(ctx):
         table = ctx.tables[kind]
@@ -269,7 +277,7 @@ def _stats(row: dict, effect: str, interval: str) -> str:
 
 def declared_section(ctx: ReportContext) -> str:
     """The family p is adjusted over, its size, and (sequential) per comparison the look, decision and interval."""
-    family = ctx.tables.get(DECLARED)
+    family = ctx.table_where("needs_declared")
     if family is None:
         return ""
     tiers = family.frame["tier"].unique(maintain_order=True).to_list()
@@ -303,7 +311,7 @@ def declared_section(ctx: ReportContext) -> str:
 
 def curves_section(ctx: ReportContext) -> str:
     curves = load_curves(ctx.runs)
-    reference = ctx.tables["paired"].reference
+    reference = ctx.table_where("forest").reference
     plot_curves(curves, ctx.runs.tiers, ctx.runs.arm_order, ctx.record("curves.png"), ctx.runs.name, reference)
     note = "" if curves.height else " (no validation lines found in metrics.jsonl)"
     return ("## Validation curves\n\nMean over seeds of the completed runs (band: min to max over seeds), one column "
@@ -347,7 +355,7 @@ def downstream_section(ctx: ReportContext) -> str:
     names = sorted(set(metrics) | {f"{task}/{m}" for task, found in by_item.items() for m in found})
     if not names:
         return ""
-    reference = ctx.tables["paired"].reference
+    reference = ctx.table_where("forest").reference
     parts, paired_by_item = [], []
     for metric in names:
         task, _, name = metric.partition("/")
@@ -357,7 +365,8 @@ def downstream_section(ctx: ReportContext) -> str:
             paired_by_item.append(metric)
             continue
         runs = load_runs(ctx.runs.root, allow_unverified=ctx.allow_unverified, metric=metric)
-        parts.append(f"### {metric}\n\n" + render(build_table(runs, "paired", reference), "md"))
+        forest = kind_where("forest")
+        parts.append(f"### {metric}\n\n" + forest.render(build_table(runs, forest, reference), "md"))
     ctx.write("downstream.md", "# Downstream evaluation (lm-evaluation-harness)\n\n" + "\n\n".join(parts))
     items = (f"; paired by item and seed: {', '.join(paired_by_item)}" if paired_by_item else "")
     return (f"## Downstream evaluation\n\n[downstream.md](downstream.md): paired tables of {len(names)} metrics "
@@ -373,7 +382,7 @@ SECTIONS: list[Section] = [overview_section, tables_section, crossover_section, 
 def _starred(ctx: ReportContext, paired: Table) -> set[tuple[str, str]] | None:
     """(tier, arm) of the paired rows the plot marks `*`: with declarations, the declared comparisons whose
     decision is "supported" (`declared_support`, the report's own list); None without (p_holm < α)."""
-    family = ctx.tables.get(DECLARED)
+    family = ctx.table_where("needs_declared")
     if family is None:
         return None
     verdicts = declared_support(family, ALPHA)
@@ -423,14 +432,15 @@ def make_report(source: str | os.PathLike, sections: list[Section] | None = None
         runs = check_arm_code(runs, arm_code)
     reference = "baseline" if "baseline" in runs.arm_order else runs.arm_order[0]
     declared = declared if declared is not None and declared.comparisons else None
-    tables = {kind: build_table(runs, kind, reference if KINDS[kind].takes_reference else None, declared)
-              for kind in report_kinds(declared is not None)}
-    crossovers = [find_crossover(tables["increments"], form, sizes_of(runs)) for form in FILTERING_FORMS
-                  if not tables["increments"].frame.filter(quantity=form).is_empty()]
-    ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=crossovers,
-                        scale=build_table(runs, "scale", declared=declared), allow_unverified=allow_unverified,
-                        declared=declared, left_out=cannot_have(runs.arm_order, declared is not None),
-                        lr_sweep=lr_sweep)
+    tables = {name: build_table(runs, get_kind(name), reference if get_kind(name).takes_reference else None,
+                                declared) for name in report_kinds(declared is not None)}
+    ctx = ReportContext(runs=runs, out_dir=runs.root / REPORT_DIR, tables=tables, crossovers=[],
+                        scale=build_table(runs, get_kind(SCALE), declared=declared),
+                        allow_unverified=allow_unverified, declared=declared,
+                        left_out=cannot_have(runs.arm_order, declared is not None), lr_sweep=lr_sweep)
+    increments = ctx.table_where("crossover")
+    ctx.crossovers = [find_crossover(increments, form, sizes_of(runs)) for form in FILTERING_FORMS
+                      if not increments.frame.filter(quantity=form).is_empty()]
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     parts = [section(ctx) for section in (SECTIONS if sections is None else sections)]
     ctx.write("summary.md", "\n\n".join(p for p in parts if p) + "\n")

@@ -24,47 +24,51 @@ from ablate.analysis.hypotheses import ALPHA, study_holm
 from ablate.analysis.render import format_p
 from ablate.analysis.stats import holm_by
 from ablate.power import RESOLUTION
-from ablate.analysis.load import RUN_SCHEMA, load_runs, refuse_twice, store_row
+from ablate.analysis.kinds import TableKind, kind_where
+from ablate.analysis.load import RUN_SCHEMA, RunFolders, load_runs, refuse_twice, store_row
 from ablate.analysis.lr import LRAt, check_lr_factors
 from ablate.analysis.matching import check_matched
 from ablate.analysis.runs import Runs
 from ablate.errors import AblateError
 from ablate.runconfig import RunConfig
-from ablate.store import CONFIG, iter_lr_run_dirs, iter_run_dirs, read_json_file, refuse_damaged_config, run_of
-from ablate.store_summary import RunSummary, read_summary
+from ablate.store import CONFIG, run_of
+from ablate.store_summary import RunSummary
 
 ALLOWED = ("lr",)
 WAY_OUT = "rerun that run (`ablate run ... --force` keeps the damaged folder aside) or move it out"
 
 
-def tuned_runs(folder: str | Path, best: dict[str, dict[str, float]], allow_unverified: bool = False) -> Runs:
+def tuned_runs(folder: str | Path | RunFolders, best: dict[str, dict[str, float]], allow_unverified: bool = False
+               ) -> Runs:
     """The runs of each tier of `best` ({tier: {arm: best factor}}) at every arm's own best LR, as one source
     the paired tables read; the confirmatory runs a sweep has not reached yet are `missing` as usual.
 
     The grid's rules hold here too (`ablate.analysis.load`, `ablate.analysis.matching`): one run per (tier, arm,
     seed) — a copied `lr2.0` beside `lr2` is refused —, every identity the grid's rows carry (data_id, the
-    fingerprints, what computed it), and each run's lr is its folder's factor × the tier's lr."""
-    folder = Path(folder)
-    candidates = [run for run in [*iter_run_dirs(folder), *iter_lr_run_dirs(folder)] if run_of(run).tier in best]
+    fingerprints, what computed it), and each run's lr is its folder's factor × the tier's lr. `folder`: a path, or
+    the `RunFolders` the command reads it through (each file read once)."""
+    reads = RunFolders.of(folder)
+    candidates = [run for run in [*reads.grid, *reads.swept] if run_of(run).tier in best]
     rows, seen, lrs, selection_starts = [], {}, [], {}
     for run in candidates:
         name = run_of(run)
         tier, arm, factor = name.tier, name.arm, name.lr_factor
-        config = read_json_file(run / CONFIG, WAY_OUT) if (run / CONFIG).is_file() else None
+        config = reads.config(run, WAY_OUT)
         settings = RunConfig.from_dict(config) if config is not None else RunConfig()
         if settings.selection_tokens:
-            _note_selection_start(selection_starts, tier, run, settings, read_summary(run, WAY_OUT))
+            _note_selection_start(selection_starts, tier, run, settings, reads.summary(run, WAY_OUT))
             continue  # a sweep run: it chose the LR, so it never confirms it
         if isinstance(settings.lr, (int, float)):
             lrs.append(LRAt(str(run), tier, factor or 1.0, float(settings.lr)))
         if arm not in best[tier] or (factor or 1.0) != float(best[tier][arm]):
             continue
-        summary = read_summary(run, WAY_OUT)
-        refuse_damaged_config(run, summary)
+        summary = reads.summary(run, WAY_OUT)
+        reads.refuse_damaged(run, summary)
         refuse_twice(seen, (tier, arm, name.seed), name.key, run)
         rows.append(store_row(run, tier, arm, name.seed, summary, config, ALLOWED))
     check_lr_factors(lrs)
-    _refuse_reaching_selection(rows, selection_starts)
+    _refuse_reaching_selection(rows, selection_starts, reads)
+    folder = reads.root
     if not rows:
         raise AblateError(f"no confirmatory runs at the arms' best LRs under {str(folder)!r}; "
                           "`ablate submit EXPERIMENT --tuned` queues them")
@@ -106,15 +110,16 @@ def _note_selection_start(starts: dict, tier: str, run: Path, config: RunConfig,
         starts[tier] = (start, str(run))
 
 
-def _refuse_reaching_selection(rows: list[dict], starts: dict) -> None:
+def _refuse_reaching_selection(rows: list[dict], starts: dict, reads: RunFolders) -> None:
     """A confirmatory run whose validation windows reach the sweep's selection split reports a loss on tokens
     the LR was chosen on (final_val_tokens raised between the sweep and `--tuned`): refused, named."""
     for row in rows:
         if row["tier"] not in starts or row["reason"] is not None:
             continue
         run = Path(row["path"])
-        config = RunConfig.from_dict(read_json_file(run / CONFIG, WAY_OUT)) if (run / CONFIG).is_file() else RunConfig()
-        reach = _validation_reach(run, config, read_summary(run, WAY_OUT))
+        config = reads.config(run, WAY_OUT)
+        reach = _validation_reach(run, RunConfig.from_dict(config) if config is not None else RunConfig(),
+                                  reads.summary(run, WAY_OUT))
         start, sweep_run = starts[row["tier"]]
         if reach > start:
             raise AblateError(
@@ -228,16 +233,19 @@ TUNING_NOTE = ("Did the picked LRs change the comparison? The paired difference-
                "a flat curve (the LR table's optimum test asks that, from the sweep seeds' vertices)")
 
 
-def tuned_tables(folder: str | Path, best: dict, kind: str = "paired", reference: str | None = None, declared=None,
-                 allow_unverified: bool = False):
+def tuned_tables(folder: str | Path | RunFolders, best: dict, kind: TableKind | None = None,
+                 reference: str | None = None, declared=None, allow_unverified: bool = False):
     """(the shared-LR table, the tuned table, the tuning test of each row of the declared comparisons — or, without
     declared ones, of the table's rows — `tuning_rows`, and the key of those rows) for the tiers the sweep tuned.
     The declared comparisons are judged in the study's family: the shared-LR ones in the table of every tier,
-    the tuned ones and the difference-in-differences with the same design m."""
-    all_runs = load_runs(folder, allow_unverified=allow_unverified)
+    the tuned ones and the difference-in-differences with the same design m. `kind`: a tunable kind (default the
+    first, the paired table); `folder`: a path or the `RunFolders` the command reads it through."""
+    kind = kind or kind_where("tunable")
+    reads = RunFolders.of(folder)
+    all_runs = load_runs(reads, allow_unverified=allow_unverified)
     shared_runs = Runs(name=all_runs.name, frame=all_runs.frame.filter(pl.col("tier").is_in(list(best))),
                        root=all_runs.root, notes=all_runs.notes)
-    tuned = tuned_runs(folder, best, allow_unverified)
+    tuned = tuned_runs(reads, best, allow_unverified)
     has_declared = declared is not None and declared.comparisons
     family = declared.family_of(all_runs) if has_declared else None
     study = dataclasses.replace(declared, members=family) if has_declared else declared
@@ -255,7 +263,7 @@ def judge_tuning(all_runs: Runs, tuned: Runs, best: dict, declared) -> tuple[lis
     so every p_holm, the shared, the tuned and the difference-in-differences one, has the study's design m."""
     family = declared.family_of(all_runs)
     study = dataclasses.replace(declared, members=family)
-    judged = [_swept(build_table(r, "declared", None, study), best) for r in (all_runs, tuned)]
+    judged = [_swept(build_table(r, kind_where("needs_declared"), None, study), best) for r in (all_runs, tuned)]
     return tuning_rows(*judged, family=family), judged[0].key
 
 

@@ -66,10 +66,9 @@ def add_commands(subparsers) -> None:
 
 
 def table_command(args: argparse.Namespace) -> int:
-    from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
-    from ablate.analysis.build import build_table
-    from ablate.analysis.hypotheses import declared_for
-    from ablate.analysis.kinds import check_options, get_kind
+    """Check the options against the kind, resolve SOURCE once (its experiment, executed once, and the folder or
+    file it names), then make the table: by item, the LR sweep's or the tuned one, or the kind's own."""
+    from ablate.analysis.kinds import check_options, get_kind  # the library loads in the handler: see ablate.cli
     from ablate.errors import AblateError
     from ablate.experiment import named_experiment, results_of
 
@@ -78,17 +77,32 @@ def table_command(args: argparse.Namespace) -> int:
                                                       ("--tuned", args.tuned), ("--by-item", args.by_item)) if given])
     if args.tuned and args.metric:
         raise AblateError("--tuned compares the validation loss at each arm's own best LR: drop --metric")
-    if args.by_item:
-        return _by_item(args)
-    if kind.sweep or args.tuned:
-        return _lr_command(args, kind)
+    if args.by_item and args.metric is None:
+        raise AblateError("--by-item pairs a downstream metric by item: give --metric TASK/METRIC "
+                          "(e.g. hellaswag/acc_norm or hellaswag/gold_logprob)")
+    from ablate.analysis.load import RunFolders
+
     experiment = named_experiment(args.source)  # its file is executed once, here
     folder = results_of(args.source, args.results, experiment)
+    folder = RunFolders.of(folder) if folder.is_dir() else folder  # a folder: listed and each file read once
+    if args.by_item:
+        return _by_item(args, folder)
+    if kind.sweep or args.tuned:
+        return _lr_command(args, kind, experiment, folder)
+    return _kind_command(args, kind, experiment, folder)
+
+
+def _kind_command(args: argparse.Namespace, kind, experiment, folder) -> int:
+    """The kind's own table of the runs in `folder` (the experiment's declared comparisons adjusting p)."""
+    from ablate.analysis.load import load_runs  # the library loads in the handler: see ablate.cli
+    from ablate.analysis.build import build_table
+    from ablate.analysis.hypotheses import declared_for
+
     runs = checked_arm_code(load_runs(folder, allow_unverified=args.allow_unverified, metric=args.metric))
-    table = build_table(runs, kind.name, args.reference, declared_for(experiment, folder))
+    table = build_table(runs, kind, args.reference, declared_for(experiment, folder))
     elsewhere = None
     if args.ran:
-        table, elsewhere = _ran_only(table, args)
+        table, elsewhere = _ran_only(table, kind, args)
     text = kind.render(table, args.format)
     if elsewhere and args.format == "md":
         text = f"{text.rstrip()}\n\n{elsewhere}\n"
@@ -118,17 +132,19 @@ def checked_arm_code(runs):
     return check_arm_code(runs, arms_now() if runs.root is not None else {})
 
 
-def _ran_only(table, args: argparse.Namespace):
+def _ran_only(table, kind, args: argparse.Namespace):
     """The declared table's rows that ran (n > 0), without the notes on the skipped ones, and one line naming the
     rest and how to run them (None when every one ran)."""
     import dataclasses  # the library loads in the handler: see ablate.cli
 
     import polars as pl
 
+    from ablate.analysis.kinds import names_where
     from ablate.errors import AblateError
 
-    if table.kind != "declared":
-        raise AblateError(f"--ran applies to --kind declared only, not {table.kind}")
+    if not kind.needs_declared:
+        raise AblateError(f"--ran applies to --kind {' or '.join(names_where('needs_declared'))} only, not "
+                          f"{kind.name}")
     ran = table.frame.filter(pl.col("n") > 0)
     rest = table.frame.filter(pl.col("n") == 0)
     notes = tuple(note for note in table.notes if "skipped" not in note)
@@ -150,45 +166,37 @@ def lr_settings(experiment) -> tuple[float, float]:
     return (sweep.margin, sweep.delta) if sweep is not None else (MARGIN, DELTA)
 
 
-def _lr_command(args: argparse.Namespace, kind) -> int:
+def _lr_command(args: argparse.Namespace, kind, experiment, folder) -> int:
     """The LR sweep's own table (`kind.sweep`), or a tunable kind's table at the shared and the tuned LRs
-    (`--tuned`), with the margin and δ of the experiment's LRSweep."""
+    (`--tuned`), with the margin and δ of the experiment's LRSweep; `folder` (a `RunFolders`) read once."""
     import json  # the library loads in the handler: see ablate.cli
 
     from ablate.analysis.lr import lr_table, render_lr
-    from ablate.analysis.render import render
     from ablate.analysis.hypotheses import declared_for
     from ablate.analysis.tuned import TUNING_NOTE, tuned_tables, tuning_text
-    from ablate.experiment import named_experiment, results_of
 
-    experiment = named_experiment(args.source)
-    folder = results_of(args.source, args.results, experiment)
     sweep = experiment.lr_sweep if experiment is not None else None
     table = lr_table(folder, *lr_settings(experiment), sweep=sweep, allow_unverified=args.allow_unverified)
     if kind.sweep:
         return _emit(args, render_lr(table, args.format))
-    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), kind.name, args.reference,
+    shared, tuned, survived, key = tuned_tables(folder, table.best_factors(), kind, args.reference,
                                                 declared_for(experiment, folder), args.allow_unverified)
     if args.format == "json":
-        text = json.dumps({"shared": json.loads(render(shared, "json")), "tuned": json.loads(render(tuned, "json")),
-                           "tuning": survived}, indent=2) + "\n"
+        text = json.dumps({"shared": json.loads(kind.render(shared, "json")),
+                           "tuned": json.loads(kind.render(tuned, "json")), "tuning": survived}, indent=2) + "\n"
     else:
-        text = (f"shared LR (every arm at the tier's lr):\n\n{render(shared, args.format)}\n"
-                f"each arm at its own best LR (the confirmatory runs):\n\n{render(tuned, args.format)}\n"
+        text = (f"shared LR (every arm at the tier's lr):\n\n{kind.render(shared, args.format)}\n"
+                f"each arm at its own best LR (the confirmatory runs):\n\n{kind.render(tuned, args.format)}\n"
                 f"{TUNING_NOTE}:\n{tuning_text(survived, key)}")
     return _emit(args, text)
 
 
-def _by_item(args: argparse.Namespace) -> int:
+def _by_item(args: argparse.Namespace, folder) -> int:
+    """The paired table of a downstream metric by item (`--by-item --metric`)."""
     from ablate.analysis.items import items_table, render_items  # the library loads in the handler: see ablate.cli
     from ablate.analysis.load import load_runs
-    from ablate.errors import AblateError
-    from ablate.experiment import results_of
 
-    if args.metric is None:
-        raise AblateError("--by-item pairs a downstream metric by item: give --metric TASK/METRIC "
-                          "(e.g. hellaswag/acc_norm or hellaswag/gold_logprob)")
-    runs = load_runs(results_of(args.source, args.results), allow_unverified=args.allow_unverified)
+    runs = load_runs(folder, allow_unverified=args.allow_unverified)
     table = items_table(runs, args.metric, args.reference or "baseline")
     text = render_items(table, args.format)
     if args.format in ("csv", "latex"):

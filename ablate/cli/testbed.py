@@ -124,7 +124,7 @@ def testbed_command(args) -> int:
     for kind in (KINDS["declared"], KINDS["paired"]):
         if kind.needs_declared and not experiment.hypotheses:
             continue
-        table = build_table(runs, kind.name, None, declared)
+        table = build_table(runs, kind, None, declared)
         print(kind.render(exploratory_table(table, budget) if budget else table, "md"))
     for tier, by_arm in task_runs(runs).items():
         print(testbed_markdown(tier, by_arm) + "\n")
