@@ -158,15 +158,11 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     Checked first, before anything is queued: the executor, the profile, the data folders and their
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
-    results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
-    seeds_by_tier = request.seeds_by_tier
-    if executor not in ("slurm", "local"):
-        raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
-    if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
-        raise AblateError(f"--parallel must be a positive integer, not {parallel}")
+    results, executor, by_tier = request.results, request.executor, request.seeds_by_tier
+    _check_request(request)
     specs = experiment.runs(request.tiers, request.arms, request.seeds) if request.grid is None else list(request.grid)
-    if seeds_by_tier is not None:
-        specs = [s for s in specs if s.seed < seeds_by_tier.get(s.tier, 0)]
+    if by_tier is not None:
+        specs = [s for s in specs if s.seed < by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
@@ -193,19 +189,36 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             if spec.key in report["stale"]:
                 with FileLock(run_lock_path(spec.folder(results)), what=f"run {spec.key}"):
                     report["stale"][spec.key] = str(keep_aside(spec.folder(results)))
-        if not todo and not eval_tasks:
+        if not todo and not request.eval_tasks:
             return report
         if todo and executor == "slurm":
             report["jobs"] = _submit_slurm(experiment, experiment_file, todo, tiers, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
-            trained = {s.key: read_summary(s.folder(results)) for s in todo}
-            report["diverged"] = [key for key, summary in trained.items() if summary.status == Status.DIVERGED]
-            completed |= {key for key, summary in trained.items() if summary.completed}
-        if eval_tasks:
+            report["jobs"], report["diverged"], trained = _run_here(experiment, experiment_file, todo, request, options,
+                                                                    lock.lock_id)
+            completed |= trained
+        if request.eval_tasks:
             report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources,
                                             report["jobs"], completed)
     return report
+
+
+def _check_request(request: Submission) -> None:
+    """The executor and --parallel, refused in one line before anything else is read."""
+    executor, parallel = request.executor, request.parallel
+    if executor not in ("slurm", "local"):
+        raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
+    if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
+        raise AblateError(f"--parallel must be a positive integer, not {parallel}")
+
+
+def _run_here(experiment, experiment_file, todo, request: Submission, options, lock_id) -> tuple[dict, list, set]:
+    """The local grid: (each run's exit code, the runs that diverged, the runs that completed)."""
+    results = request.results
+    codes = run_local(experiment, experiment_file, todo, results, request.parallel, options, lock_id)
+    trained = {s.key: read_summary(s.folder(results)) for s in todo}
+    return (codes, [key for key, summary in trained.items() if summary.status == Status.DIVERGED],
+            {key for key, summary in trained.items() if summary.completed})
 
 
 def _record_the_design(folder: Path, experiment: Experiment, request: Submission) -> None:
