@@ -387,8 +387,8 @@ class LedgerEntry:
         return cls(**{**known, **({"tasks": tuple(known["tasks"])} if known.get("tasks") is not None else {})})
 
     def to_dict(self) -> dict:
-        """What ledger.json holds: the fields given, in one order; a queued run's job_id and an ended one's error are
-        written even when None (as the ledger always held them)."""
+        """What ledger.json holds (its keys sorted when written): the fields given; a queued run's job_id and an ended
+        run's error are written even when None, as the ledger always held them."""
         written = {"job_id": self.executor is not None and self.tasks is None, "error": self.exit_code is not None}
         return {name: list(value) if isinstance(value, tuple) else value
                 for name in self.__dataclass_fields__

@@ -122,7 +122,7 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
              lambda s: s["sink-logit"] == "running" and [r for r in read_metrics(metrics) if r.get("step", 0) >= 2],
              every=0.5)
         running = {r.arm: r for r in status(experiment, results)}["sink-logit"]
-        assert running["elapsed_s"] is not None and running["elapsed_s"] < 600
+        assert running.elapsed_s is not None and running.elapsed_s < 600
         subprocess.run(["scancel", task], check=True)
         poll(lambda: sacct(array).stdout, lambda out: f"{task}|CANCELLED" in out, timeout=120)
         # running while its process still holds the run lock (it checkpoints on SIGTERM), then cancelled
@@ -149,7 +149,7 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
         again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == ["smoke/sink-logit/seed0"]
         done = poll(lambda: {r.arm: r for r in status(experiment, results)},
-                    lambda s: s["sink-logit"]["state"] in ("completed", "failed", "diverged", "unknown"), timeout=600)
+                    lambda s: s["sink-logit"].state in ("completed", "failed", "diverged", "unknown"), timeout=600)
         assert done["sink-logit"].state == "completed", done
         log = (run_dir(results, "cancel", "smoke", "sink-logit", 0) / "run.log").read_text()
         assert "resuming at step" in log
