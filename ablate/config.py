@@ -20,16 +20,17 @@ from ablate.paths import default_data_dir
 from ablate.runconfig import (RunConfig, chosen_options, device_defaults, settable_options, stored,
                               tier_options)
 from ablate.sizing import model_config
-from ablate.tiers import TASK_CONFIG_KEY, TASKS, TIERS, get_tier
+from ablate.tiers import TASK_CONFIG_KEY, TASKS, TIERS, Tier, get_tier
 
 # ---------------------------------------------------------------------------------------------- config
-def resolve_config(spec: RunSpec, data_dir: str | None = None, **options) -> RunConfig:
+def resolve_config(spec: RunSpec, data_dir: str | None = None, *, tier: Tier | None = None, **options) -> RunConfig:
     """The full, explicit configuration of a run (written to config.json and compared on reruns): the tier's
     values, then the spec's overrides, then the options; every option's name, range and default is a field
     of `RunConfig`. Device-dependent options stay None here ("the device's default"), filled in by the run
     (`RunConfig.with_device_defaults`) before its config.json is written, so the file says what the run did.
-    Every reader takes its attributes: the dict (`to_dict`) is what config.json holds."""
-    tier = get_tier(spec.tier)
+    Every reader takes its attributes: the dict (`to_dict`) is what config.json holds. `tier`: the spec's, when the
+    caller has it (`ablate submit` resolves each tier once)."""
+    tier = tier or get_tier(spec.tier)
     check_arm_tier(spec.arm, tier)
     chosen = chosen_options(spec.overrides, options)
     model_overrides = dict(chosen.pop("model", {}))

@@ -121,7 +121,7 @@ def recorded_versions(folder: str | os.PathLike) -> list[Version]:
     if not folder.is_dir():
         return []
     found = []
-    for index, entry in enumerate(read_ledger(folder)["submissions"]):
+    for index, entry in enumerate(read_ledger(folder).submissions):
         if isinstance(entry, dict) and entry.get("kind") == FIXED:
             where = f"{folder / LEDGER} (submissions[{index}], the fixed design)"
             runs_before = entry.get("runs_before", 0)

@@ -35,33 +35,34 @@ from ablate.evals.run import EvalJob
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.plan import plan_rows
-from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
+from ablate.profiles import SINFO_FORMAT, Profile, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sequential import recorded_design
 from ablate.runconfig import chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
-from ablate.store import (CONFIG, SUBMIT_LOCK, Status, experiment_dir, keep_aside, read_json_file, record_ledger,
-                          run_lock_path)
+from ablate.store import (CONFIG, SUBMIT_LOCK, LedgerEntry, Status, experiment_dir, keep_aside, read_json_file,
+                          record_ledger, run_lock_path)
 from ablate.store_summary import read_summary
-from ablate.tiers import get_gpu, get_tier
+from ablate.tiers import Tier, get_gpu, get_tier
 from ablate.workers import RunJob, recorded_options, run_local
 
 
-def executor_parameters(profile: dict, name: str) -> dict:
+def executor_parameters(profile: Profile, name: str) -> dict:
     """submitit parameters for one run per array task: k data-parallel processes (`processes_per_run`, one
     per GPU) are k SLURM tasks on one node, which Lightning joins into one run (`devices = k`)."""
-    processes = profile.get("processes_per_run") or 1
-    params = {"name": name, "timeout_min": profile["time_min"],
-              "cpus_per_task": max(1, profile["cpus_per_run"] // processes),
-              "mem_gb": profile["mem_gb"], "slurm_array_parallelism": profile["array_parallelism"],
-              "slurm_signal_delay_s": profile["signal_delay_s"], "tasks_per_node": processes, "nodes": 1}
-    if profile["gpus_per_run"]:
-        params["gpus_per_node"] = profile["gpus_per_run"]
-    for key in ("partition", "account", "qos", "constraint"):
-        if profile[key]:
-            params[f"slurm_{key}"] = profile[key]
+    processes = profile.processes_per_run
+    params = {"name": name, "timeout_min": profile.time_min,
+              "cpus_per_task": max(1, profile.cpus_per_run // processes),
+              "mem_gb": profile.mem_gb, "slurm_array_parallelism": profile.array_parallelism,
+              "slurm_signal_delay_s": profile.signal_delay_s, "tasks_per_node": processes, "nodes": 1}
+    if profile.gpus_per_run:
+        params["gpus_per_node"] = profile.gpus_per_run
+    for key, value in (("partition", profile.partition), ("account", profile.account), ("qos", profile.qos),
+                       ("constraint", profile.constraint)):
+        if value:
+            params[f"slurm_{key}"] = value
     extra = {}
-    for line in profile["extra_sbatch"]:
+    for line in profile.extra_sbatch:
         option = line.removeprefix("#SBATCH").strip().removeprefix("--")
         key, _, value = option.partition("=")
         extra[key] = value or True
@@ -71,17 +72,19 @@ def executor_parameters(profile: dict, name: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- submit
-def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> dict[str, dict]:
+def preflight(experiment: Experiment, specs: list[RunSpec], tiers: Mapping[str, Tier], executor: str,
+              options: dict) -> dict[str, dict]:
     """Everything that would make a queued run die on the cluster, checked before anything is queued; for
-    SLURM, what sinfo says of each partition (`ablate.profiles.parse_sinfo`), else {}."""
+    SLURM, what sinfo says of each partition (`ablate.profiles.parse_sinfo`), else {}. `tiers`: the specs' tiers."""
     checked = set()
     for spec in specs:
-        config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
+        tier = tiers[spec.tier]
+        config = resolve_config(spec, options.get("data_dir"), tier=tier,
+                                **{k: v for k, v in options.items() if k != "data_dir"})
         key = (spec.tier, config.data_dir)
         if key in checked or config.data_dir is None:  # None: a task tier, its batches drawn from the task
             continue
         checked.add(key)
-        tier = get_tier(spec.tier)
         try:
             manifest = read_manifest(config.data_dir)
         except AblateError as err:
@@ -174,49 +177,68 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
     Checked first, before anything is queued: the executor, the profile, the data folders and their
     tokenizer, every override key, and (for SLURM) that the scheduler answers.
     """
-    results, executor, parallel, eval_tasks = request.results, request.executor, request.parallel, request.eval_tasks
-    if executor not in ("slurm", "local"):
-        raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
-    if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
-        raise AblateError(f"--parallel must be a positive integer, not {parallel}")
+    results, executor, by_tier = request.results, request.executor, request.seeds_by_tier
+    _check_request(request)
     specs = experiment.runs(request.tiers, request.arms, request.seeds) if request.grid is None else list(request.grid)
-    if request.seeds_by_tier is not None:
-        specs = [s for s in specs if s.seed < request.seeds_by_tier.get(s.tier, 0)]
+    if by_tier is not None:
+        specs = [s for s in specs if s.seed < by_tier.get(s.tier, 0)]
         if not specs:  # every tier decided: nothing to ask the scheduler about
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
     resources = load_profile(request.profile) if executor == "slurm" else None
     options = {"progress": False, **request.options}
-    partitions = preflight(experiment, specs, executor, options)
+    tiers = {name: get_tier(name) for name in dict.fromkeys(s.tier for s in specs)}  # once: each Tier travels
+    partitions = preflight(experiment, specs, tiers, executor, options)
     refuse_other_document_mask(specs, results, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
     list_arms()  # every arm registered here (the built-ins too): a completed run of older arm code is stale
     if request.dry_run:
-        return {**_plan_submission(experiment, specs, results, resources, request.rerun_stale), "misfits": misfits}
+        return {**_plan_submission(experiment, specs, tiers, results, resources, request.rerun_stale)[0],
+                "misfits": misfits}
     if misfits:
-        raise AblateError(f"profile {resources['name']!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
-                          f"nothing was queued (edit slurm/{resources['name']}.toml)")
+        raise AblateError(f"profile {resources.name!r} does not fit the cluster (sinfo): {'; '.join(misfits)}; "
+                          f"nothing was queued (edit slurm/{resources.name}.toml)")
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder / SUBMIT_LOCK, what=f"experiment {experiment.name!r} (another `ablate submit`)")
     with lock:
         _record_the_design(folder, experiment, request)
-        report = _plan_submission(experiment, specs, results, resources, request.rerun_stale)
+        report, completed = _plan_submission(experiment, specs, tiers, results, resources, request.rerun_stale)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
         for spec in todo:
             if spec.key in report["stale"]:
                 with FileLock(run_lock_path(spec.folder(results)), what=f"run {spec.key}"):
                     report["stale"][spec.key] = str(keep_aside(spec.folder(results)))
-        if not todo and not eval_tasks:
+        if not todo and not request.eval_tasks:
             return report
         if todo and executor == "slurm":
-            report["jobs"] = _submit_slurm(experiment, experiment_file, todo, results, resources, options)
+            report["jobs"] = _submit_slurm(experiment, experiment_file, todo, tiers, results, resources, options)
         elif todo:
-            report["jobs"] = run_local(experiment, experiment_file, todo, results, parallel, options, lock.lock_id)
-            report["diverged"] = [s.key for s in todo if read_summary(s.folder(results)).status == Status.DIVERGED]
-        if eval_tasks:
-            report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources, report["jobs"])
+            report["jobs"], report["diverged"], trained = _run_here(experiment, experiment_file, todo, request, options,
+                                                                    lock.lock_id)
+            completed |= trained
+        if request.eval_tasks:
+            report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources,
+                                            report["jobs"], completed)
     return report
+
+
+def _check_request(request: Submission) -> None:
+    """The executor and --parallel, refused in one line before anything else is read."""
+    executor, parallel = request.executor, request.parallel
+    if executor not in ("slurm", "local"):
+        raise AblateError(f"unknown executor {executor!r}; valid executors: local, slurm")
+    if parallel is not None and (isinstance(parallel, bool) or parallel <= 0):
+        raise AblateError(f"--parallel must be a positive integer, not {parallel}")
+
+
+def _run_here(experiment, experiment_file, todo, request: Submission, options, lock_id) -> tuple[dict, list, set]:
+    """The local grid: (each run's exit code, the runs that diverged, the runs that completed)."""
+    results = request.results
+    codes = run_local(experiment, experiment_file, todo, results, request.parallel, options, lock_id)
+    trained = {s.key: read_summary(s.folder(results)) for s in todo}
+    return (codes, [key for key, summary in trained.items() if summary.status == Status.DIVERGED],
+            {key for key, summary in trained.items() if summary.completed})
 
 
 def _record_the_design(folder: Path, experiment: Experiment, request: Submission) -> None:
@@ -229,26 +251,27 @@ def _record_the_design(folder: Path, experiment: Experiment, request: Submission
         record_design(folder, request.declaration or experiment, request.amend)
 
 
-def _submit_evals(experiment, experiment_file, specs, request: Submission, profile, training_jobs) -> dict:
-    """Evaluation of every run of `specs` that is completed or was just queued; {key: job id or outcome}."""
+def _submit_evals(experiment, experiment_file, specs, request: Submission, profile, training_jobs,
+                  completed: set[str]) -> dict:
+    """Evaluation of every run of `specs` that is completed (`completed`: their keys, as status said before the
+    submit and the local grid's runs since) or was just queued; {key: job id or outcome}."""
     results, executor, tasks = request.results, request.executor, list(request.eval_tasks)
     folder = experiment_dir(results, experiment)
     job = EvalJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                   tasks, dict(request.eval_options))
-    states = {s.key: row["state"] for s, row in zip(specs, status(experiment, results, specs))}
     outcomes = {}
     if executor == "local":  # the grid has run: evaluate what completed
-        for spec in [s for s in specs if states[s.key] == Status.COMPLETED]:
+        for spec in [s for s in specs if s.key in completed]:
             try:
                 job(spec)
                 outcomes[spec.key] = "evaluated"
             except Exception as err:  # one run's failure must not stop the others
                 outcomes[spec.key] = f"failed: {error_line(str(err)) or err.__class__.__name__}"
-        record_ledger(folder,
-                      {f"eval:{k}": {"executor": "local", "tasks": tasks, "outcome": v} for k, v in outcomes.items()})
+        record_ledger(folder, {f"eval:{k}": LedgerEntry("local", tasks=tuple(tasks), outcome=v)
+                               for k, v in outcomes.items()})
         return outcomes
 
-    chosen = [s for s in specs if states[s.key] == Status.COMPLETED or s.key in training_jobs]
+    chosen = [s for s in specs if s.key in completed or s.key in training_jobs]
 
     def after_training(tier_specs) -> dict:  # after the training array: runs that failed are refused by the evaluation
         after = sorted({training_jobs[s.key].split("_")[0] for s in tier_specs if s.key in training_jobs})
@@ -256,13 +279,13 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
 
     for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, chosen, profile, "eval-",
                                                              lambda tier_specs: job, after_training):
-        entries = {f"eval:{s.key}": {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
-                                     "tasks": tasks, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+        entries = {f"eval:{s.key}": LedgerEntry("slurm", j.job_id, str(logs / "%j"), tasks=tuple(tasks),
+                                                submitted=dt.datetime.now().isoformat(timespec="seconds"))
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "kind": "eval", "tasks": tasks,
                                         "array": submitted[0].job_id.split("_")[0],
                                         "runs": [s.key for s in tier_specs]})
-        outcomes.update({k.removeprefix("eval:"): v["job_id"] for k, v in entries.items()})
+        outcomes.update({k.removeprefix("eval:"): v.job_id for k, v in entries.items()})
     return outcomes
 
 
@@ -270,63 +293,66 @@ def _submit_evals(experiment, experiment_file, specs, request: Submission, profi
 LEFT_ALONE = (Status.COMPLETED, Status.DIVERGED, "damaged")  # never queued again (damaged: `run --force` decides)
 
 
-def _plan_submission(experiment, specs, results, resources, rerun_stale: bool = False) -> dict:
+def _plan_submission(experiment, specs, tiers, results, resources, rerun_stale: bool = False) -> tuple[dict, set[str]]:
     """What a submit queues: the runs neither finished nor held, and (`rerun_stale`) the completed runs whose arm's
-    code changed since they trained; without `rerun_stale` such runs are refused, named, before anything is queued."""
+    code changed since they trained; without `rerun_stale` such runs are refused, named, before anything is queued.
+    With it, the keys of the completed runs it leaves alone: `status` asked once for the whole submit."""
     rows = status(experiment, results, specs)
-    stale = [spec.key for spec, row in zip(specs, rows) if row["stale"] and not row["queued"]]
+    stale = [spec.key for spec, row in zip(specs, rows) if row.stale and not row.queued]
     if stale and not rerun_stale:
-        arms = sorted({row["arm"] for row in rows if row["stale"]})
+        arms = sorted({row.arm for row in rows if row.stale})
         raise AblateError(f"{len(stale)} completed run(s) trained another version of their arm's code than the code "
                           f"now (arm {', '.join(arms)}): {', '.join(stale)}; `--rerun-stale` moves them aside and "
                           "trains the current code (or restore the code); nothing was queued")
     todo = [spec for spec, row in zip(specs, rows)
-            if (row["state"] not in LEFT_ALONE or spec.key in stale) and not row["queued"]]
+            if (row.state not in LEFT_ALONE or spec.key in stale) and not row.queued]
     skipped: dict[str, int] = {}
     for spec, row in zip(specs, rows):
-        if (row["state"] in LEFT_ALONE and spec.key not in stale) or row["queued"]:
-            skipped[row["state"]] = skipped.get(row["state"], 0) + 1
+        if (row.state in LEFT_ALONE and spec.key not in stale) or row.queued:
+            skipped[row.state] = skipped.get(row.state, 0) + 1
+    completed = {spec.key for spec, row in zip(specs, rows) if row.state == Status.COMPLETED and spec.key not in stale}
     return {"experiment": experiment.name, "runs": len(specs), "to_submit": [s.key for s in todo],
-            "skipped": skipped, "gpu_hours": _gpu_hours(todo), "resources": resources, "jobs": {},
-            "stale": dict.fromkeys(stale)}
+            "skipped": skipped, "gpu_hours": _gpu_hours(todo, tiers), "resources": resources, "jobs": {},
+            "stale": dict.fromkeys(stale)}, completed
 
 
-def _gpu_hours(specs: list[RunSpec]) -> float:
-
+def _gpu_hours(specs: list[RunSpec], tiers: Mapping[str, Tier]) -> float:
+    """The GPU-hours of `specs` as `ablate plan` prices them (`tiers`: their tiers)."""
     total = 0.0
     for tier in sorted({s.tier for s in specs}):
         per_arm = {r["arm"]: r["gpu_hours_per_run"]
-                   for r in plan_rows(tier, sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
+                   for r in plan_rows(tiers[tier], sorted({s.arm for s in specs if s.tier == tier}), 1)["runs"]}
         total += sum(per_arm[s.arm] for s in specs if s.tier == tier)
     return total
 
 
-def _submit_slurm(experiment, experiment_file, specs, results, profile, options) -> dict:
+def _submit_slurm(experiment, experiment_file, specs, tiers, results, profile, options) -> dict:
     folder = experiment_dir(results, experiment)
-    processes = profile.get("processes_per_run") or 1
+    processes = profile.processes_per_run
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
                  {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
-                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
-    gpu = profile.get("gpu")
+                  "threads": options.get("threads") or max(1, profile.cpus_per_run // processes)})
+    gpu = profile.gpu
 
     def job_of(tier_specs):
         if not gpu:
             return job
-        return RunJob(job.experiment_file, job.results, gpu_run_options(job.options, tier_specs[0], profile))
+        return RunJob(job.experiment_file, job.results,
+                      gpu_run_options(job.options, tier_specs[0], tiers[tier_specs[0].tier], profile))
 
     jobs = {}
     for tier, tier_specs, submitted, logs in _array_per_tier(experiment, folder, specs, profile, "", job_of):
-        entries = {s.key: {"executor": "slurm", "job_id": j.job_id, "folder": str(logs / "%j"),
-                           "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+        entries = {s.key: LedgerEntry("slurm", j.job_id, str(logs / "%j"),
+                                      submitted=dt.datetime.now().isoformat(timespec="seconds"))
                    for s, j in zip(tier_specs, submitted)}
-        record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
+        record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile.name,
                                         "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
                                         **recorded_options(options)})
-        jobs.update({k: v["job_id"] for k, v in entries.items()})
+        jobs.update({k: v.job_id for k, v in entries.items()})
     return jobs
 
 
-def _array_per_tier(experiment, folder: Path, specs: list[RunSpec], profile: dict, prefix: str, job_of,
+def _array_per_tier(experiment, folder: Path, specs: list[RunSpec], profile: Profile, prefix: str, job_of,
                     parameters_of=lambda tier_specs: {}):
     """One SLURM array per tier of `specs` (runs of a tier share their resources), logs under
     FOLDER/slurm/<prefix><tier>/; yields (tier, its specs, the submitted jobs, the log folder). `job_of(specs)`
@@ -342,7 +368,7 @@ def _array_per_tier(experiment, folder: Path, specs: list[RunSpec], profile: dic
         yield tier, tier_specs, map_array(executor, job_of(tier_specs), tier_specs, profile), logs
 
 
-def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profile: dict) -> list:
+def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profile: Profile) -> list:
     """`executor.map_array`, with sbatch's refusal as one line naming the profile setting behind it (submitit
     would print sbatch's stderr and raise a traceback)."""
     said = io.StringIO()
@@ -353,10 +379,10 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
         raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
-def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
+def gpu_run_options(options: dict, spec: RunSpec, tier: Tier, profile: Profile) -> dict:
     """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
     gives for the run's own options (the experiment's overrides, these options on top) and its arm, as `ablate plan`
-    prints it."""
-    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb,
+    prints it (`tier`: the spec's)."""
+    return {**options, "micro_batch": run_micro_batch(tier, get_gpu(profile.gpu).memory_gb,
                                                       chosen_options(spec.overrides, options),
-                                                      world_size=profile.get("processes_per_run") or 1, arm=spec.arm)}
+                                                      world_size=profile.processes_per_run, arm=spec.arm)}

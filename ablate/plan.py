@@ -114,17 +114,18 @@ def _priced(tier: Tier, overrides: dict) -> tuple[Tier, int, dict, bool]:
     return tier, steps, model, match
 
 
-def plan_rows(tier_name: str, arms: list[str] | None = None, seed_count: int | None = None, *,
+def plan_rows(tier: Tier | str, arms: list[str] | None = None, seed_count: int | None = None, *,
               match_params: bool | None = None, overrides: dict | None = None, speed: Throughput | None = None,
               world_size: int = 1) -> dict:
-    """Per-arm cost of one tier (parameters measured on the real model, built on the meta device).
+    """Per-arm cost of one tier, a `Tier` or its name (parameters measured on the real model, built on the meta
+    device).
 
     seed_count: runs per arm (default: the tier's). overrides: an experiment's run-config overrides for
     this tier ("model" fields, tier fields such as global_batch, max_steps, match_params, loss_chunk).
     world_size: GPUs per run (a profile's gpus_per_run), for the micro-batch the run gets on speed's GPU.
     """
     speed = speed or Throughput()
-    tier, steps, model_overrides, match = _priced(get_tier(tier_name), overrides or {})
+    tier, steps, model_overrides, match = _priced(get_tier(tier) if isinstance(tier, str) else tier, overrides or {})
     match = match if match_params is None else match_params  # an explicit choice beats the overrides
     arms = list(arms) if arms else list_arms()
     for arm in arms:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.errors import AblateError
@@ -21,22 +23,48 @@ def available_profiles() -> list[str]:
     return names_in("slurm", ".toml")
 
 
-def load_profile(name: str) -> dict:
+@dataclass(frozen=True)
+class Profile:
+    """The resources of one run on a cluster, as `slurm/NAME.toml` gives them (`load_profile`); every reader takes
+    its attributes. A setting the file leaves out has the default here ("" = not passed to sbatch)."""
+
+    name: str  # the file's stem: `--profile NAME`
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    gpus_per_run: int = 0  # 0 = CPU only
+    cpus_per_run: int = 1
+    mem_gb: int | float = 4
+    time_min: int = 60
+    constraint: str = ""
+    signal_delay_s: int = 120
+    array_parallelism: int = 64
+    extra_sbatch: tuple[str, ...] = ()  # raw "#SBATCH" option lines
+    gpu: str = ""  # the GPU model (a key of ablate.tiers.GPUS); "" = not said
+    processes_per_run: int = 1  # data-parallel processes of one run (`check_processes`)
+
+    def to_dict(self) -> dict:
+        """The settings as `submit --dry-run` shows them: the file's keys, then its name and the run's processes."""
+        shown = {key: getattr(self, key) for key in PROFILE_KEYS if key not in ("gpu", "processes_per_run")}
+        return {**shown, "extra_sbatch": list(self.extra_sbatch), **({"gpu": self.gpu} if self.gpu else {}),
+                "name": self.name, "processes_per_run": self.processes_per_run}
+
+
+def load_profile(name: str) -> Profile:
     path = Path(name) if Path(name).suffix == ".toml" and Path(name).is_file() else find_file("slurm", f"{name}.toml")
     if path is None:
         raise AblateError(f"unknown profile {name!r}; valid profiles: {', '.join(available_profiles()) or '(none)'}"
                           " (files slurm/NAME.toml)")
-    profile = read_toml(path)
-    for key, value in profile.items():
+    settings = read_toml(path)
+    for key, value in settings.items():
         if key not in PROFILE_KEYS:
             raise AblateError(f"profile {path}: unknown key {key!r}; valid keys: {', '.join(PROFILE_KEYS)}")
         if not isinstance(value, PROFILE_KEYS[key]):
             raise AblateError(f"profile {path}: {key} = {value!r} has the wrong type")
-    profile = {"partition": "", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 4,
-               "time_min": 60, "constraint": "", "signal_delay_s": 120, "array_parallelism": 64, "extra_sbatch": [],
-               **profile, "name": path.stem}
-    profile["processes_per_run"] = check_processes(path, profile)
-    return profile
+    profile = Profile(name=path.stem, **{**settings, "extra_sbatch": tuple(settings.get("extra_sbatch", ())),
+                                         "processes_per_run": 1})
+    return dataclasses.replace(profile, processes_per_run=check_processes(path, profile,
+                                                                          settings.get("processes_per_run")))
 
 
 def read_toml(path: Path) -> dict:
@@ -52,16 +80,16 @@ def read_toml(path: Path) -> dict:
                               "see slurm/example.toml for the syntax") from None
 
 
-def check_processes(path: Path, profile: dict) -> int:
-    """A run's data-parallel processes: one per GPU (`gpus_per_run`), or `processes_per_run` CPU processes
-    (gloo) on a profile without GPUs; each gets cpus_per_run / processes CPUs."""
-    gpus, chosen = profile["gpus_per_run"], profile.get("processes_per_run")
+def check_processes(path: Path, profile: Profile, chosen: int | None) -> int:
+    """A run's data-parallel processes: one per GPU (`gpus_per_run`), or `chosen` (the file's `processes_per_run`)
+    CPU processes (gloo) on a profile without GPUs; each gets cpus_per_run / processes CPUs."""
+    gpus = profile.gpus_per_run
     processes = chosen if chosen is not None else max(1, gpus)
     if processes < 1 or (gpus and processes != gpus):
         raise AblateError(f"profile {path}: processes_per_run = {chosen} must be ≥ 1 and, with GPUs, equal "
                           f"gpus_per_run ({gpus}): one process per GPU")
-    if profile["cpus_per_run"] < processes:
-        raise AblateError(f"profile {path}: cpus_per_run = {profile['cpus_per_run']} is fewer than the run's "
+    if profile.cpus_per_run < processes:
+        raise AblateError(f"profile {path}: cpus_per_run = {profile.cpus_per_run} is fewer than the run's "
                           f"{processes} processes; give each process at least one CPU")
     return processes
 
@@ -125,34 +153,35 @@ def _number(text: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def profile_misfits(profile: dict, partitions: dict[str, dict]) -> list[str]:
+def profile_misfits(profile: Profile, partitions: dict[str, dict]) -> list[str]:
     """What the partition `sinfo` describes cannot give a run of the profile, one line per setting (empty: fits)."""
-    name = profile["partition"] or next((p for p, known in partitions.items() if known["default"]), "")
+    name = profile.partition or next((p for p, known in partitions.items() if known["default"]), "")
     if name not in partitions:
-        return [f"partition = {profile['partition']!r}: no such partition; partitions: "
+        return [f"partition = {profile.partition!r}: no such partition; partitions: "
                 f"{', '.join(partitions) or '(none)'}"]
     part = partitions[name]
     misfits = []
-    if profile["gpus_per_run"] > part["gpus"]:
-        misfits.append(f"gpus_per_run = {profile['gpus_per_run']}: partition {name!r} has "
+    if profile.gpus_per_run > part["gpus"]:
+        misfits.append(f"gpus_per_run = {profile.gpus_per_run}: partition {name!r} has "
                        + (f"{part['gpus']} GPUs per node" if part["gpus"] else "no GPUs (gres: none); 0 = CPU only"))
-    if profile["cpus_per_run"] > part["cpus"]:
-        misfits.append(f"cpus_per_run = {profile['cpus_per_run']}: partition {name!r} has {part['cpus']} CPUs per node")
-    if part["mem_mb"] and profile["mem_gb"] * 1024 > part["mem_mb"]:
-        misfits.append(f"mem_gb = {profile['mem_gb']}: partition {name!r} has {part['mem_mb']} MB per node")
-    if part["time_min"] is not None and profile["time_min"] > part["time_min"]:
-        misfits.append(f"time_min = {profile['time_min']}: partition {name!r} allows at most "
+    if profile.cpus_per_run > part["cpus"]:
+        misfits.append(f"cpus_per_run = {profile.cpus_per_run}: partition {name!r} has {part['cpus']} CPUs per node")
+    if part["mem_mb"] and profile.mem_gb * 1024 > part["mem_mb"]:
+        misfits.append(f"mem_gb = {profile.mem_gb}: partition {name!r} has {part['mem_mb']} MB per node")
+    if part["time_min"] is not None and profile.time_min > part["time_min"]:
+        misfits.append(f"time_min = {profile.time_min}: partition {name!r} allows at most "
                        f"{part['time_min']} minutes")
     return misfits
 
 
-def sbatch_refusal(profile: dict, stderr: str) -> str:
+def sbatch_refusal(profile: Profile, stderr: str) -> str:
     """sbatch's refusal as one line naming the profile setting behind it (and the profile's file)."""
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
     said = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "no message")
     said = said.split("error:", 1)[-1].strip()
     lowered = said.lower()
     setting = next((key for clue, key in SBATCH_REFUSALS if clue in lowered), None)
-    shown = (f"{setting} = {profile[setting]!r}" if setting in profile else setting) if setting else "the profile"
-    return (f"sbatch refused the jobs ({said}): check {shown} in profile {profile['name']!r} "
-            f"(slurm/{profile['name']}.toml)")
+    shown = (f"{setting} = {getattr(profile, setting)!r}" if setting in PROFILE_KEYS else setting) if setting \
+        else "the profile"
+    return (f"sbatch refused the jobs ({said}): check {shown} in profile {profile.name!r} "
+            f"(slurm/{profile.name}.toml)")

@@ -146,7 +146,7 @@ def recorded_design(folder: str | os.PathLike) -> SequentialDesign | None:
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    submissions = read_ledger(folder)["submissions"]
+    submissions = read_ledger(folder).submissions
     found = [(i, s) for i, s in enumerate(submissions) if isinstance(s, dict) and s.get("kind") == SEQUENTIAL]
     if not found:
         return None

@@ -31,6 +31,8 @@ from ablate.store import (
     STATUSES,
     SUBMIT_LOCK,
     SUMMARY,
+    Ledger,
+    LedgerEntry,
     Status,
     config_disagreement,
     check_results_folder,
@@ -61,7 +63,7 @@ def with_queued_seeds(experiment: Experiment, results: Path) -> Experiment:
     except AblateError:
         pass  # a damaged design record: the ledger's runs still say which seeds were queued, and status shows them
     queued: dict[str, int] = {}
-    for key in read_ledger(folder)["runs"]:
+    for key in read_ledger(folder).runs:
         tier, _, seed = key.removeprefix("eval:").rpartition("/seed")
         tier = tier.split("/")[0]
         if tier in experiment.tiers and seed.isdigit():
@@ -161,13 +163,13 @@ ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
          "REVOKED", "SPECIAL_EXIT")
 
 
-def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
+def slurm_job_state(entry: LedgerEntry, slurm: SlurmView) -> tuple[str, str | None]:
     """(queued | running | requeued | finished | cancelled | failed | unknown, reason) of a SLURM ledger entry.
 
     The queue decides first: a job squeue holds is queued or running, whatever accounting says. Then
     accounting. Silence of both is never a failure: `unknown`, with the reason.
     """
-    job_id = entry["job_id"]
+    job_id = entry.job_id
     held = (slurm.queue or {}).get(job_id)
     told = (slurm.accounting or {}).get(job_id, "")
     state = held[0] if held else told
@@ -191,7 +193,7 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
         return "cancelled", f"SLURM job {job_id} was cancelled (scancel); `ablate submit` resumes the run"
     if state and state != "UNKNOWN":
 
-        stderr = submitit.SlurmJob(folder=entry["folder"], job_id=job_id).paths.stderr
+        stderr = submitit.SlurmJob(folder=entry.folder, job_id=job_id).paths.stderr
         return "failed", error_line(read_text(stderr)) or f"SLURM job {job_id}: {state}"
     if slurm.queue is None:
         return "unknown", f"SLURM does not answer about job {job_id} ({'; '.join(slurm.errors.values())})"
@@ -201,10 +203,9 @@ def slurm_job_state(entry: dict, slurm: SlurmView) -> tuple[str, str | None]:
     return "unknown", f"SLURM no longer holds job {job_id} and its accounting is silent ({why})"
 
 
-def _just_submitted(entry: dict) -> bool:
+def _just_submitted(entry: LedgerEntry) -> bool:
     """Submitted so recently that the controller and accounting may not agree about the job yet."""
-    submitted = dt.datetime.fromisoformat(entry.get("submitted", "1970-01-01T00:00:00"))
-    return dt.datetime.now() - submitted < JUST_SUBMITTED
+    return dt.datetime.now() - entry.submitted_at < JUST_SUBMITTED
 
 
 def read_text(path) -> str | None:
@@ -261,8 +262,38 @@ def damage(summary: RunSummary, steps: int, has_metrics: bool) -> str | None:
     return None
 
 
-def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
-               submit_holder: dict | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class StatusRow:
+    """One row of `ablate status` (`run_status`): a run's state (STATES), its progress and the reason in one line;
+    `to_dict` is what `ablate status --json` writes of it."""
+
+    tier: str
+    arm: str
+    seed: int
+    state: str = "not-submitted"  # one of STATES
+    lr_factor: float | None = None  # a run of the LR sweep: its factor
+    job_id: str | None = None  # the ledger's
+    steps: int = 0
+    total_steps: int | None = None
+    elapsed_s: float | None = None  # training time so far, over every attempt
+    eta_s: float | None = None  # a running run's
+    val_loss: float | None = None  # final when `val_loss_final`, else the last mid-run evaluation
+    error: str | None = None  # why, in one line
+    queued: bool = False  # something still holds the run (SLURM, the local submit, a live run lock)
+    val_loss_final: bool = False
+    stale: bool = False  # completed by another version of its arm's code (`ablate.arms.source.is_stale`)
+    eval: str | None = None  # its evaluation's state (`eval_state`), filled in by `status`
+
+    def to_dict(self) -> dict:
+        """The row as `ablate status --json` writes it (`lr_factor` only for a run of the LR sweep)."""
+        row = dataclasses.asdict(self)
+        if self.lr_factor is None:
+            del row["lr_factor"]
+        return row
+
+
+def run_status(results: Path, spec: RunSpec, ledger: Ledger, slurm: SlurmView,
+               submit_holder: dict | None = None) -> StatusRow:
     """One row of `ablate status`: the run's state (STATES), progress, and the reason in one line.
 
     `queued` in the row means: something still holds the run (SLURM, the local submit, or a run lock
@@ -271,33 +302,30 @@ def run_status(results: Path, spec: RunSpec, ledger: dict, slurm: SlurmView,
     """
     folder = spec.folder(results)
     way_out = f"rerun it with `ablate run ... --force` (keeps the old folder aside) or delete {folder}"
-    summary_path = folder / SUMMARY
     summary = read_summary(folder, way_out)
-    entry = ledger["runs"].get(spec.key)
+    entry = ledger.runs.get(spec.key)
     metrics = read_metrics(folder / METRICS)
     holder = live_holder(run_lock_path(folder))
-    since = holder_since(holder)
-    progress = progress_of(metrics, summary, since, summary_path.stat().st_mtime if not summary.empty else None)
+    progress = progress_of(metrics, summary, holder_since(holder),
+                           (folder / SUMMARY).stat().st_mtime if not summary.empty else None)
     val_rows = [r for r in metrics if "val_loss" in r]
-    row = {"tier": spec.tier, "arm": spec.arm, "seed": spec.seed, "state": "not-submitted",
-           **({"lr_factor": spec.lr_factor} if spec.lr_factor is not None else {}),
-           "job_id": entry.get("job_id") if entry else None, **progress,
-           "val_loss": summary.val_loss if summary.status == Status.COMPLETED else (
-               val_rows[-1]["val_loss"] if val_rows else None), "error": None, "queued": False,
-           "val_loss_final": summary.status == Status.COMPLETED}  # else: the last mid-run evaluation
-    row["state"], row["error"], row["queued"] = _state(summary, entry, holder, slurm, submit_holder,
-                                                       damage(summary, progress["steps"], bool(metrics))
-                                                       or config_disagreement(folder, summary), way_out)
-    if row["state"] != "running":
-        row["eta_s"] = None
-    row["stale"] = row["state"] == Status.COMPLETED and is_stale(summary.arm_source, spec.arm)
-    if row["stale"]:
-        row["error"] = (f"stale: arm {spec.arm!r}'s code changed since it trained (`ablate.arms.source`); "
-                        "`ablate submit ... --rerun-stale` retrains it")
-    return row
+    state, error, queued = _state(summary, entry, holder, slurm, submit_holder,
+                                  damage(summary, progress["steps"], bool(metrics))
+                                  or config_disagreement(folder, summary), way_out)
+    stale = state == Status.COMPLETED and is_stale(summary.arm_source, spec.arm)
+    if stale:
+        error = (f"stale: arm {spec.arm!r}'s code changed since it trained (`ablate.arms.source`); "
+                 "`ablate submit ... --rerun-stale` retrains it")
+    final = summary.status == Status.COMPLETED  # else: the last mid-run evaluation
+    return StatusRow(spec.tier, spec.arm, spec.seed, state, spec.lr_factor, entry.job_id if entry else None,
+                     progress["steps"], progress["total_steps"], progress["elapsed_s"],
+                     progress["eta_s"] if state == "running" else None,
+                     summary.val_loss if final else (val_rows[-1]["val_loss"] if val_rows else None),
+                     error, queued, final, stale)
 
 
-def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tuple[str, str | None, bool]:
+def _state(summary, entry: LedgerEntry | None, holder, slurm, submit_holder, damaged,
+           way_out) -> tuple[str, str | None, bool]:
     """(state, reason, still held) from the run folder, its lock, the ledger entry and SLURM."""
     status = summary.status
     if damaged:
@@ -306,22 +334,22 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
         return status, error_line(summary.error) if status == Status.DIVERGED else None, False
     if holder is not None:
         return "running", None, True
-    if entry and entry.get("executor") == "slurm":
+    if entry and entry.executor == "slurm":
         job, reason = slurm_job_state(entry, slurm)
         if job in ACTIVE:  # SLURM holds it; running needs the run's own live lock too (else it is starting)
             return ("requeued" if not summary.empty or job == "requeued" else "queued"), None, True
-        held = slurm.holds(entry["job_id"])
+        held = slurm.holds(entry.job_id)
         if job in ("cancelled", "unknown"):
             return job, reason, held
         # finished or failed in SLURM's eyes, without a result in the run folder
         return "failed", error_line(summary.error) or reason or "the run stopped without finishing", held
-    if entry and entry.get("executor") == "local":
-        if entry.get("interrupted"):
-            return "cancelled", entry.get("error") or "interrupted; `ablate submit` resumes it", False
-        if entry.get("exit_code") not in (None, 0) or status == Status.FAILED:
-            why = error_line(summary.error) or entry.get("error") or f"exit code {entry['exit_code']}"
+    if entry and entry.executor == "local":
+        if entry.interrupted:
+            return "cancelled", entry.error or "interrupted; `ablate submit` resumes it", False
+        if entry.exit_code not in (None, 0) or status == Status.FAILED:
+            why = error_line(summary.error) or entry.error or f"exit code {entry.exit_code}"
             return "failed", why, False
-        if entry.get("exit_code") is None and submit_holder and submit_holder.get("id") == entry.get("submission"):
+        if entry.exit_code is None and submit_holder and submit_holder.get("id") == entry.submission:
             return "queued", None, True
     if status in (Status.FAILED, Status.RUNNING, Status.COMPLETED):  # completed without its final loss: resumes
         return "failed", error_line(summary.error) or ("the run stopped without finishing (killed?); "
@@ -329,7 +357,7 @@ def _state(summary, entry, holder, slurm, submit_holder, damaged, way_out) -> tu
     return "not-submitted", None, False
 
 
-def status(experiment: Experiment | str, results: Path, specs: list[RunSpec] | None = None) -> list[dict]:
+def status(experiment: Experiment | str, results: Path, specs: list[RunSpec] | None = None) -> list[StatusRow]:
     """One row per run (`run_status`): of the experiment's grid (or `specs`, a part of it); given a name
     instead of an Experiment (ad-hoc runs), of `specs`, which the caller lists (`folder_runs`)."""
     name = experiment if isinstance(experiment, str) else experiment.name
@@ -337,14 +365,12 @@ def status(experiment: Experiment | str, results: Path, specs: list[RunSpec] | N
     ledger = read_ledger(folder)
     specs = specs if specs is not None or isinstance(experiment, str) else experiment.runs()
     keys = [s.key for s in specs] + [f"eval:{s.key}" for s in specs]
-    job_ids = [ledger["runs"][k].get("job_id") for k in keys
-               if k in ledger["runs"] and ledger["runs"][k].get("executor") == "slurm"]
+    job_ids = [ledger.runs[k].job_id for k in keys if k in ledger.runs and ledger.runs[k].executor == "slurm"]
     slurm = slurm_states(job_ids)
     holder = live_holder(folder / SUBMIT_LOCK)
-    rows = [run_status(results, spec, ledger, slurm, holder) for spec in specs]
-    for spec, row in zip(specs, rows):
-        row["eval"] = eval_state(results, spec, ledger.get("runs", {}).get(f"eval:{spec.key}"), slurm)
-    return rows
+    return [dataclasses.replace(run_status(results, spec, ledger, slurm, holder),
+                                eval=eval_state(results, spec, ledger.runs.get(f"eval:{spec.key}"), slurm))
+            for spec in specs]
 
 
 def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> list[RunSpec]:
@@ -358,24 +384,24 @@ def folder_runs(results: Path, name: str, tiers=None, arms=None, seeds=None) -> 
     return specs
 
 
-def eval_state(results: Path, spec: RunSpec, entry: dict | None, slurm: SlurmView) -> str | None:
+def eval_state(results: Path, spec: RunSpec, entry: LedgerEntry | None, slurm: SlurmView) -> str | None:
     """None (never evaluated nor asked), or evaluated / stale: … / queued / running / cancelled: … /
     unknown: … / failed: … .
 
     Only evaluations of the run's final weights count (`ablate.evals.results.valid_evals`, as for the tables).
     """
     valid, stale = valid_evals(spec.folder(results))
-    wanted = set(entry.get("tasks", [])) if entry else set(valid) | set(stale)
+    wanted = set(entry.tasks or ()) if entry else set(valid) | set(stale)
     if wanted and wanted <= set(valid):
         return "evaluated"
     if entry is None:
         return _stale(stale) if stale else None
-    job, error = slurm_job_state(entry, slurm) if entry.get("executor") != "local" else (None, None)
+    job, error = slurm_job_state(entry, slurm) if entry.executor != "local" else (None, None)
     if job in ACTIVE:
         return job
     if wanted & set(stale):
         return _stale({task: why for task, why in stale.items() if task in wanted})
-    outcome = entry.get("outcome") if entry.get("executor") == "local" else None
+    outcome = entry.outcome if entry.executor == "local" else None
     if outcome is not None and outcome != "evaluated":
         return outcome
     if job in ("cancelled", "unknown"):

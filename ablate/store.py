@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ablate.errors import AblateError, writing
 from ablate.identity import config_fingerprint
@@ -361,8 +361,71 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the ledger
-def read_ledger(folder: Path) -> dict:
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One entry of the ledger's `runs`: a run (key `run_key`) or its evaluation (`eval:` + the run's key), how it
+    was submitted and what became of it. Its one reader (`of`: an older ledger's entry too, a field it lacks read as
+    the default here) and its one writer (`to_dict`, what ledger.json holds: the fields each writer gives, as the
+    ledger always held them)."""
+
+    executor: str | None = None  # "slurm" or "local"
+    job_id: str | None = None  # SLURM's (`54_3`), or `local-<pid>` once a local worker took the run
+    folder: str | None = None  # a SLURM job's submitit log folder
+    submission: str | None = None  # the local submit that queued it (its submit lock's token)
+    tasks: tuple[str, ...] | None = None  # an evaluation's tasks
+    submitted: str | None = None  # when (ISO time)
+    pid: int | None = None  # the local worker process that took it
+    exit_code: int | None = None  # a local run's end
+    error: str | None = None
+    interrupted: bool = False  # a local run stopped by Ctrl-C (resumable)
+    outcome: str | None = None  # a local evaluation's: "evaluated" or "failed: …"
+
+    @classmethod
+    def of(cls, entry: dict) -> LedgerEntry:
+        """The entry as ledger.json holds it (fields of other versions left aside)."""
+        known = {k: v for k, v in entry.items() if k in cls.__dataclass_fields__}
+        return cls(**{**known, **({"tasks": tuple(known["tasks"])} if known.get("tasks") is not None else {})})
+
+    def to_dict(self) -> dict:
+        """What ledger.json holds (its keys sorted when written): the fields given; a queued run's job_id and an ended
+        run's error are written even when None, as the ledger always held them."""
+        written = {"job_id": self.executor is not None and self.tasks is None, "error": self.exit_code is not None}
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name in self.__dataclass_fields__
+                if (value := getattr(self, name)) is not None and value is not False or written.get(name)}
+
+    @property
+    def submitted_at(self) -> datetime.datetime:
+        """When it was submitted (an entry without the time: long ago)."""
+        return datetime.datetime.fromisoformat(self.submitted or "1970-01-01T00:00:00")
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """RESULTS/<experiment>/ledger.json as read (`read_ledger`): each run's entry, and every submission's record
+    (one per array or local grid; the sequential and fixed designs read their own, `ablate.sequential`,
+    `ablate.design`)."""
+
+    runs: Mapping[str, LedgerEntry]
+    submissions: tuple[dict, ...]
+
+    def submitted_with(self, key: str) -> tuple[str | None, str | None, str | None, bool]:
+        """(executor, profile, data folder, --document-mask) the run `key` was last submitted with: what resubmits
+        it the same way."""
+        executor = self.runs[key].executor if key in self.runs else None
+        submission = next((s for s in reversed(self.submissions) if isinstance(s, dict)
+                           and s.get("executor") == executor and key in s.get("runs", [])), {})
+        return executor, submission.get("profile"), submission.get("data"), bool(submission.get("document_mask"))
+
+
+def read_ledger(folder: Path) -> Ledger:
     """RESULTS/<experiment>/ledger.json: what was submitted (job ids, times); empty when nothing was."""
+    ledger = _ledger_file(folder)
+    return Ledger({key: LedgerEntry.of(entry) for key, entry in ledger["runs"].items()}, tuple(ledger["submissions"]))
+
+
+def _ledger_file(folder: Path) -> dict:
+    """ledger.json's contents, checked: what `read_ledger` types and `record_ledger` updates."""
     path = folder / LEDGER
     if not path.exists():
         return {"runs": {}, "submissions": []}
@@ -397,14 +460,16 @@ def _entry_damage(entry: object) -> str | None:
 _LEDGER_LOCK = threading.Lock()  # local runs start from several threads: one read-modify-write at a time
 
 
-def record_ledger(folder: Path, entries: dict, submission: dict | None = None, merge: bool = False) -> None:
+def record_ledger(folder: Path, entries: Mapping[str, LedgerEntry], submission: dict | None = None,
+                  merge: bool = False) -> None:
     """Update the ledger (the caller holds the experiment's submit lock; threads take turns here).
 
-    Each entry replaces the run's entry, or with `merge` adds its fields to it."""
+    Each entry replaces the run's entry, or with `merge` adds its fields to it (the others' entries are written
+    back as they were read)."""
     with _LEDGER_LOCK:
-        ledger = read_ledger(folder)
+        ledger = _ledger_file(folder)
         for key, entry in entries.items():
-            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry} if merge else entry
+            ledger["runs"][key] = {**ledger["runs"].get(key, {}), **entry.to_dict()} if merge else entry.to_dict()
         if submission is not None:
             ledger["submissions"].append(submission)
         atomic_write_json(folder / LEDGER, ledger)

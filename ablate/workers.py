@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
-from ablate.store import RUN_LOG, Status, experiment_dir, record_ledger
+from ablate.store import RUN_LOG, LedgerEntry, Status, experiment_dir, record_ledger
 from ablate.store_summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,9 @@ def run_local(experiment, experiment_file, specs, results, parallel, options, su
     """
     parallel = max(1, min(parallel or (os.cpu_count() or 1), len(specs)))
     grid = _LocalGrid(experiment_dir(results, experiment), results, experiment_file, options)
-    record_ledger(grid.folder, {s.key: {"executor": "local", "job_id": None, "submission": submission,
-                                        "submitted": dt.datetime.now().isoformat(timespec="seconds")} for s in specs},
+    record_ledger(grid.folder, {s.key: LedgerEntry("local", submission=submission,
+                                                   submitted=dt.datetime.now().isoformat(timespec="seconds"))
+                                for s in specs},
                   {"executor": "local", "runs": [s.key for s in specs], **recorded_options(options)})
     for spec in specs:
         spec.folder(results).mkdir(parents=True, exist_ok=True)
@@ -135,11 +136,11 @@ class _LocalGrid:
             for process in live:
                 _interrupt(process)
 
-    def finished_run(self, bar, key: str, code: int, error: str | None, **extra) -> None:
-        record_ledger(self.folder, {key: {"exit_code": code, "error": error, **extra}}, merge=True)
+    def finished_run(self, bar, key: str, code: int, error: str | None, interrupted: bool = False) -> None:
+        record_ledger(self.folder, {key: LedgerEntry(exit_code=code, error=error, interrupted=interrupted)}, merge=True)
         with self.bar_lock:
             self.codes[key] = code
-            if extra.get("interrupted"):
+            if interrupted:
                 self.interrupted.append(key)
             bar.set_postfix_str(f"{key} {'ok' if code == 0 else f'exit {code}'}")
             bar.update(1)
@@ -187,7 +188,7 @@ class _LocalGrid:
                 continue
             if event.get("event") == "start":
                 current = event["key"]
-                record_ledger(self.folder, {current: {"job_id": f"local-{process.pid}", "pid": process.pid}},
+                record_ledger(self.folder, {current: LedgerEntry(job_id=f"local-{process.pid}", pid=process.pid)},
                               merge=True)
             elif event.get("event") in ("done", "interrupted"):
                 remaining.pop(event["key"], None)

@@ -54,12 +54,14 @@ def test_plan_and_submit_agree_on_the_micro_batch_of_a_reference_path_arm(relu_a
     from ablate.dispatch import gpu_run_options
     from ablate.experiment import Experiment
     from ablate.plan import Throughput, plan_grid
+    from ablate.profiles import Profile
+    from ablate.tiers import get_tier
 
     experiment = Experiment(name="sizing_reference", tiers=["10M"], arms=["baseline", relu_arm, "softcap"], seeds=1)
     plan = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]
     planned = {row["arm"]: row["micro_batch_for_gpu"] for row in plan["runs"]}
-    profile = {"gpu": "h100", "gpus_per_run": 1}
-    submitted = {spec.arm: gpu_run_options({}, spec, profile)["micro_batch"] for spec in experiment.runs()}
+    profile, tier = Profile("h", gpu="h100", gpus_per_run=1), get_tier("10M")
+    submitted = {spec.arm: gpu_run_options({}, spec, tier, profile)["micro_batch"] for spec in experiment.runs()}
     assert planned == submitted
     assert planned["baseline"] == planned["softcap"] == plan["micro_batch_for_gpu"]
     # blocks of 128 rows at T = 1024: one block's tensors, no T×T per layer; it fits the baseline's micro-batch

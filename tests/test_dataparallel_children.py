@@ -29,7 +29,7 @@ def test_a_local_two_process_grid_trains_each_run_once_to_the_one_process_loss(t
     assert "in use by" not in worker_log + out.stderr
     assert "2/2" in out.stderr and "3/2" not in out.stderr and "4/2" not in out.stderr  # the bar counts 2 runs
     ledger = read_ledger(results / "dp_grid")
-    assert all(ledger["runs"][f"smoke/baseline/seed{k}"]["exit_code"] == 0 for k in (0, 1))
+    assert all(ledger.runs[f"smoke/baseline/seed{k}"].exit_code == 0 for k in (0, 1))
     for seed in (0, 1):
         two = read_json(run_dir(results, "dp_grid", "smoke", "baseline", seed) / "summary.json")
         one = run(RunSpec("dp_grid", "smoke", "baseline", seed, {"max_steps": 3}), tmp_path / "one",
@@ -54,6 +54,8 @@ array_parallelism = 2
 def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, sample_data, slurm_cluster):
     """processes_per_run = 2 (as gpus_per_run = 2 would be on GPUs): --ntasks-per-node=2 and devices 2, one run
     trained by two gloo processes, to the loss of one process."""
+    import dataclasses
+
     from ablate.dispatch import executor_parameters
     from ablate.profiles import load_profile
     from ablate.status import status
@@ -63,7 +65,7 @@ def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, 
     profile = load_profile(str(profile_path))
     params = executor_parameters(profile, "x")
     assert params["tasks_per_node"] == 2 and params["cpus_per_task"] == 1
-    assert executor_parameters({**profile, "gpus_per_run": 2}, "x")["gpus_per_node"] == 2
+    assert executor_parameters(dataclasses.replace(profile, gpus_per_run=2), "x")["gpus_per_node"] == 2
     file = tmp_path / "dp_slurm.py"
     file.write_text(EXPERIMENT.format(data=str(sample_data)).replace('"dp_grid"', '"dp_slurm"')
                     .replace("seeds=2", "seeds=1").replace('"devices": 2, ', ""))
@@ -72,12 +74,12 @@ def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, 
     deadline = time.time() + 600
     while time.time() < deadline:
         (row,) = status("dp_slurm", results, [RunSpec("dp_slurm", "smoke", "baseline", 0)])
-        if row["state"] in ("completed", "failed", "diverged", "damaged"):
+        if row.state in ("completed", "failed", "diverged", "damaged"):
             break
         time.sleep(3)
     folder = run_dir(results, "dp_slurm", "smoke", "baseline", 0)
     logs = "".join(p.read_text(errors="replace") for p in (results / "dp_slurm" / "slurm").rglob("*_log.*"))
-    assert row["state"] == "completed", (row, logs[-4000:])
+    assert row.state == "completed", (row, logs[-4000:])
     assert read_json(folder / "config.json")["devices"] == 2
     assert "MEMBER: 1/2" in logs and "MEMBER: 2/2" in logs  # two processes of one world, not two runs
     assert "in use by" not in logs

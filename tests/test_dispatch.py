@@ -50,10 +50,10 @@ def wait_until_settled(experiment, results, timeout=420, done=("completed", "div
     deadline = time.time() + timeout
     while time.time() < deadline:
         rows = status(experiment, results)
-        if all(r["state"] in done for r in rows):
+        if all(r.state in done for r in rows):
             return rows
         time.sleep(0.5)
-    raise AssertionError(f"grid did not settle in {timeout} s: {json.dumps(rows, indent=1)}")
+    raise AssertionError(f"grid did not settle in {timeout} s: {json.dumps([r.to_dict() for r in rows], indent=1)}")
 
 
 def test_experiment_files_define_the_grids():
@@ -91,8 +91,8 @@ def test_bad_input_is_refused_before_anything_is_queued(tmp_path):
 
 def test_profile_is_checked():
     profile = load_profile("local")
-    assert profile["partition"] == "debug" and profile["cpus_per_run"] >= 1
-    assert load_profile("example")["gpus_per_run"] == 1
+    assert profile.partition == "debug" and profile.cpus_per_run >= 1
+    assert load_profile("example").gpus_per_run == 1
 
 
 @pytest.mark.slurm
@@ -126,21 +126,21 @@ def test_slurm_grid_completes_failed_run_is_reported_and_resubmitted_alone(tmp_p
     again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert again["to_submit"] == [] and again["jobs"] == {}
     rows = wait_until_settled(experiment, results)
-    states = {(r["arm"], r["seed"]): r["state"] for r in rows}
+    states = {(r.arm, r.seed): r.state for r in rows}
     assert [k for k, s in states.items() if s != "completed"] == [("flaky", 0), ("flaky", 1)], states
-    failed = [r for r in rows if r["arm"] == "flaky"]
-    assert all("marker file present" in r["error"] for r in failed)
+    failed = [r for r in rows if r.arm == "flaky"]
+    assert all("marker file present" in r.error for r in failed)
     shown = ablate_cli("status", file, "--results", results).stdout
     assert "completed: 6" in shown and "failed: 2" in shown and "marker file present" in shown
-    completed_ids = {k: v["job_id"] for k, v in read_ledger(results / "grid")["runs"].items()}
+    completed_ids = {k: v.job_id for k, v in read_ledger(results / "grid").runs.items()}
     # the fix, then a second submit reruns the failed runs alone
     (tmp_path / "FAIL").unlink()
     second = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
     assert sorted(second["to_submit"]) == ["smoke/flaky/seed0", "smoke/flaky/seed1"]
     rows = wait_until_settled(experiment, results)
-    assert all(r["state"] == "completed" for r in rows)
-    ledger = read_ledger(results / "grid")["runs"]
-    assert all(ledger[k]["job_id"] == completed_ids[k] for k in completed_ids if "flaky" not in k)
+    assert all(r.state == "completed" for r in rows)
+    ledger = read_ledger(results / "grid").runs
+    assert all(ledger[k].job_id == completed_ids[k] for k in completed_ids if "flaky" not in k)
     summaries = [read_json(run_dir(results, "grid", "smoke", a, s) / "summary.json")
                  for a in ("baseline", "combo2") for s in (0, 1)]
     assert summaries[0]["init_fingerprint"] == summaries[2]["init_fingerprint"]
@@ -157,19 +157,19 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
     file = write_experiment(tmp_path, "timeout", ["proj-gate"], 1, 80, sample_data)
     experiment, results = load_experiment(file), tmp_path / "results"
     report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
-    entry = read_ledger(results / "timeout")["runs"]["smoke/proj-gate/seed0"]
+    entry = read_ledger(results / "timeout").runs["smoke/proj-gate/seed0"]
     metrics = run_dir(results, "timeout", "smoke", "proj-gate", 0) / "metrics.jsonl"
     deadline = time.time() + 300
     while not [r for r in read_metrics(metrics) if r.get("step", 0) >= 3]:
         assert time.time() < deadline, "the job did not start training"
         time.sleep(0.5)
-    job = submitit.SlurmJob(folder=entry["folder"], job_id=report["jobs"]["smoke/proj-gate/seed0"])
+    job = submitit.SlurmJob(folder=entry.folder, job_id=report["jobs"]["smoke/proj-gate/seed0"])
     job._interrupt(timeout=True)  # USR2, as SLURM sends before the time limit
     # the same run straight through, here, while SLURM requeues the job
     straight = run(RunSpec("timeout", "smoke", "proj-gate", 0, {"max_steps": 80, "data_dir": str(sample_data)}),
                    tmp_path / "straight", progress=False, threads=1)
     rows = wait_until_settled(experiment, results)
-    assert rows[0]["state"] == "completed"
+    assert rows[0].state == "completed"
     log = Path(job.paths.stderr).read_text() + Path(job.paths.stdout).read_text()
     resumed_at = [int(line.split("resuming at step", 1)[1].split()[0]) for line in log.splitlines()
                   if "resuming at step" in line]
@@ -189,14 +189,15 @@ def test_pending_array_rows_of_sacct_are_expanded():
 def test_the_micro_batch_follows_the_profiles_gpu():
     from ablate.dispatch import gpu_run_options
     from ablate.experiment import RunSpec
+    from ablate.profiles import Profile
     from ablate.tiers import get_tier
 
-    spec = RunSpec("e", "124M", "baseline", 0, {})
-    small = gpu_run_options({}, spec, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"]
-    large = gpu_run_options({}, spec, {"gpu": "h200", "gpus_per_run": 1})["micro_batch"]
+    spec, a100, h200 = RunSpec("e", "124M", "baseline", 0, {}), Profile("a", gpu="a100"), Profile("h", gpu="h200")
+    small = gpu_run_options({}, spec, get_tier("124M"), a100)["micro_batch"]
+    large = gpu_run_options({}, spec, get_tier("124M"), h200)["micro_batch"]
     assert small < large and get_tier("124M").global_batch % small == 0
     chosen = RunSpec("e", "10M", "baseline", 0, {"micro_batch": 8})  # an experiment's own choice wins
-    assert gpu_run_options({}, chosen, {"gpu": "a100", "gpus_per_run": 1})["micro_batch"] == 8
+    assert gpu_run_options({}, chosen, get_tier("10M"), a100)["micro_batch"] == 8
 
 
 def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_error(tmp_path, sample_data):

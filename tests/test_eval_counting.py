@@ -82,7 +82,7 @@ def test_a_copy_kept_aside_is_counted_by_no_reader(store):
     # status, eval and clean
     experiment = Experiment(name="study", tiers=["10M"], arms=list(ARMS), seeds=2)
     rows = status(experiment, store.parent)
-    assert len(rows) == 4 and all(r["state"] == "completed" and r["eval"] == "evaluated" for r in rows)
+    assert len(rows) == 4 and all(r.state == "completed" and r.eval == "evaluated" for r in rows)
     folders, _ = runs_to_evaluate(experiment, store.parent)
     assert all(is_run_dir(f) for f in folders)
     listed = clean(store, dry_run=True)

@@ -96,14 +96,14 @@ def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     """`run --force` retrained the run (new weights, new hash) while an old evaluation wrote its eval.json."""
     experiment = Experiment(name="study", tiers=["10M"], arms=["baseline", "sink-logit"], seeds=3)
     folder = store / "10M" / "baseline" / "seed2"
-    rows = {(r["arm"], r["seed"]): r for r in status(experiment, store.parent)}
-    assert rows[("baseline", 2)]["eval"] == "evaluated"
+    rows = {(r.arm, r.seed): r for r in status(experiment, store.parent)}
+    assert rows[("baseline", 2)].eval == "evaluated"
     summary = read_json(folder / "summary.json")
     atomic_write_json(folder / "summary.json", {**summary, "weights_sha256": weights_of("retrained", 2)})
 
-    rows = {(r["arm"], r["seed"]): r for r in status(experiment, store.parent)}
-    assert rows[("baseline", 2)]["eval"].startswith("stale, not counted: hellaswag: it scored other weights")
-    assert rows[("baseline", 1)]["eval"] == "evaluated"
+    rows = {(r.arm, r.seed): r for r in status(experiment, store.parent)}
+    assert rows[("baseline", 2)].eval.startswith("stale, not counted: hellaswag: it scored other weights")
+    assert rows[("baseline", 1)].eval == "evaluated"
     row, warnings = paired_row(store)
     assert row["n"] == 2 and any(w.startswith("excluded 10M/baseline/seed2:") and "other weights" in w
                                  for w in warnings)
@@ -112,8 +112,8 @@ def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     ledger = {"runs": {f"eval:{RunSpec('study', '10M', 'baseline', 2).key}": {
         "executor": "local", "tasks": ["hellaswag"], "outcome": "evaluated"}}, "submissions": []}
     (store / "ledger.json").write_text(json.dumps(ledger))
-    rows = {(r["arm"], r["seed"]): r for r in status(experiment, store.parent)}
-    assert rows[("baseline", 2)]["eval"].startswith("stale, not counted")
+    rows = {(r.arm, r.seed): r for r in status(experiment, store.parent)}
+    assert rows[("baseline", 2)].eval.startswith("stale, not counted")
 
 
 def test_the_one_decision_and_runs_completed_before_the_hash_was_kept(tmp_path):

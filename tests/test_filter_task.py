@@ -194,6 +194,7 @@ def test_a_task_run_that_is_training_is_running_in_status_never_damaged(tmp_path
     import ablate.taskrun as taskrun
     from ablate.experiment import Experiment
     from ablate.status import SlurmView, run_status
+    from ablate.store import Ledger
     from ablate.train import run
 
     experiment = Experiment(name="busy", tiers=("filter-norm",), arms=("baseline",), seeds=1,
@@ -202,10 +203,10 @@ def test_a_task_run_that_is_training_is_running_in_status_never_damaged(tmp_path
     seen, real = [], taskrun._evaluate  # after the last step: metrics.jsonl holds every step's row
 
     def watching(*args, **kwargs):
-        seen.append(run_status(tmp_path, spec, {"runs": {}}, SlurmView())["state"])
+        seen.append(run_status(tmp_path, spec, Ledger({}, ()), SlurmView()).state)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(taskrun, "_evaluate", watching)
     run(spec, results=tmp_path, progress=False)
     assert seen and set(seen) == {"running"}  # at every evaluation, the last after the last step
-    assert run_status(tmp_path, spec, {"runs": {}}, SlurmView())["state"] == "completed"
+    assert run_status(tmp_path, spec, Ledger({}, ()), SlurmView()).state == "completed"

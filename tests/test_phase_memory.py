@@ -174,15 +174,16 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
     from ablate.dispatch import gpu_run_options
     from ablate.experiment import Experiment
     from ablate.plan import Throughput, plan_grid
-    from ablate.tiers import get_gpu
+    from ablate.profiles import Profile
+    from ablate.tiers import get_gpu, get_tier
 
-    profile = {"gpu": "h100", "gpus_per_run": 1}
+    profile, tier = Profile("h", gpu="h100", gpus_per_run=1), get_tier("10M")
     sized = {}
     for label, overrides in (("chunked", {}), ("unchunked", {"loss_chunk": 0})):
         experiment = Experiment(name=f"sizing_{label}", tiers=["10M"], arms=["baseline"], seeds=1, overrides=overrides)
         spec = experiment.runs()[0]
         planned = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"]
-        submitted = gpu_run_options({}, spec, profile)["micro_batch"]
+        submitted = gpu_run_options({}, spec, tier, profile)["micro_batch"]
         config = resolve_config(spec, data_dir=str(tmp_path), micro_batch=submitted).to_dict()
         chunk = loss_chunk_for(config["loss_chunk"], "cuda")
         assert planned == submitted == config["micro_batch"], label
@@ -193,4 +194,4 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
     # an experiment's own micro-batch wins everywhere
     fixed = Experiment(name="sizing_fixed", tiers=["10M"], arms=["baseline"], seeds=1, overrides={"micro_batch": 8})
     assert plan_grid(fixed, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"] == 8
-    assert gpu_run_options({}, fixed.runs()[0], profile)["micro_batch"] == 8
+    assert gpu_run_options({}, fixed.runs()[0], tier, profile)["micro_batch"] == 8

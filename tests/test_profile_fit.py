@@ -1,16 +1,18 @@
 """A cluster profile against the cluster: sinfo's view of a partition, checked before anything is queued,
 and sbatch's refusals as one line naming the profile setting behind them."""
 
+from dataclasses import replace
+
 import pytest
 import submitit
 
 from ablate.dispatch import map_array
 from ablate.errors import AblateError
-from ablate.profiles import gpus_in_gres, load_profile, parse_sinfo, profile_misfits, sbatch_refusal, slurm_minutes
+from ablate.profiles import (Profile, gpus_in_gres, load_profile, parse_sinfo, profile_misfits, sbatch_refusal,
+                             slurm_minutes)
 from datafix import REPO, ablate_cli
 
-PROFILE = {"name": "mycluster", "partition": "debug", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1,
-           "mem_gb": 2, "time_min": 20, "constraint": ""}
+PROFILE = Profile("mycluster", partition="debug", gpus_per_run=0, cpus_per_run=1, mem_gb=2, time_min=20)
 
 
 def test_sinfo_lines_give_each_partition_s_most_per_node():
@@ -30,15 +32,15 @@ def test_sinfo_lines_give_each_partition_s_most_per_node():
 def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
     debug = parse_sinfo("debug*|(null)|20480|4|1:00:00\n")
     assert profile_misfits(PROFILE, debug) == []
-    too_much = {**PROFILE, "gpus_per_run": 1, "cpus_per_run": 8, "mem_gb": 64, "time_min": 1440}
+    too_much = replace(PROFILE, gpus_per_run=1, cpus_per_run=8, mem_gb=64, time_min=1440)
     misfits = profile_misfits(too_much, debug)
     assert [m.split(" =")[0] for m in misfits] == ["gpus_per_run", "cpus_per_run", "mem_gb", "time_min"]
     assert misfits[0].startswith("gpus_per_run = 1: partition 'debug' has no GPUs")
     assert "20480 MB" in misfits[2] and "60 minutes" in misfits[3]
     two = parse_sinfo("gpu|gpu:4|64000|8|infinite\ndebug*|(null)|20480|4|infinite\n")
-    assert profile_misfits({**PROFILE, "partition": "", "gpus_per_run": 1}, two)[0].startswith(
+    assert profile_misfits(replace(PROFILE, partition="", gpus_per_run=1), two)[0].startswith(
         "gpus_per_run = 1: partition 'debug'")  # no partition given: SLURM's default one
-    assert profile_misfits({**PROFILE, "partition": "gpu"}, debug) == [
+    assert profile_misfits(replace(PROFILE, partition="gpu"), debug) == [
         "partition = 'gpu': no such partition; partitions: debug"]
 
 
@@ -54,8 +56,8 @@ def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
     ("sbatch: error: Batch job submission failed: Invalid qos specification", "qos = 'normal'"),
 ])
 def test_an_sbatch_refusal_names_the_profile_setting_behind_it(said, setting):
-    profile = {**PROFILE, "partition": "gpu", "account": "myproject", "qos": "normal", "gpus_per_run": 1,
-               "cpus_per_run": 8, "mem_gb": 64, "time_min": 1440}
+    profile = replace(PROFILE, partition="gpu", account="myproject", qos="normal", gpus_per_run=1, cpus_per_run=8,
+                      mem_gb=64, time_min=1440)
     line = sbatch_refusal(profile, said)
     assert f"check {setting} in profile 'mycluster'" in line and "\n" not in line
     assert said.rpartition("error: ")[2] in line

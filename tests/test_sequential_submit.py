@@ -95,7 +95,7 @@ def test_submit_sequential_dry_run_queues_look_by_look(tmp_path, sample_data, ca
     code, out, _ = submit(capsys, file, "--sequential", "--results", results)
     assert code == 0 and "(recorded)" in out and "smoke: seeds 0–3" in out
     assert "smoke/sink-logit/seed3" in out and "seed0" not in out  # 0 and 1 are completed
-    assert recorded_design(folder).looks == 2 and len(read_ledger(folder)["submissions"]) == 1
+    assert recorded_design(folder).looks == 2 and len(read_ledger(folder).submissions) == 1
 
     assert main(["submit", str(file), "--sequential", "--looks", "3", "--results", str(results), "--dry-run"]) == 2
     assert "--looks 3 (recorded: 2)" in capsys.readouterr().err

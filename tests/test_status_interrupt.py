@@ -151,5 +151,5 @@ def test_ctrl_c_after_the_last_run_ended_exits_0_completed(tmp_path, sample_data
     assert code == 0 and "interrupted" not in err, err
     assert "late: completed: ran 1 runs here, 0 failed" in out
     assert "Ctrl-C came after the last run ended" in caplog.text
-    entry = read_ledger(tmp_path / "r" / "late")["runs"]["smoke/baseline/seed0"]
-    assert entry["exit_code"] == 0 and not entry.get("interrupted")
+    entry = read_ledger(tmp_path / "r" / "late").runs["smoke/baseline/seed0"]
+    assert entry.exit_code == 0 and not entry.interrupted

@@ -16,7 +16,7 @@ from ablate.experiment import RunSpec
 from ablate.paths import default_results
 from ablate.power import sequential_design
 from ablate.sequential import SEQUENTIAL
-from ablate.store import record_ledger
+from ablate.store import LedgerEntry, record_ledger
 from analysis_fixtures import write_run
 from datafix import REPO, ablate_cli
 
@@ -39,8 +39,8 @@ def _sequential_store(tmp_path, data):
             stopped = arm == "sink-logit" and seed == 3
             write_run(results, "seqs", "smoke", arm, seed, 3.2 if stopped else 3.5 - 0.01 * seed,
                       status="running" if stopped else "completed")
-            entries[f"smoke/{arm}/seed{seed}"] = {"executor": "local", "job_id": None,
-                                                   **({"interrupted": True} if stopped else {"exit_code": 0})}
+            entries[f"smoke/{arm}/seed{seed}"] = LedgerEntry("local", interrupted=stopped,
+                                                             exit_code=None if stopped else 0)
     record_ledger(results / "seqs", {}, record)
     record_ledger(results / "seqs", entries, {"executor": "local", "runs": list(entries)})
     return file, results

@@ -14,7 +14,7 @@ from ablate.dispatch import Submission, submit
 from ablate.status import status
 from ablate.store import read_ledger
 from ablate.experiment import load_experiment
-from ablate.store import LEDGER, atomic_write_json, read_metrics, run_dir
+from ablate.store import LEDGER, atomic_write_json, read_json, read_metrics, run_dir
 from datafix import ablate_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -57,7 +57,7 @@ def poll(what, condition, timeout=300, every=1.0):
 
 def backdate(results: Path, name: str) -> None:
     """Make the ledger's jobs an hour old: accounting's grace for a just-submitted job no longer hides anything."""
-    ledger = read_ledger(results / name)
+    ledger = read_json(results / name / LEDGER)  # the file as it is, edited by hand
     old = (dt.datetime.now() - dt.timedelta(hours=1)).isoformat(timespec="seconds")
     for entry in ledger["runs"].values():
         entry["submitted"] = old
@@ -81,8 +81,8 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         poll(lambda: sacct(array).stdout, lambda out: "PENDING" in out, timeout=60)
         assert sacct(f"{array}_0", f"{array}_1").stdout.strip() == ""
         rows = status(experiment, results)
-        assert [r["state"] for r in rows] == ["queued"] * 3, rows
-        assert sorted(r["job_id"] for r in rows) == [f"{array}_{i}" for i in range(3)]
+        assert [r.state for r in rows] == ["queued"] * 3, rows
+        assert sorted(r.job_id for r in rows) == [f"{array}_{i}" for i in range(3)]
         again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == [] and again["skipped"] == {"queued": 3}
         shown = ablate_cli("status", file, "--results", results).stdout
@@ -93,11 +93,11 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
         down = sacct(array, env={**os.environ, **env})
         assert down.returncode != 0 and "Connection refused" in down.stderr
-        assert [r["state"] for r in status(experiment, results)] == ["queued"] * 3
+        assert [r.state for r in status(experiment, results)] == ["queued"] * 3
         again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == []
         monkeypatch.delenv("SLURM_CONF")
-        assert len(read_ledger(results / "held")["submissions"]) == 1  # nothing was ever queued twice
+        assert len(read_ledger(results / "held").submissions) == 1  # nothing was ever queued twice
     finally:
         subprocess.run(["scancel", array], check=False)
 
@@ -118,39 +118,39 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
     try:
         backdate(results, "cancel")
         subprocess.run(["scontrol", "release", task], check=True)  # this task runs; the other stays held
-        poll(lambda: {r["arm"]: r["state"] for r in status(experiment, results)},
+        poll(lambda: {r.arm: r.state for r in status(experiment, results)},
              lambda s: s["sink-logit"] == "running" and [r for r in read_metrics(metrics) if r.get("step", 0) >= 2],
              every=0.5)
-        running = {r["arm"]: r for r in status(experiment, results)}["sink-logit"]
-        assert running["elapsed_s"] is not None and running["elapsed_s"] < 600
+        running = {r.arm: r for r in status(experiment, results)}["sink-logit"]
+        assert running.elapsed_s is not None and running.elapsed_s < 600
         subprocess.run(["scancel", task], check=True)
         poll(lambda: sacct(array).stdout, lambda out: f"{task}|CANCELLED" in out, timeout=120)
         # running while its process still holds the run lock (it checkpoints on SIGTERM), then cancelled
-        stopped = poll(lambda: {r["arm"]: r for r in status(experiment, results)}["sink-logit"],
-                       lambda r: r["state"] != "running", timeout=120, every=0.5)
-        assert stopped["state"] == "cancelled", stopped
+        stopped = poll(lambda: {r.arm: r for r in status(experiment, results)}["sink-logit"],
+                       lambda r: r.state != "running", timeout=120, every=0.5)
+        assert stopped.state == "cancelled", stopped
         poll(lambda: subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", array], capture_output=True,
                                     text=True).stdout.split(), lambda ids: task not in ids, timeout=120)
-        rows = {r["arm"]: r for r in status(experiment, results)}
+        rows = {r.arm: r for r in status(experiment, results)}
         cancelled = rows["sink-logit"]
-        assert cancelled["state"] == "cancelled" and cancelled["job_id"] == task, cancelled
-        assert task in cancelled["error"] and "StepId" not in cancelled["error"] and cancelled["eta_s"] is None
-        assert rows["baseline"]["state"] == "queued"
+        assert cancelled.state == "cancelled" and cancelled.job_id == task, cancelled
+        assert task in cancelled.error and "StepId" not in cancelled.error and cancelled.eta_s is None
+        assert rows["baseline"].state == "queued"
         shown = ablate_cli("status", file, "--results", results).stdout
         assert "cancelled: 1" in shown and "queued: 1" in shown and task in shown
 
         # accounting down and the job gone from the queue: unknown, with the reason; never failed
         monkeypatch.setenv("SLURM_CONF", str(broken_accounting(tmp_path)))
-        lost = {r["arm"]: r for r in status(experiment, results)}["sink-logit"]
-        assert lost["state"] == "unknown" and "Connection refused" in lost["error"] and task in lost["error"], lost
+        lost = {r.arm: r for r in status(experiment, results)}["sink-logit"]
+        assert lost.state == "unknown" and "Connection refused" in lost.error and task in lost.error, lost
         monkeypatch.delenv("SLURM_CONF")
 
         # resubmitting queues the cancelled run alone and it resumes from its checkpoint
         again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
         assert again["to_submit"] == ["smoke/sink-logit/seed0"]
-        done = poll(lambda: {r["arm"]: r for r in status(experiment, results)},
-                    lambda s: s["sink-logit"]["state"] in ("completed", "failed", "diverged", "unknown"), timeout=600)
-        assert done["sink-logit"]["state"] == "completed", done
+        done = poll(lambda: {r.arm: r for r in status(experiment, results)},
+                    lambda s: s["sink-logit"].state in ("completed", "failed", "diverged", "unknown"), timeout=600)
+        assert done["sink-logit"].state == "completed", done
         log = (run_dir(results, "cancel", "smoke", "sink-logit", 0) / "run.log").read_text()
         assert "resuming at step" in log
     finally:

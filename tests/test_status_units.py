@@ -6,16 +6,18 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock
 from ablate.status import SlurmView, parse_sacct, parse_squeue, progress_of, run_status, slurm_job_state
-from ablate.store import atomic_write_json, run_dir, run_lock_path
+from ablate.store import Ledger, LedgerEntry, atomic_write_json, run_dir, run_lock_path
 from ablate.store_summary import RunSummary
+from ablate.tiers import get_tier
 
 OLD = (dt.datetime.now() - dt.timedelta(hours=1)).isoformat(timespec="seconds")
-ENTRY = {"executor": "slurm", "job_id": "54_1", "folder": "/nowhere/%j", "submitted": OLD}
-EMPTY_LEDGER = {"runs": {}, "submissions": []}
+ENTRY = LedgerEntry("slurm", "54_1", "/nowhere/%j", submitted=OLD)
+EMPTY_LEDGER = Ledger({}, ())
 
 
 def test_sacct_and_squeue_text_is_read_per_task():
@@ -46,7 +48,7 @@ def test_the_queue_decides_first_and_silent_accounting_is_unknown_never_failed()
     job, why = state(None, None, errors={"squeue": "squeue: timed out", "sacct": "sacct: down"})
     assert job == "unknown" and "does not answer" in why
     # a just-submitted job accounting has not seen yet is queued
-    assert state({}, {}, entry={**ENTRY, "submitted": dt.datetime.now().isoformat(timespec="seconds")})[0] == "queued"
+    assert state({}, {}, entry=replace(ENTRY, submitted=dt.datetime.now().isoformat(timespec="seconds")))[0] == "queued"
     # held: submit must not queue again what squeue still holds (completing included) or when squeue is silent
     assert SlurmView(queue={"54_1": ("COMPLETING", "None")}).holds("54_1")
     assert SlurmView(queue=None).holds("54_1") and not SlurmView(queue={}).holds("54_1")
@@ -59,14 +61,14 @@ def test_a_runaway_job_is_unknown_and_resubmittable_never_queued_forever(tmp_pat
         job, why = slurm_job_state(ENTRY, view)
         assert job == "unknown" and "54_1" in why and told in why and "ablate submit" in why
         spec = RunSpec("e", "smoke", "baseline", 0)
-        ledger = {"runs": {spec.key: ENTRY}, "submissions": []}
+        ledger = Ledger({spec.key: ENTRY}, ())
         row = run_status(tmp_path, spec, ledger, view)
-        assert row["state"] == "unknown" and row["queued"] is False  # `submit` queues it again
+        assert row.state == "unknown" and row.queued is False  # `submit` queues it again
     # the controller still holding it, or silent, or a job just submitted: not a runaway
     assert slurm_job_state(ENTRY, SlurmView(queue={"54_1": ("RUNNING", "None")}, accounting={"54_1": "RUNNING"}))[0] \
         == "running"
     assert slurm_job_state(ENTRY, SlurmView(queue=None, accounting={"54_1": "RUNNING"}))[0] == "running"
-    fresh = {**ENTRY, "submitted": dt.datetime.now().isoformat(timespec="seconds")}
+    fresh = replace(ENTRY, submitted=dt.datetime.now().isoformat(timespec="seconds"))
     assert slurm_job_state(fresh, SlurmView(queue={}, accounting={"54_1": "RUNNING"}))[0] == "running"
 
 
@@ -103,14 +105,14 @@ def test_a_run_whose_lock_holder_is_dead_is_not_running(tmp_path):
     holder = FileLock(run_lock_path(folder)).holder() | {"pid": int(dead.stdout), "start_time": "1"}
     run_lock_path(folder).write_text(json.dumps(holder))
     row = run_status(tmp_path, spec, EMPTY_LEDGER, SlurmView())
-    assert row["state"] == "failed" and row["eta_s"] is None and row["elapsed_s"] == 60.0
+    assert row.state == "failed" and row.eta_s is None and row.elapsed_s == 60.0
     run_lock_path(folder).unlink()
     with FileLock(run_lock_path(folder)):  # a live holder: running, elapsed counted once, an ETA
         start = time.time()
         (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train_loss": 1.0, "time": start + s / 10})
                                                       + "\n" for s in range(1, 6)))
         row = run_status(tmp_path, spec, EMPTY_LEDGER, SlurmView())
-    assert row["state"] == "running" and row["eta_s"] is not None and 60.0 <= row["elapsed_s"] < 70.0
+    assert row.state == "running" and row.eta_s is not None and 60.0 <= row.elapsed_s < 70.0
 
 
 def test_contradictory_folders_are_damaged_not_not_submitted(tmp_path):
@@ -122,7 +124,7 @@ def test_contradictory_folders_are_damaged_not_not_submitted(tmp_path):
     for i, (summary, metrics, why) in enumerate(cases):
         spec, _ = _grid(tmp_path / str(i), summary, metrics)
         row = run_status(tmp_path / str(i), spec, EMPTY_LEDGER, SlurmView())
-        assert row["state"] == "damaged" and why in row["error"] and "--force" in row["error"], (summary, row)
+        assert row.state == "damaged" and why in row.error and "--force" in row.error, (summary, row)
 
 
 def test_submit_leaves_a_damaged_run_alone(tmp_path):
@@ -130,5 +132,5 @@ def test_submit_leaves_a_damaged_run_alone(tmp_path):
 
     experiment = Experiment(name="units", tiers=("smoke",), arms=("baseline",), seeds=1)
     _grid(tmp_path, {"status": "completed", "val_loss": math.nan, "steps": 3, "total_steps": 3})
-    plan = _plan_submission(experiment, experiment.runs(), tmp_path, None)
+    plan, _ = _plan_submission(experiment, experiment.runs(), {"smoke": get_tier("smoke")}, tmp_path, None)
     assert plan["to_submit"] == [] and plan["skipped"] == {"damaged": 1}

@@ -93,10 +93,10 @@ def test_a_hand_edited_config_is_refused_by_the_tables_and_damaged_in_status(tmp
     assert len(err.strip().splitlines()) == 1 and "baseline/seed1 is damaged" in err
     assert main(["report", str(tmp_path / "edited")]) == 2
     assert "is damaged: its config.json" in capsys.readouterr().err
-    rows = {(r["arm"], r["seed"]): r for r in status("edited", tmp_path, folder_runs(tmp_path, "edited"))}
-    assert rows["baseline", 1]["state"] == "damaged" and rows["sink-logit", 1]["state"] == "damaged"
-    assert "not the configuration it trained with" in rows["baseline", 1]["error"]
-    assert rows["baseline", 0]["state"] == "completed"
+    rows = {(r.arm, r.seed): r for r in status("edited", tmp_path, folder_runs(tmp_path, "edited"))}
+    assert rows["baseline", 1].state == "damaged" and rows["sink-logit", 1].state == "damaged"
+    assert "not the configuration it trained with" in rows["baseline", 1].error
+    assert rows["baseline", 0].state == "completed"
 
 
 def test_a_run_without_a_config_fingerprint_is_unverified_not_damaged(tmp_path):
@@ -106,4 +106,4 @@ def test_a_run_without_a_config_fingerprint_is_unverified_not_damaged(tmp_path):
     with pytest.raises(AblateError, match="no config_fingerprint"):
         load_runs(tmp_path / "old")
     assert load_runs(tmp_path / "old", allow_unverified=True).frame["verified"].to_list() == [False, False]
-    assert {r["state"] for r in status("old", tmp_path, folder_runs(tmp_path, "old"))} == {"completed"}
+    assert {r.state for r in status("old", tmp_path, folder_runs(tmp_path, "old"))} == {"completed"}

@@ -25,7 +25,7 @@ def test_a_diverging_task_run_ends_diverged_with_its_step(tmp_path, monkeypatch)
     on_disk = json.loads((spec.folder(tmp_path) / "summary.json").read_text())
     assert on_disk["status"] == "diverged" and on_disk["diverged_step"] == 3
     [row] = status(experiment, tmp_path)
-    assert row["state"] == "diverged"  # not "failed": `ablate submit` leaves it alone
+    assert row.state == "diverged"  # not "failed": `ablate submit` leaves it alone
     runs = load_runs(tmp_path / "tdiv")
     assert runs.frame["reason"].to_list() == ["diverged at step 3"]
     monkeypatch.setattr(taskrun, "lr_at", schedule)

@@ -248,7 +248,7 @@ def plan_command(args) -> int:
         load_arm_file(args.arm_file)
     if args.profile:
         profile = load_profile(args.profile)
-        gpu, world_size = gpu or profile.get("gpu") or None, profile.get("processes_per_run") or 1
+        gpu, world_size = gpu or profile.gpu or None, profile.processes_per_run
     experiment = load_experiment(args.experiment) if args.experiment else None
     if args.power or args.sequential:
         from ablate.errors import AblateError

@@ -77,28 +77,28 @@ def status_command(args) -> int:
     results = results_folder(args.results)
     register_arms()  # the built-ins too: a completed run of an arm whose code changed since is stale
     rows = status(name, results, specs)
-    counts = {state: sum(r["state"] == state for r in rows) for state in STATES}
+    counts = {state: sum(r.state == state for r in rows) for state in STATES}
     if args.json:
-        print(json.dumps({"experiment": name, "adhoc": adhoc, "runs": rows, "counts": counts}, indent=2))
+        print(json.dumps({"experiment": name, "adhoc": adhoc, "runs": [r.to_dict() for r in rows], "counts": counts},
+                         indent=2))
         return 0
     print(f"{'tier':<6} {'arm':<15} {'seed':>4}  {'state':<13} {'job':<14} {'steps':>13} {'elapsed':>9} {'eta':>9} "
           f"{'val_loss':>10}")
     for r in rows:
-        if r.get("lr_factor") is not None:  # a run of the LR sweep: its factor beside the arm
-            r = {**r, "arm": f"{r['arm']} ×{r['lr_factor']:g}"}
-        loss = "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}" + ("" if r["val_loss_final"] else "~")
-        steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else (str(r["steps"]) if r["steps"] else "-")
-        state = "stale" if r["stale"] else r["state"]
-        print(f"{r['tier']:<6} {r['arm']:<15} {r['seed']:>4}  {state:<13} {r['job_id'] or '-':<14} "
-              f"{steps:>13} {_duration(r['elapsed_s']):>9} {_duration(r['eta_s']):>9} {loss:>10}")
-        if r["error"]:
-            print(f"        {'error' if r['state'] in ('failed', 'diverged') else 'why'}: {r['error']}")
-        if r.get("eval"):
-            print(f"        eval: {r['eval']}")
-    stale = sum(bool(r["stale"]) for r in rows)
+        arm = r.arm if r.lr_factor is None else f"{r.arm} ×{r.lr_factor:g}"  # a run of the LR sweep: its factor
+        loss = "-" if r.val_loss is None else f"{r.val_loss:.4f}" + ("" if r.val_loss_final else "~")
+        steps = f"{r.steps}/{r.total_steps}" if r.total_steps else (str(r.steps) if r.steps else "-")
+        state = "stale" if r.stale else r.state
+        print(f"{r.tier:<6} {arm:<15} {r.seed:>4}  {state:<13} {r.job_id or '-':<14} "
+              f"{steps:>13} {_duration(r.elapsed_s):>9} {_duration(r.eta_s):>9} {loss:>10}")
+        if r.error:
+            print(f"        {'error' if r.state in ('failed', 'diverged') else 'why'}: {r.error}")
+        if r.eval:
+            print(f"        eval: {r.eval}")
+    stale = sum(bool(r.stale) for r in rows)
     print("  ".join(f"{state}: {n}" for state, n in counts.items() if n) + f"  (total {len(rows)})"
           + (f"; {stale} of the completed are stale: `ablate submit ... --rerun-stale` retrains them" if stale else ""))
-    if any(r["val_loss"] is not None and not r["val_loss_final"] for r in rows):
+    if any(r.val_loss is not None and not r.val_loss_final for r in rows):
         print("~ a mid-run val_loss (the run's last evaluation so far), not its final loss")
     _hints(args, rows, results / name, counts, adhoc)
     return 0
@@ -115,7 +115,7 @@ def register_arms() -> None:
 def _hints(args, rows, folder, counts, adhoc) -> None:
     """What resumes the failed and cancelled runs: the same `ablate run`, or one `ablate submit` per way they
     were submitted (executor, profile, data folder, --document-mask), narrowed to them."""
-    stopped = [r for r in rows if r["state"] in ("failed", "cancelled")]
+    stopped = [r for r in rows if r.state in ("failed", "cancelled")]
     commands = (["the same `ablate run` command (with its --experiment, --tier, --arm, --seed)"] if adhoc else
                 [f"`{command}`" for command in resume_commands(args, rows, stopped, folder)]) if stopped else []
     if counts["failed"]:
@@ -134,20 +134,15 @@ def resume_commands(args, rows, stopped, folder) -> list[str]:
     from ablate.store import read_ledger, run_key  # the library loads in the handler: see ablate.cli
 
     ledger = read_ledger(folder)
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list] = {}
     for row in stopped:
-        key = run_key(row['tier'], row['arm'], row['seed'])
-        executor = (ledger["runs"].get(key) or {}).get("executor")
-        submission = next((s for s in reversed(ledger["submissions"]) if isinstance(s, dict)
-                           and s.get("executor") == executor and key in s.get("runs", [])), {})
-        groups.setdefault((executor, submission.get("profile"), submission.get("data"),
-                           bool(submission.get("document_mask"))), []).append(row)
+        groups.setdefault(ledger.submitted_with(run_key(row.tier, row.arm, row.seed)), []).append(row)
     commands = []
     for (executor, profile, data, document_mask), group in groups.items():
         narrowed = {}
         for field in ("tier", "arm", "seed"):
-            wanted = list(dict.fromkeys(r[field] for r in group))
-            narrowed[field] = wanted if len(wanted) < len({r[field] for r in rows}) else None
+            wanted = list(dict.fromkeys(getattr(r, field) for r in group))
+            narrowed[field] = wanted if len(wanted) < len({getattr(r, field) for r in rows}) else None
         given = Selection.of(args)
         commands.append(dataclasses.replace(
             given, tiers=narrowed["tier"] or given.tiers, arms=narrowed["arm"] or given.arms,

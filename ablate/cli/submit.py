@@ -212,7 +212,8 @@ def _tell_dry_run(experiment, report: dict, skipped: str) -> None:
     print(f"{experiment.name}: {len(report['to_submit'])} of {report['runs']} runs would be submitted "
           f"(skipped: {skipped}); estimated {report['gpu_hours']:.1f} GPU-hours")
     if report["resources"]:
-        print("resources per run: " + json.dumps({k: v for k, v in report["resources"].items() if v not in ("", [])}))
+        print("resources per run: " + json.dumps({k: v for k, v in report["resources"].to_dict().items()
+                                                  if v not in ("", [])}))
     for key in report["to_submit"]:
         print(f"  {key}")
     for line in report.get("misfits", []):

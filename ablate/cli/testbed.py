@@ -140,4 +140,4 @@ def _why(failed: list[str], experiment, results) -> None:
     from ablate.store import run_key
 
     for row in status(experiment, results, [s for s in experiment.runs() if s.key in failed]):
-        print(f"  {run_key(row['tier'], row['arm'], row['seed'])}: {row.get('error') or 'see `ablate status`'}")
+        print(f"  {run_key(row.tier, row.arm, row.seed)}: {row.error or 'see `ablate status`'}")
