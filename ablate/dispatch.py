@@ -205,10 +205,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
         _record_the_design(folder, experiment, request)
         report, completed = _plan_submission(experiment, specs, tiers, results, resources, request.rerun_stale)
         todo = [s for s in specs if s.key in set(report["to_submit"])]
-        for spec in todo:
-            if spec.key in report["stale"]:
-                with FileLock(run_lock_path(spec.folder(results)), what=f"run {spec.key}"):
-                    report["stale"][spec.key] = str(keep_aside(spec.folder(results)))
+        _keep_stale_aside(todo, report["stale"], results)
         if not todo and not request.eval_tasks:
             return report
         if todo and executor == "slurm":
@@ -221,6 +218,15 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             report["evals"] = _submit_evals(experiment, experiment_file, specs, request, resources,
                                             report["jobs"], completed)
     return report
+
+
+def _keep_stale_aside(todo, stale: dict, results) -> None:
+    """The completed runs of an arm whose code changed (`--rerun-stale`), each moved aside under its run lock before
+    it trains again; `stale` maps each to where it went."""
+    for spec in todo:
+        if spec.key in stale:
+            with FileLock(run_lock_path(spec.folder(results)), what=f"run {spec.key}"):
+                stale[spec.key] = str(keep_aside(spec.folder(results)))
 
 
 def _check_request(request: Submission) -> None:
