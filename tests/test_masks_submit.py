@@ -8,7 +8,8 @@ import json
 
 from ablate.cli import main
 from ablate.cli.hints import Selection
-from ablate.store import read_ledger, record_ledger, run_dir
+from ablate.status import StatusRow
+from ablate.store import LedgerEntry, read_ledger, record_ledger, run_dir
 from datafix import ablate_cli
 
 EXPERIMENT = '''from ablate.experiment import Experiment
@@ -49,7 +50,7 @@ def test_submit_trains_a_window_arm_and_document_masked_runs(tmp_path, sample_da
     ablate_cli("submit", flagged, "--document-mask", *common)  # masked by the flag
     assert trained_config(results, "option_smoke", "sliding-window")["document_mask"] is True
     assert trained_config(results, "flag_smoke", "baseline")["document_mask"] is True
-    submissions = [s for s in read_ledger(results / "flag_smoke")["submissions"] if s.get("executor") == "local"]
+    submissions = [s for s in read_ledger(results / "flag_smoke").submissions if s.get("executor") == "local"]
     assert [s.get("document_mask") for s in submissions] == [True]  # what the resume hints repeat
     assert ablate_cli("submit", option, "--dry-run", *common).returncode == 0  # the same runs: nothing refused
 
@@ -67,10 +68,10 @@ def test_the_resume_hints_repeat_document_mask(tmp_path):
                               executor="local", data=None)
     assert Selection.of(args).submit_command().endswith("--executor local --document-mask")
     assert "--document-mask" not in Selection.of(args).status_command()  # status reads the folders: no run option
-    record_ledger(tmp_path, {"smoke/baseline/seed0": {"executor": "local"}, "smoke/diff/seed0": {"executor": "local"}},
+    record_ledger(tmp_path, {"smoke/baseline/seed0": LedgerEntry("local"), "smoke/diff/seed0": LedgerEntry("local")},
                   {"executor": "local", "runs": ["smoke/baseline/seed0"], "document_mask": True})
     record_ledger(tmp_path, {}, {"executor": "local", "runs": ["smoke/diff/seed0"]})
-    rows = [{"tier": "smoke", "arm": arm, "seed": 0} for arm in ("baseline", "diff")]
+    rows = [StatusRow("smoke", arm, 0) for arm in ("baseline", "diff")]
     status_args = argparse.Namespace(experiment="e", results=None, tiers=None, arms=None, seeds=None)
     assert resume_commands(status_args, rows, rows, tmp_path) == [
         "ablate submit e --arms baseline --executor local --document-mask",

@@ -97,12 +97,14 @@ def testbed_command(args) -> int:
     from ablate.analysis.testbed import task_runs, testbed_markdown
     from ablate.dispatch import Submission, preflight, submit
     from ablate.experiment import experiment_file
+    from ablate.tiers import get_tier
 
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
     options = {"document_mask": True} if args.document_mask else {}
     if options:  # the run option's own refusal (a task tier has no documents), before a word is said or a run queued
-        preflight(experiment, experiment.runs(), "local", options)
+        specs = experiment.runs()
+        preflight(experiment, specs, {t: get_tier(t) for t in dict.fromkeys(s.tier for s in specs)}, "local", options)
     refuse_unsound(args.arm, args.arm_file)  # a user's arm: causal and finite, before any run of the grid
     results = results_folder(args.results) if args.results else results_folder(None) / OWN_RESULTS
     print(f"runs in {results / experiment.name} (the baseline's too; the shared testbed's stay apart; "
