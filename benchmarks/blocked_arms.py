@@ -100,7 +100,8 @@ def main(argv=None) -> int:
             if arm != WHOLE_ROWS:
                 got["predicted_gb"] = predicted_gb(args.tier, arm, seq_len, got["params"])
             rows.setdefault(arm, {})[seq_len] = got
-            print(f"  {arm} T={seq_len}: {got['peak_gb']:.2f} GB, {got['step_s']:.1f} s", file=sys.stderr, flush=True)
+            print(f"  {arm} T={seq_len}: {got['peak_gb']:.3f} GB (predicted {got.get('predicted_gb', math.nan):.3f}, "
+                  f"footprint {got['footprint_gb']:.3f}), {got['step_s']:.1f} s", file=sys.stderr, flush=True)
     print(table(rows, args.seq_lens))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "tier": args.tier, "rows": rows}, indent=2))
