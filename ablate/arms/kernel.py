@@ -19,7 +19,8 @@ The score-bias slot (a bias per head and (query, key) pair) cannot ride in a few
 SDPA's additive float mask, with the causal mask folded in (−inf above the diagonal) since SDPA takes a
 mask or is_causal, not both. With the phantom key the mask gains a first column of zeros (the sink key's
 logit b_h still comes from its extra column, so the bias touches real keys only) and the dummy query's
-row. The mask is (H, T, T) floats, not the weights: the kernel stays fused. The query-key slot needs no
+row. The mask is (H, T, T) floats, not the weights: the kernel stays fused, but the mask is T² in every layer (built
+whole, kept for the backward pass; its cost is in docs/arms.md, "fused"). The query-key slot needs no
 kernel support: the model applies it to q and k before RoPE (`ablate.model`).
 
 Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
@@ -226,6 +227,9 @@ class Hooks:
     log_weight: object = None  # (score, b, h, q_idx, kv_idx) -> log p, the normaliser elementwise (flex)
     arm: Arm | None = None  # whose score modifier it is (its output is checked on the reference path)
     mask: MaskMod | None = None  # (b, h, q_idx, kv_idx) -> bool, the arm's own (before `mask_of` composes it)
+    # The positions of the keys this call holds when the blocked path left out keys the composed mask hides from
+    # every query of the block (`kept_keys`); None: all of 0 … Tk−1.
+    key_index: torch.Tensor | None = None
 
     @classmethod
     def of(cls, arm: Arm, context: AttentionContext) -> "Hooks":
@@ -349,15 +353,15 @@ def _sdpa_mask(allowed: torch.Tensor, bias: torch.Tensor | None, with_sink: bool
 
 
 def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torch.Tensor | None = None,
-                        hooks: Hooks | None = None, key_index: torch.Tensor | None = None):
+                        hooks: Hooks | None = None):
     """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding);
     bias (H, Tq, Tk) is the score-bias slot's, for those positions; hooks: the arm's score modifier (on s·q·k,
-    first) and normaliser (in place of the softmax), bound to this call's context. key_index: the positions of the
-    keys k, values, log_gate and bias hold when the blocked path left out keys the composed mask hides from every
-    query (None: all of 0 … Tk−1); the hooks see each key by its position, and a normaliser still gets whole rows
-    (`_normalise_rows`)."""
+    first) and normaliser (in place of the softmax), bound to this call's context. With `hooks.key_index` (the
+    blocked path left out keys the composed mask hides from every query), k, values, log_gate and bias hold those
+    keys only; the hooks see each key by its position, and a normaliser still gets whole rows (`_normalise_rows`)."""
     n_head, d = q.shape[1], q.shape[-1]
     Tk = k.shape[2]
+    key_index = None if hooks is None else hooks.key_index
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
     if hooks is not None and hooks.score_mod is not None:
         logits = checks.exact(hooks.arm, "score_modifier",
@@ -372,7 +376,7 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     logits = logits.masked_fill(~allowed, float("-inf"))
     phantom = None
     if hooks is not None and hooks.normalise is not None:
-        weights = _normalise_rows(hooks, logits, key_index)
+        weights = _normalise_rows(hooks, logits)
         weights = weights.masked_fill(~allowed, 0.0)  # no weight on a key the mask takes away
     elif sink is not None:
         sink_column = sink.to(logits.dtype).view(1, n_head, 1, 1).expand(*logits.shape[:3], 1)
@@ -386,11 +390,12 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     return o, record
 
 
-def _normalise_rows(hooks: Hooks, logits: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
+def _normalise_rows(hooks: Hooks, logits: torch.Tensor) -> torch.Tensor:
     """The normaliser's weights over the keys `logits` holds. When the blocked path left keys out (`key_index`), the
     normaliser still receives the whole rows it would have seen, the left-out keys at −∞ as the mask puts them (a
     normaliser may read a row's width or index keys by column, as selective attention's state does), and its weights
     for the kept keys come back: its input, and so its output, are unchanged."""
+    key_index = hooks.key_index
     if key_index is None:
         return hooks.normalise(logits)  # its shape checked where it returns (`Hooks.of`)
     rows = logits.new_full((*logits.shape[:3], hooks.context.key_pos.numel()), float("-inf"))
@@ -456,12 +461,12 @@ def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: Attention
         def run(q_block, k_keys, v_keys, before=dict(state), start=start, end=end, block_context=block_context,
                 keep=keep):
             carried = dict(before)
-            hooks = Hooks.of(arm, replace(block_context, state=carried))
+            hooks = replace(Hooks.of(arm, replace(block_context, state=carried)), key_index=keep)
             gate = None if log_gate is None else log_gate[:, :, :end]
             if keep is not None:  # gathered here, so the backward pass recomputes the copies instead of keeping them
                 k_keys, v_keys = k_keys.index_select(2, keep), v_keys.index_select(2, keep)
                 gate = None if gate is None else gate.index_select(2, keep)
-            o, _ = reference_attention(q_block, k_keys, v_keys, sink, gate, offset=start, hooks=hooks, key_index=keep,
+            o, _ = reference_attention(q_block, k_keys, v_keys, sink, gate, offset=start, hooks=hooks,
                                        bias=score_bias(arm, end - start, end, start, q.device, keep))
             return o, carried
 
