@@ -123,8 +123,9 @@ def run_worker(module: str, args: list[str], threads: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ models
-def build(tier: str, arm: str, seq_len: int) -> GPT:
-    model = GPT(model_config(TIERS[tier], arm, max_seq_len=seq_len))
+def build(tier: str, arm: str, seq_len: int, whole_rows: bool = False) -> GPT:
+    """The model; `whole_rows`: every arm on the whole-row reference path (`GPTConfig.fused = False`)."""
+    model = GPT(model_config(TIERS[tier], arm, max_seq_len=seq_len, **({"fused": False} if whole_rows else {})))
     model.init_weights(seed=0)
     return model.train()
 
@@ -177,14 +178,17 @@ def memory_worker(argv: list[str]) -> None:
     tier, arm, seq_len, batch_size, threads = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     load_arms(argv[5] if argv[5] != "-" else None)
     torch.set_num_threads(threads)
-    model = build(tier, arm, seq_len)
+    model = build(tier, arm, seq_len, whole_rows=argv[6:] == ["whole-rows"])
     idx, targets = batch(batch_size, seq_len, TIERS[tier].vocab_size)
     train_step(model, idx, targets)  # warm-up: lazy initialisation, kernel caches
     model.zero_grad(set_to_none=True)
     before = reset_peak()
+    start = time.perf_counter()
     train_step(model, idx, targets)
+    step_s = time.perf_counter() - start
     growth = peak_growth_mib(before)
     print(json.dumps({"arm": arm, "seq_len": seq_len, "peak_growth_mib": growth, "rss_after_setup_mib": before / 1024,
+                      "step_s": step_s,
                       "params": sum(p.numel() for p in model.parameters())}))
 
 
@@ -251,7 +255,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="also profile each arm's ops against baseline")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke check")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
-    parser.add_argument("--memory-worker", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", nargs="+", help=argparse.SUPPRESS)  # 6 fields, "whole-rows" optional
     args = parser.parse_args(argv)
     if args.memory_worker:
         memory_worker(args.memory_worker)

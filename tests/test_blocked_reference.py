@@ -98,3 +98,108 @@ def test_the_blocked_path_saves_no_square_tensor_and_an_undecodable_arm_keeps_wh
 
     undecodable = Undecodable(ArmContext(HEADS, KV_HEADS, HEAD_DIM, HEADS * HEAD_DIM, n_layer=2, layer=0))
     assert blocked_rows(undecodable, n) is None and saved(undecodable, None)[1]
+
+
+# --- keys the composed mask hides from a whole block are skipped -------------------------------------------------
+WINDOW = 20
+
+
+def _windowed(*bases, per_head=False):
+    """A sliding window of WINDOW keys composed with `bases` (an arm's hooks and slots): per_head, head h sees
+    WINDOW·(h + 1) keys (a mask that differs by head)."""
+    from ablate.arms.papers import SlidingWindow
+
+    class Window(SlidingWindow):
+        window = WINDOW * (4 if per_head else 1)
+
+        def mask_modifier(self, context):
+            query_pos, key_pos = context.query_pos, context.key_pos
+
+            def in_window(b, h, q_idx, kv_idx):
+                distance = query_pos[q_idx] - key_pos[kv_idx]
+                return (distance >= 0) & (distance < WINDOW * ((h + 1) if per_head else 1))
+
+            return in_window
+
+    return type("Windowed", (Window, *bases), {})
+
+
+def _arm_of(cls):
+    from ablate.armcheck import HEAD_DIM, HEADS, KV_HEADS, randomise
+    from ablate.arms import ArmContext
+
+    arm = cls(ArmContext(HEADS, KV_HEADS, HEAD_DIM, HEADS * HEAD_DIM, n_layer=2, layer=0)).double()
+    randomise(arm, 0)
+    return arm
+
+
+def _grads(arm, path, documents=None):
+    q, k, v, x = check_inputs(T=T)
+    context = AttentionContext.full(x)
+    context.documents = documents
+    o, _ = attention(arm, q, k, v, x, context=context, fused=path)
+    leaves = [q, k, v, x, *[p for p in arm.parameters() if p.requires_grad]]
+    weights = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
+    return o, torch.autograd.grad((o * weights).sum(), leaves, allow_unused=True)
+
+
+def _exact(a, b):
+    return (a - b).abs().max().item() <= 1e-12 * max(b.abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("bases", [("stick-breaking",), ("softpick",), ("selective",), ("sigmoid",), ("softcap",),
+                                   ("forgetting",), ("ssmax",), ("softcap", "alibi"), ("selective", "sink-logit"),
+                                   ("stick-breaking", "renorm")], ids="+".join)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_skipping_hidden_keys_is_exact_to_the_whole_row_path(bases, per_head):
+    """A window composed with normalisers (a whole row's denominator, selective's per-key state), score modifiers,
+    a score bias, the phantom key and a routing gate: the blocked path, which skips keys, equals the whole rows."""
+    arm = _arm_of(_windowed(*(get_arm(name) for name in bases), per_head=per_head))
+    assert blocked_rows(arm, T) == 64
+    whole, whole_grads = _grads(arm, "reference")
+    blocked, blocked_grads = _grads(arm, True)
+    assert _exact(blocked, whole)
+    for a, b in zip(blocked_grads, whole_grads, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or _exact(a, b)
+
+
+def _scored_keys(cls, documents=None):
+    """The key positions the score modifier is called on, per call (one call a block)."""
+    calls = []
+    base_modifier = cls.score_modifier
+
+    class Counting(cls):
+        def score_modifier(self, context):
+            inner = base_modifier(self, context)
+
+            def counted(score, b, h, q_idx, kv_idx):
+                calls.append((tuple(score.shape), kv_idx.flatten().tolist()))
+                return inner(score, b, h, q_idx, kv_idx)
+
+            return counted
+
+    _grads(_arm_of(Counting), True, documents)
+    return calls
+
+
+def test_keys_hidden_from_every_query_of_a_block_are_not_computed():
+    """Blocks of 64 rows at T = 150 under a window of 20: block [s, e) scores keys s − 19 … e − 1 only (a window's
+    cost is O(T·w)); the forward and the backward's recomputation each score every block once."""
+    calls = _scored_keys(_windowed(get_arm("softcap")))
+    blocks = [(0, 64), (64, 128), (128, 150)]
+    expected = [list(range(max(s - WINDOW + 1, 0), e)) for s, e in blocks]
+    # the forward, then the backward's recomputation (last block first)
+    assert [keys for _, keys in calls] == expected + expected[::-1]
+    assert [shape[-1] for shape, _ in calls[:3]] == [64, 83, 41]  # not 64, 128, 150
+    no_mask = _scored_keys(get_arm("softcap"))
+    assert [shape[-1] for shape, _ in no_mask[:3]] == [64, 128, 150]  # the causal mask alone skips nothing
+
+
+def test_a_document_mask_skips_the_earlier_documents_keys_but_not_the_sink_tokens():
+    documents = (torch.arange(T) // 40).view(1, T).expand(2, T).clone()  # documents of 40 positions
+    calls = _scored_keys(get_arm("softcap"), documents)
+    assert [keys[0] for _, keys in calls[:3]] == [0, 40, 120] and calls[1][0][-1] == 128 - 40
+    documents[:, 0] = -1  # position 0 is a sink token every document sees: it is kept, the rest skipped
+    calls = _scored_keys(get_arm("softcap"), documents)
+    assert [keys[:2] for _, keys in calls[:3]] == [[0, 1], [0, 40], [0, 120]]

@@ -19,7 +19,8 @@ The score-bias slot (a bias per head and (query, key) pair) cannot ride in a few
 SDPA's additive float mask, with the causal mask folded in (−inf above the diagonal) since SDPA takes a
 mask or is_causal, not both. With the phantom key the mask gains a first column of zeros (the sink key's
 logit b_h still comes from its extra column, so the bias touches real keys only) and the dummy query's
-row. The mask is (H, T, T) floats, not the weights: the kernel stays fused. The query-key slot needs no
+row. The mask is (H, T, T) floats, not the weights: the kernel stays fused, but the mask is T² in every layer (built
+whole, kept for the backward pass; its cost is in docs/arms.md, "fused"). The query-key slot needs no
 kernel support: the model applies it to q and k before RoPE (`ablate.model`).
 
 Reference path (tests, probes, KV-cache decoding): materialises the weights p_ij and phantom mass.
@@ -84,13 +85,16 @@ def key_signals(arm: Arm, v: torch.Tensor, x: torch.Tensor):
     return values, value_gate, log_gate
 
 
-def score_bias(arm: Arm, n_query: int, n_key: int, offset: int, device) -> torch.Tensor | None:
-    """The score-bias slot's (H, Tq, Tk) bias, queries at key positions offset … offset+Tq−1; None without it."""
+def score_bias(arm: Arm, n_query: int, n_key: int, offset: int, device,
+               key_index: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The score-bias slot's (H, Tq, Tk) bias, queries at key positions offset … offset+Tq−1, keys at 0 … Tk−1 or
+    at `key_index` (the keys the blocked path kept); None without it."""
     if not arm.has_slot("score-bias"):
         return None
     query_pos = torch.arange(offset, offset + n_query, device=device)
-    return checks.broadcast(arm, "score_bias", arm.score_bias(query_pos, torch.arange(n_key, device=device)),
-                            (arm.ctx.n_head, n_query, n_key), "a bias (H, T_q, T_k)")
+    key_pos = torch.arange(n_key, device=device) if key_index is None else key_index
+    return checks.broadcast(arm, "score_bias", arm.score_bias(query_pos, key_pos),
+                            (arm.ctx.n_head, n_query, key_pos.numel()), "a bias (H, T_q, T_k)")
 
 
 @dataclass
@@ -223,6 +227,9 @@ class Hooks:
     log_weight: object = None  # (score, b, h, q_idx, kv_idx) -> log p, the normaliser elementwise (flex)
     arm: Arm | None = None  # whose score modifier it is (its output is checked on the reference path)
     mask: MaskMod | None = None  # (b, h, q_idx, kv_idx) -> bool, the arm's own (before `mask_of` composes it)
+    # The positions of the keys this call holds when the blocked path left out keys the composed mask hides from
+    # every query of the block (`kept_keys`); None: all of 0 … Tk−1.
+    key_index: torch.Tensor | None = None
 
     @classmethod
     def of(cls, arm: Arm, context: AttentionContext) -> "Hooks":
@@ -258,12 +265,12 @@ def mask_of(arm_mask: MaskMod | None, offset: int, documents: torch.Tensor | Non
     return composed
 
 
-def dense_mask(mask: MaskMod, q: torch.Tensor, n_key: int) -> torch.Tensor:
+def dense_mask(mask: MaskMod, q: torch.Tensor, n_key: int, key_index: torch.Tensor | None = None) -> torch.Tensor:
     """The composed mask evaluated on broadcasting index tensors: a bool tensor that broadcasts against (B, H, Tq,
-    Tk) — (1, 1, Tq, Tk) for the causal mask alone. A mask hook returning another dtype or shape is one line naming
-    the hook, the shape expected and the one it gave."""
+    Tk) — (1, 1, Tq, Tk) for the causal mask alone; keys 0 … Tk−1, or `key_index` (then Tk is its length). A mask
+    hook returning another dtype or shape is one line naming the hook, the shape expected and the one it gave."""
     B, H, Tq = q.shape[0], q.shape[1], q.shape[2]
-    allowed = mask(*_broadcast_indices((B, H, Tq, n_key), q.device))
+    allowed = mask(*_broadcast_indices((B, H, Tq, n_key), q.device, key_index))
     expected = (B, H, Tq, n_key)
     try:
         shaped = torch.broadcast_shapes(allowed.shape, expected) == expected
@@ -349,24 +356,27 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
                         hooks: Hooks | None = None):
     """Materialised attention. Query t sits at key position offset + t (offset > 0 when decoding);
     bias (H, Tq, Tk) is the score-bias slot's, for those positions; hooks: the arm's score modifier (on s·q·k,
-    first) and normaliser (in place of the softmax), bound to this call's context."""
+    first) and normaliser (in place of the softmax), bound to this call's context. With `hooks.key_index` (the
+    blocked path left out keys the composed mask hides from every query), k, values, log_gate and bias hold those
+    keys only; the hooks see each key by its position, and a normaliser still gets whole rows (`_normalise_rows`)."""
     n_head, d = q.shape[1], q.shape[-1]
     Tk = k.shape[2]
+    key_index = None if hooks is None else hooks.key_index
     logits = (q @ _expand_kv(k, n_head).transpose(-2, -1)) / math.sqrt(d)  # (B, H, Tq, Tk)
     if hooks is not None and hooks.score_mod is not None:
         logits = checks.exact(hooks.arm, "score_modifier",
-                              hooks.score_mod(logits, *_broadcast_indices(logits.shape, logits.device)),
+                              hooks.score_mod(logits, *_broadcast_indices(logits.shape, logits.device, key_index)),
                               tuple(logits.shape), "a score for each (b, h, q_idx, kv_idx)")
     if log_gate is not None:
         logits = logits + _expand_kv(log_gate, n_head).unsqueeze(2)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
     allowed = dense_mask(mask_of(None if hooks is None else hooks.mask, offset,
-                                 None if hooks is None else hooks.context.documents), q, Tk)
+                                 None if hooks is None else hooks.context.documents), q, Tk, key_index)
     logits = logits.masked_fill(~allowed, float("-inf"))
     phantom = None
     if hooks is not None and hooks.normalise is not None:
-        weights = hooks.normalise(logits)  # its shape checked where it returns (`Hooks.of`)
+        weights = _normalise_rows(hooks, logits)
         weights = weights.masked_fill(~allowed, 0.0)  # no weight on a key the mask takes away
     elif sink is not None:
         sink_column = sink.to(logits.dtype).view(1, n_head, 1, 1).expand(*logits.shape[:3], 1)
@@ -378,6 +388,19 @@ def reference_attention(q, k, values, sink, log_gate, *, offset: int, bias: torc
     record = AttentionRecord(weights=weights, reads=values, values=values, phantom_mass=phantom,
                              routing_log_gate=log_gate, score_bias=bias)
     return o, record
+
+
+def _normalise_rows(hooks: Hooks, logits: torch.Tensor) -> torch.Tensor:
+    """The normaliser's weights over the keys `logits` holds. When the blocked path left keys out (`key_index`), the
+    normaliser still receives the whole rows it would have seen, the left-out keys at −∞ as the mask puts them (a
+    normaliser may read a row's width or index keys by column, as selective attention's state does), and its weights
+    for the kept keys come back: its input, and so its output, are unchanged."""
+    key_index = hooks.key_index
+    if key_index is None:
+        return hooks.normalise(logits)  # its shape checked where it returns (`Hooks.of`)
+    rows = logits.new_full((*logits.shape[:3], hooks.context.key_pos.numel()), float("-inf"))
+    rows = rows.index_copy(-1, key_index, logits)
+    return hooks.normalise(rows).index_select(-1, key_index)
 
 
 BLOCK_MIN, BLOCK_MAX = 64, 512  # query rows per block of the blocked reference path
@@ -401,12 +424,26 @@ def blocked_rows(arm: Arm, seq_len: int) -> int | None:
     return reference_block(seq_len)
 
 
+def kept_keys(arm: Arm, context: AttentionContext, q_block: torch.Tensor, start: int) -> torch.Tensor | None:
+    """The keys of 0 … e−1 that some query of block [start, e) may see under the composed mask (`mask_of`: causal,
+    documents, the arm's mask, evaluated for the block's queries at once), as an increasing index; None when that is
+    every key (the causal mask alone hides none: key j < e is seen by the query at e − 1).
+    A key hidden from every query of the block is left out of its scores, weights and gradients (a window of w keys
+    costs O(T·w), not O(T²)); a key some query sees stays, so a row's normaliser sees all it sees now."""
+    if not arm.has_hook("mask") and context.documents is None:
+        return None
+    arm_mask = arm.mask_modifier(replace(context, state=dict(context.state))) if arm.has_hook("mask") else None
+    n_key = context.key_pos.numel()
+    seen = dense_mask(mask_of(arm_mask, start, context.documents), q_block, n_key).flatten(0, 2).any(0)  # (e,)
+    return None if bool(seen.all()) else seen.nonzero().squeeze(1)
+
+
 def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: AttentionContext):
     """The reference path in query blocks, each recomputed in the backward pass (`torch.utils.checkpoint`): block
     [s, e) attends over keys 0 … e−1 as a decoding chunk at offset s does (its x, query positions, the documents of
     its keys, one shared dict per block index across the layers), carrying `context.state` from block to block, so a
     normaliser that couples query rows sees the earlier rows' state. Each block starts its recomputation from a copy
-    of the state it first saw."""
+    of the state it first saw. Keys the composed mask hides from every query of a block are skipped (`kept_keys`)."""
     from torch.utils.checkpoint import checkpoint  # the blocked path only: the fused path never loads it
 
     T, rows = q.shape[2], blocked_rows(arm, q.shape[2])
@@ -419,12 +456,18 @@ def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: Attention
                                 documents=None if context.documents is None else context.documents[:, :end],
                                 shared=blocks.setdefault(start, {}))
 
-        def run(q_block, k_keys, v_keys, before=dict(state), start=start, end=end, block_context=block_context):
+        keep = kept_keys(arm, block_context, q[:, :, start:end], start)
+
+        def run(q_block, k_keys, v_keys, before=dict(state), start=start, end=end, block_context=block_context,
+                keep=keep):
             carried = dict(before)
-            hooks = Hooks.of(arm, replace(block_context, state=carried))
+            hooks = replace(Hooks.of(arm, replace(block_context, state=carried)), key_index=keep)
             gate = None if log_gate is None else log_gate[:, :, :end]
-            o, _ = reference_attention(q_block, k_keys, v_keys, sink, gate, offset=start,
-                                       bias=score_bias(arm, end - start, end, start, q.device), hooks=hooks)
+            if keep is not None:  # gathered here, so the backward pass recomputes the copies instead of keeping them
+                k_keys, v_keys = k_keys.index_select(2, keep), v_keys.index_select(2, keep)
+                gate = None if gate is None else gate.index_select(2, keep)
+            o, _ = reference_attention(q_block, k_keys, v_keys, sink, gate, offset=start, hooks=hooks,
+                                       bias=score_bias(arm, end - start, end, start, q.device, keep))
             return o, carried
 
         o, carried = checkpoint(run, q[:, :, start:end], k[:, :, :end], values[:, :, :end], use_reentrant=False)
@@ -434,12 +477,14 @@ def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: Attention
     return torch.cat(outputs, dim=2)
 
 
-def _broadcast_indices(shape, device):
+def _broadcast_indices(shape, device, key_index: torch.Tensor | None = None):
     """b, h, q_idx, kv_idx as index tensors that broadcast against shape (B, H, Tq, Tk): a score modifier or mask
-    written for flex_attention (scalars there) runs unchanged on the whole materialised tensor."""
+    written for flex_attention (scalars there) runs unchanged on the whole materialised tensor. kv_idx: 0 … Tk−1, or
+    `key_index` (the key positions the blocked path kept: a hook sees each key by its own index)."""
     B, H, Tq, Tk = shape
+    keys = torch.arange(Tk, device=device) if key_index is None else key_index
     return (torch.arange(B, device=device).view(B, 1, 1, 1), torch.arange(H, device=device).view(1, H, 1, 1),
-            torch.arange(Tq, device=device).view(1, 1, Tq, 1), torch.arange(Tk, device=device).view(1, 1, 1, Tk))
+            torch.arange(Tq, device=device).view(1, 1, Tq, 1), keys.view(1, 1, 1, -1))
 
 
 _COMPILED_FLEX = None
