@@ -17,6 +17,7 @@ its run lock (`ablate.lock`), which a reused process id cannot fake.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import subprocess
@@ -37,7 +38,7 @@ from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sequential import recorded_design
-from ablate.runconfig import chosen_options
+from ablate.runconfig import RunOptions, chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
 from ablate.store import SUBMIT_LOCK, Status, experiment_dir, keep_aside, record_ledger, run_lock_path
@@ -70,12 +71,12 @@ def executor_parameters(profile: dict, name: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- submit
-def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: dict) -> dict[str, dict]:
+def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, options: RunOptions) -> dict[str, dict]:
     """Everything that would make a queued run die on the cluster, checked before anything is queued; for
     SLURM, what sinfo says of each partition (`ablate.profiles.parse_sinfo`), else {}."""
     checked = set()
     for spec in specs:
-        config = resolve_config(spec, options.get("data_dir"), **{k: v for k, v in options.items() if k != "data_dir"})
+        config = resolve_config(spec, options.data_dir, **{k: v for k, v in options.given().items() if k != "data_dir"})
         key = (spec.tier, config.data_dir)
         if key in checked or config.data_dir is None:  # None: a task tier, its batches drawn from the task
             continue
@@ -86,11 +87,11 @@ def preflight(experiment: Experiment, specs: list[RunSpec], executor: str, optio
         except AblateError as err:
             raise AblateError(f"tier {spec.tier}: {err}; prepare it with `ablate data prepare` "
                               "(or give another folder with `data_dir` in the experiment's overrides)") from None
-        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config.model["vocab_size"]:
+        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config.model.vocab_size:
             raise AblateError(
                 f"tier {spec.tier}: data folder {config.data_dir} holds {manifest.get('tokenizer')!r} tokens "
                 f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
-                f"(vocabulary {config.model['vocab_size']})")
+                f"(vocabulary {config.model.vocab_size})")
     return check_slurm() if executor == "slurm" else {}
 
 
@@ -124,7 +125,7 @@ class Submission:
     seeds: Sequence[int] | None = None
     parallel: int | None = None
     dry_run: bool = False
-    options: Mapping = field(default_factory=dict)
+    options: RunOptions = field(default_factory=RunOptions)
     eval_tasks: Sequence[str] | None = None
     eval_options: Mapping = field(default_factory=dict)
     seeds_by_tier: Mapping[str, int] | None = None
@@ -168,7 +169,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
     resources = load_profile(request.profile) if executor == "slurm" else None
-    options = {"progress": False, **request.options}
+    options = request.options.unset_to(progress=False)
     partitions = preflight(experiment, specs, executor, options)
     misfits = profile_misfits(resources, partitions) if resources else []
     folder = experiment_dir(results, experiment)
@@ -286,8 +287,8 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
     folder = experiment_dir(results, experiment)
     processes = profile.get("processes_per_run") or 1
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
-                  "threads": options.get("threads") or max(1, profile["cpus_per_run"] // processes)})
+                 dataclasses.replace(options.unset_to(threads=max(1, profile["cpus_per_run"] // processes)),
+                                     devices=processes))  # Lightning's processes are the job's tasks, as many
     gpu = profile.get("gpu")
 
     def job_of(tier_specs):
@@ -302,7 +303,7 @@ def _submit_slurm(experiment, experiment_file, specs, results, profile, options)
                    for s, j in zip(tier_specs, submitted)}
         record_ledger(folder, entries, {"tier": tier, "executor": "slurm", "profile": profile["name"],
                                         "array": submitted[0].job_id.split("_")[0], "runs": list(entries),
-                                        **({"data": options["data_dir"]} if options.get("data_dir") else {})})
+                                        **({"data": options.data_dir} if options.data_dir else {})})
         jobs.update({k: v["job_id"] for k, v in entries.items()})
     return jobs
 
@@ -334,10 +335,10 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
         raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
-def gpu_run_options(options: dict, spec: RunSpec, profile: dict) -> dict:
+def gpu_run_options(options: RunOptions, spec: RunSpec, profile: dict) -> RunOptions:
     """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
     gives for the run's own options (the experiment's overrides, these options on top) and its arm, as `ablate plan`
     prints it."""
-    return {**options, "micro_batch": run_micro_batch(spec.tier, get_gpu(profile["gpu"]).memory_gb,
-                                                      chosen_options(spec.overrides, options),
-                                                      world_size=profile.get("processes_per_run") or 1, arm=spec.arm)}
+    return dataclasses.replace(options, micro_batch=run_micro_batch(
+        spec.tier, get_gpu(profile["gpu"]).memory_gb, chosen_options(spec.overrides, options.given()),
+        world_size=profile.get("processes_per_run") or 1, arm=spec.arm))
