@@ -230,12 +230,13 @@ def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fail
     import ablate.train
     from ablate.experiment import RunSpec
     from ablate.runconfig import RunOptions
+    from ablate.store_summary import RunSummary
     from ablate.workers import RunJob
 
     job, spec = RunJob(None, "results", RunOptions()), RunSpec("e", "smoke", "baseline", 0)
-    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "diverged", "error": "non-finite"})
+    monkeypatch.setattr(ablate.train, "run_as", lambda *a, **k: (RunSummary(status="diverged", error="nan"), False))
     assert job(spec).status == "diverged"  # the job ends well: `ablate status` shows the run diverged
-    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "failed", "error": "boom"})
+    monkeypatch.setattr(ablate.train, "run_as", lambda *a, **k: (RunSummary(status="failed", error="boom"), False))
     with pytest.raises(RuntimeError, match="boom"):
         job(spec)
 
