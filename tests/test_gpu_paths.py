@@ -68,7 +68,7 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     assert rows_of(tmp_path / "step") == rows_of(tmp_path / "log")  # every train_loss, grad_norm, lr, val_loss
     assert len([r for r in rows_of(tmp_path / "log") if "train_loss" in r]) == 12
     for key in ("val_loss", "data_fingerprint", "init_fingerprint", "val_fingerprint", "config_fingerprint"):
-        assert every[key] == batched[key], key
+        assert getattr(every, key) == getattr(batched, key), key
     assert len(copies) == 24  # every step's batch went through copy_in, in both runs
     configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json")
                for r in ("step", "log")]
@@ -95,8 +95,8 @@ def test_diverged_step_is_the_same_under_both_read_backs(tmp_path, sample_data):
     blow_up = {"lr": 1e9, "grad_clip": 1e30, "warmup_steps": 1}
     steps = [train(tmp_path / s, data=sample_data, steps=20, overrides=blow_up, host_sync=s, log_interval=7)
              for s in ("step", "log")]
-    assert steps[0]["diverged_step"] == steps[1]["diverged_step"]
-    assert steps[0]["diverged_detected_at_step"] <= steps[1]["diverged_detected_at_step"]
+    assert steps[0].diverged_step == steps[1].diverged_step
+    assert steps[0].diverged_detected_at_step <= steps[1].diverged_detected_at_step
 
 
 # ---------------------------------------------------------------------------------------------- options

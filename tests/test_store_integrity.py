@@ -48,12 +48,12 @@ def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data, fi
     a = read_json(run_dir(finished_runs(tmp_path, ("baseline", 0)), "study", "smoke", "baseline", 0) / "summary.json")
     b = train(tmp_path, "combo", data=sample_data, micro_batch=2, checkpoint_interval=2)  # execution-only keys
     for key in ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint"):
-        assert a[key] and a[key] == b[key], key
-    assert a.val_tokens_evaluated == 128 * 64
+        assert a[key] and a[key] == getattr(b, key), key
+    assert a["val_tokens_evaluated"] == 128 * 64
     table = build_table(load_runs(tmp_path / "study"), "paired")
     row = table.frame.row(0, named=True)
     assert row["arm"] == "combo" and row["n"] == 1
-    assert row["mean"] == pytest.approx(a.val_loss - b.val_loss, abs=0)
+    assert row["mean"] == pytest.approx(a["val_loss"] - b.val_loss, abs=0)
 
 
 def _one_token_changed(sample_data, out):
@@ -74,7 +74,7 @@ def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_dat
     a = read_json(run_dir(finished_runs(tmp_path / "res", ("baseline", 0)), "study", "smoke", "baseline", 0)
                   / "summary.json")
     b = train(tmp_path / "res", "sink-logit", data=other)
-    assert a.data_fingerprint == b.data_fingerprint and a.config_fingerprint == b.config_fingerprint
+    assert a["data_fingerprint"] == b.data_fingerprint and a["config_fingerprint"] == b.config_fingerprint
     with pytest.raises(AblateError, match="their val_fingerprint differs.*different validation tokens"):
         load_runs(tmp_path / "res" / "study")
 

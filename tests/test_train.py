@@ -188,7 +188,7 @@ def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_
     resumed = ablate_cli(*args, "--results", tmp_path / "b")
     assert "resuming at step 12" in resumed.stderr or "resuming at step 18" in resumed.stderr
     a, b = json.loads(straight.stdout), json.loads(resumed.stdout)
-    assert a.val_loss == b.val_loss and a.data_fingerprint == b.data_fingerprint  # bitwise
+    assert a["val_loss"] == b["val_loss"] and a["data_fingerprint"] == b["data_fingerprint"]  # bitwise
     steps = [r["step"] for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]
     assert steps == list(range(1, 25))  # no step logged twice after the resume
 
