@@ -79,7 +79,7 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
                 "data_fingerprint", "params_total", "params_non_embedding", "params_arm_extra", "git_commit",
                 "versions", "started", "finished", "wall_seconds"):
         assert key in summary, key
-    assert summary.status == "completed" and summary.steps == 12 and summary.params_arm_extra > 0
+    assert summary["status"] == "completed" and summary["steps"] == 12 and summary["params_arm_extra"] > 0
     assert read_json(folder / "config.json")["arm"] == "combo2"
     assert config_disagreement(folder, RunSummary.of(summary)) is None  # what every reader checks holds for training
     assert a.data_id == c.data_id and len(a.data_id) == 64  # the data's identity, the same for every seed
