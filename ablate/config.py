@@ -17,7 +17,7 @@ from ablate.errors import AblateError
 from ablate.experiment import RunSpec
 from ablate.identity import IMPLIED, WATCH_KEYS
 from ablate.paths import default_data_dir
-from ablate.runconfig import (RunConfig, chosen_options, device_defaults, settable_options, stored,
+from ablate.runconfig import (ModelShape, RunConfig, chosen_options, device_defaults, settable_options, stored,
                               tier_options)
 from ablate.sizing import model_config
 from ablate.tiers import TASK_CONFIG_KEY, TASKS, TIERS, Tier, get_tier
@@ -41,8 +41,7 @@ def resolve_config(spec: RunSpec, data_dir: str | None = None, *, tier: Tier | N
                     data_seed=int(spec.seed), **{**{key: getattr(tier, key) for key in tier_options()}, **chosen})
     run.check(flags=tuple(key for key, value in options.items() if value is not None))
     matching = {"match_params": True} if run.match_params else {}
-    model = dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides))
-    model["max_seq_len"] = run.seq_len
+    model = ModelShape.from_dict(dataclasses.asdict(model_config(tier, spec.arm, **matching, **model_overrides)))
     task = None
     if run.document_mask and tier.task is not None:
         raise AblateError(f"--document-mask splits documents at <|endoftext|>: tier {tier.name!r} trains on the "

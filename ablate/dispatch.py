@@ -17,6 +17,7 @@ its run lock (`ablate.lock`), which a reused process id cannot fake.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import subprocess
@@ -37,7 +38,7 @@ from ablate.lock import FileLock
 from ablate.plan import plan_rows
 from ablate.profiles import SINFO_FORMAT, Profile, load_profile, parse_sinfo, profile_misfits, sbatch_refusal
 from ablate.sequential import recorded_design
-from ablate.runconfig import chosen_options
+from ablate.runconfig import RunOptions, chosen_options
 from ablate.sizing import run_micro_batch
 from ablate.status import status
 from ablate.store import (CONFIG, SUBMIT_LOCK, LedgerEntry, Status, experiment_dir, keep_aside, read_json_file,
@@ -73,14 +74,14 @@ def executor_parameters(profile: Profile, name: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- submit
 def preflight(experiment: Experiment, specs: list[RunSpec], tiers: Mapping[str, Tier], executor: str,
-              options: dict) -> dict[str, dict]:
+              options: RunOptions) -> dict[str, dict]:
     """Everything that would make a queued run die on the cluster, checked before anything is queued; for
     SLURM, what sinfo says of each partition (`ablate.profiles.parse_sinfo`), else {}. `tiers`: the specs' tiers."""
     checked = set()
     for spec in specs:
         tier = tiers[spec.tier]
-        config = resolve_config(spec, options.get("data_dir"), tier=tier,
-                                **{k: v for k, v in options.items() if k != "data_dir"})
+        config = resolve_config(spec, options.data_dir, tier=tier,
+                                **{k: v for k, v in options.given().items() if k != "data_dir"})
         key = (spec.tier, config.data_dir)
         if key in checked or config.data_dir is None:  # None: a task tier, its batches drawn from the task
             continue
@@ -90,15 +91,15 @@ def preflight(experiment: Experiment, specs: list[RunSpec], tiers: Mapping[str, 
         except AblateError as err:
             raise AblateError(f"tier {spec.tier}: {err}; prepare it with `ablate data prepare` "
                               "(or give another folder with `data_dir` in the experiment's overrides)") from None
-        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config.model["vocab_size"]:
+        if manifest.get("tokenizer") != tier.tokenizer or manifest.get("vocab_size") != config.model.vocab_size:
             raise AblateError(
                 f"tier {spec.tier}: data folder {config.data_dir} holds {manifest.get('tokenizer')!r} tokens "
                 f"(vocabulary {manifest.get('vocab_size')}); the tier expects {tier.tokenizer!r} "
-                f"(vocabulary {config.model['vocab_size']})")
+                f"(vocabulary {config.model.vocab_size})")
     return check_slurm() if executor == "slurm" else {}
 
 
-def refuse_other_document_mask(specs: list[RunSpec], results: Path, options: dict) -> None:
+def refuse_other_document_mask(specs: list[RunSpec], results: Path, options: RunOptions) -> None:
     """A finished run trained with another document mask than the submit asks for (`--document-mask`, or the
     experiment's `document_mask` override) would be skipped as finished, its results read as the asked-for runs':
     refused in one line naming them, before anything is queued (`ablate run` refuses the same folder as a run of a
@@ -108,7 +109,7 @@ def refuse_other_document_mask(specs: list[RunSpec], results: Path, options: dic
         folder = spec.folder(results)
         if (folder / CONFIG).is_file() and read_summary(folder).done:
             trained = bool(read_json_file(folder / CONFIG, "use `ablate run --force`").get("document_mask"))
-            if trained != bool(chosen_options(spec.overrides, options).get("document_mask")):
+            if trained != bool(chosen_options(spec.overrides, options.given()).get("document_mask")):
                 other.append(f"{spec.key} ({'with' if trained else 'without'} it)")
     if other:
         raise AblateError(f"{len(other)} finished run(s) trained with another document mask than this submit asks "
@@ -146,7 +147,7 @@ class Submission:
     seeds: Sequence[int] | None = None
     parallel: int | None = None
     dry_run: bool = False
-    options: Mapping = field(default_factory=dict)
+    options: RunOptions = field(default_factory=RunOptions)
     eval_tasks: Sequence[str] | None = None
     eval_options: Mapping = field(default_factory=dict)
     seeds_by_tier: Mapping[str, int] | None = None
@@ -186,7 +187,7 @@ def submit(experiment: Experiment, experiment_file: str | None, request: Submiss
             return {"experiment": experiment.name, "runs": 0, "to_submit": [], "skipped": {}, "gpu_hours": 0.0,
                     "resources": None, "jobs": {}}
     resources = load_profile(request.profile) if executor == "slurm" else None
-    options = {"progress": False, **request.options}
+    options = request.options.unset_to(progress=False)
     tiers = {name: get_tier(name) for name in dict.fromkeys(s.tier for s in specs)}  # once: each Tier travels
     partitions = preflight(experiment, specs, tiers, executor, options)
     refuse_other_document_mask(specs, results, options)
@@ -336,8 +337,8 @@ def _submit_slurm(experiment, experiment_file, specs, tiers, results, profile, o
     folder = experiment_dir(results, experiment)
     processes = profile.processes_per_run
     job = RunJob(str(Path(experiment_file).resolve()) if experiment_file else None, str(Path(results).resolve()),
-                 {**options, "devices": processes,  # Lightning's processes are the job's tasks, as many
-                  "threads": options.get("threads") or max(1, profile.cpus_per_run // processes)})
+                 dataclasses.replace(options.unset_to(threads=max(1, profile.cpus_per_run // processes)),
+                                     devices=processes))  # Lightning's processes are the job's tasks, as many
     gpu = profile.gpu
 
     def job_of(tier_specs):
@@ -385,10 +386,10 @@ def map_array(executor: submitit.AutoExecutor, job, specs: list[RunSpec], profil
         raise AblateError(sbatch_refusal(profile, f"{said.getvalue()}\n{err}")) from None
 
 
-def gpu_run_options(options: dict, spec: RunSpec, tier: Tier, profile: Profile) -> dict:
+def gpu_run_options(options: RunOptions, spec: RunSpec, tier: Tier, profile: Profile) -> RunOptions:
     """The options a tier's runs get on the profile's GPU: the micro-batch `ablate.sizing.run_micro_batch`
     gives for the run's own options (the experiment's overrides, these options on top) and its arm, as `ablate plan`
     prints it (`tier`: the spec's)."""
-    return {**options, "micro_batch": run_micro_batch(tier, get_gpu(profile.gpu).memory_gb,
-                                                      chosen_options(spec.overrides, options),
-                                                      world_size=profile.processes_per_run, arm=spec.arm)}
+    return dataclasses.replace(options, micro_batch=run_micro_batch(
+        tier, get_gpu(profile.gpu).memory_gb, chosen_options(spec.overrides, options.given()),
+        world_size=profile.processes_per_run, arm=spec.arm))

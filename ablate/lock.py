@@ -409,7 +409,7 @@ def held_by_step_sibling(path: str | os.PathLike) -> bool:
     to the others. What shows them to be its siblings is the live process tree: the holder (by pid and
     kernel start time) and this process have the same parent, the step's slurmstepd, and the lock names
     this job and step. (The guards that keep a finished or different run from being trained hold for
-    every process anyway: see `ablate.train.check_child_run_dir`.)
+    every process anyway: see `ablate.ranks.check_child_run_dir`.)
     """
     job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
     found = read_lock(path)

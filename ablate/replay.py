@@ -52,10 +52,10 @@ def first_non_finite(config: RunConfig, checkpoint: Path, diverged_step: int) ->
 def _replay(config: RunConfig, checkpoint: Path, diverged_step: int) -> Origin:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    shards = tier_shards(config.data_dir, get_tier(config.tier), config.model["vocab_size"])
+    shards = tier_shards(config.data_dir, get_tier(config.tier), config.model.vocab_size)
     stream = BatchStream(shards, seed=config.data_seed, global_batch=config.global_batch, seq_len=config.seq_len)
     torch.manual_seed(config.seed)  # as the run did before building its model
-    model = GPT(GPTConfig(**config.model))
+    model = GPT(GPTConfig(**config.model_fields()))
     model.init_weights(config.seed)
     model.to(device)
     optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda)

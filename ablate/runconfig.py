@@ -37,6 +37,47 @@ def option(default=None, *, role: str = "identity", positive: bool = False, choi
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """A run's model: the fields of `ablate.model.GPTConfig` but its length, which is the run's `seq_len` (stored
+    once; config.json's `model.max_seq_len` is written from it, so a run's file and fingerprint stay as they were).
+    None: not recorded (a config.json written before the field existed: the model's default)."""
+
+    vocab_size: int | None = None
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_kv_head: int | None = None  # None: as many as query heads (no GQA)
+    d_model: int | None = None
+    arm: str | None = None
+    mlp_ratio: int | None = None
+    mlp_hidden: int | None = None  # MLP hidden width; None: mlp_ratio · d_model (parameter matching narrows it)
+    rope_theta: float | None = None
+    norm_eps: float | None = None
+    fused: bool | None = None  # False: the reference path that materialises the weights
+
+    @classmethod
+    def from_dict(cls, model: object, seq_len: int | None = None) -> ModelShape:
+        """config.json's `model` (GPTConfig's fields, `max_seq_len` among them, which must be the run's `seq_len`);
+        a key that is no GPTConfig field, or another length than the run's, is refused in one line."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(model, dict):
+            raise AblateError(f"run option 'model' is {model!r}, not an object of the model's fields: "
+                              f"{', '.join(names)}, max_seq_len")
+        length = model.get("max_seq_len")
+        if length is not None and seq_len is not None and length != seq_len:
+            raise AblateError(f"the run's model has max_seq_len {length!r}, not its seq_len {seq_len!r}: a run's "
+                              "model is as long as its sequences")
+        unknown = [key for key in model if key not in names and key != "max_seq_len"]
+        if unknown:
+            raise AblateError(f"unknown model field {unknown[0]!r} in a run's config; valid fields: "
+                              f"{', '.join(names)}, max_seq_len")
+        return cls(**{key: value for key, value in model.items() if key != "max_seq_len"})
+
+    def to_dict(self, seq_len: int | None) -> dict:
+        """config.json's `model`: every field, and `max_seq_len` (the run's seq_len)."""
+        return {**dataclasses.asdict(self), "max_seq_len": seq_len}
+
+
+@dataclass(frozen=True)
 class RunConfig:
     experiment: str = option(role="name", settable=False)
     tier: str = option(settable=False)
@@ -44,7 +85,7 @@ class RunConfig:
     seed: int = option(role="seed", settable=False)
     data_seed: int = option(role="seed")
     data_dir: str | None = option(role="execution")  # a path: the data's identity is the data fingerprint
-    model: dict = option()  # the GPTConfig fields (an override gives some of them)
+    model: ModelShape | None = option()  # the GPTConfig fields (an override gives some of them, as a dict)
     steps: int = option(positive=True, tier=True)
     global_batch: int = option(positive=True, tier=True)
     seq_len: int = option(positive=True, tier=True)
@@ -87,10 +128,19 @@ class RunConfig:
         """The config with every device-dependent option left unset (None) set to the device's default."""
         return dataclasses.replace(self, **{k: v for k, v in device_defaults(cuda).items() if getattr(self, k) is None})
 
+    def model_fields(self) -> dict:
+        """The `GPTConfig` keywords of the run's model: its shape's recorded fields (an unrecorded one: GPTConfig's
+        default) and `max_seq_len`, the run's `seq_len`."""
+        return {key: value for key, value in self.model.to_dict(self.seq_len).items() if value is not None}
+
     def to_dict(self) -> dict:
-        """config.json: the stored fields in order, without the optional ones left unset."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stored"]
-                and not (f.metadata["optional"] and getattr(self, f.name) is None)}
+        """config.json: the stored fields in order, without the optional ones left unset (`model` as a dict with its
+        `max_seq_len`)."""
+        stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stored"]
+                  and not (f.metadata["optional"] and getattr(self, f.name) is None)}
+        if self.model is not None:
+            stored["model"] = self.model.to_dict(self.seq_len)
+        return stored
 
     @classmethod
     def from_dict(cls, config: dict) -> RunConfig:
@@ -100,6 +150,8 @@ class RunConfig:
         unknown = [key for key in config if key not in names]
         if unknown:
             raise AblateError(f"unknown run option {unknown[0]!r} in a run's config; valid keys: {', '.join(names)}")
+        if config.get("model") is not None:
+            config = {**config, "model": ModelShape.from_dict(config["model"], config.get("seq_len"))}
         return cls(**config)
 
     def check(self, flags: tuple[str, ...] = ()) -> None:
@@ -115,6 +167,43 @@ class RunConfig:
             valid = f.metadata["choices"]
             if valid and value not in valid:
                 raise AblateError(f"run option {f.name!r} must be one of {', '.join(valid)}, not {value!r}")
+
+
+def _run_options() -> type:
+    """`RunOptions`: one field per settable RunConfig option (of its type, or None), so that an option added to
+    RunConfig travels from a command to the worker with no second list to keep."""
+    fields = [(f.name, f.type if "None" in f.type else f"{f.type} | None", dataclasses.field(default=None))
+              for f in dataclasses.fields(RunConfig) if f.metadata["settable"]]
+    cls = dataclasses.make_dataclass("RunOptions", fields, frozen=True, namespace={
+        "of": classmethod(_options_of), "given": _given, "unset_to": _unset_to,
+        "__doc__": "What a command sets on top of an experiment's overrides for every run it trains (`ablate run`'s "
+                   "flags, `ablate submit`'s --data, a profile's devices and micro-batch), typed from the command line "
+                   "to the worker: None is not given (the override, else the tier's value, stands). It pickles (a "
+                   "SLURM task's `RunJob`) and travels to a local worker as the JSON of `given()`."})
+    cls.__module__ = __name__  # pickled by name: ablate.runconfig.RunOptions
+    return cls
+
+
+def _options_of(cls, options: dict):
+    """The RunOptions of a mapping (a worker's payload, `train.run`'s keywords); a key that is no settable run
+    option is refused in one line naming the valid ones."""
+    unknown = [key for key in options if key not in settable_options()]
+    if unknown:
+        raise AblateError(f"unknown run option {unknown[0]!r}; valid options: {', '.join(settable_options())}")
+    return cls(**options)
+
+
+def _given(self) -> dict:
+    """The options given (not None), by name: what `chosen_options` merges over the overrides."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+def _unset_to(self, **defaults):
+    """These options with each of `defaults` that is not given set to its value."""
+    return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+RunOptions = _run_options()
 
 
 def stored(config: RunConfig | dict) -> dict:

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,8 +40,9 @@ from ablate.modelio import save_model
 from ablate.provenance import git_commit, now, versions
 from ablate.replay import replay
 from ablate.runconfig import RunConfig
-from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, METRICS, Status, atomic_write_json, file_sha256, run_key
-from ablate.store_summary import completed_summary, started_summary, update_summary, which_run, write_summary
+from ablate.store import CHECKPOINTS, EVAL_FILE, FINAL_WEIGHTS, Status, atomic_write_json, file_sha256, run_key
+from ablate.ranks import RunFolder
+from ablate.store_summary import RunSummary, completed_summary, started_summary, which_run
 from ablate.taskmodel import task_model
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,12 @@ VAL_BATCH, VAL_BATCHES = 256, 4  # the fixed validation set: 1,024 sequences, th
 SIGNATURE_VERSION = 1  # eval.json settings: a change in how the signature is measured is a different setting
 
 
-def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] = lambda: None) -> dict:
-    """Train the run of `config` (a task tier's) into `folder` (prepared and locked by the caller); its summary.
-    `holding` raises once the caller's lock is not this process's any more (`FileLock.check_held`): it is called at
-    every step and before every write, so a holder that was stopped and taken over writes nothing more."""
+def train_task_run(run_folder: RunFolder) -> RunSummary:
+    """Train the run of its config (a task tier's) into `run_folder` (prepared and locked by the caller); its
+    summary. `run_folder.holding()` raises once the caller's lock is not this process's any more
+    (`FileLock.check_held`): it is called at every step and before every write (the folder's summary and metrics
+    writes call it), so a holder that was stopped and taken over writes nothing more."""
+    folder, config, holding = run_folder.path, run_folder.config, run_folder.holding
     started, clock = now(), time.time()
     task = task_from_fields(config.synthetic_task)
     arm_source = arm_identity(get_arm(config.arm))  # the arm's code, as imported: part of the run's identity
@@ -63,15 +65,14 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
     torch.set_num_threads(int(config.threads or 1))  # a model this small runs no faster on more threads
     try:
         torch.manual_seed(config.seed)
-        model = task_model(GPTConfig(**config.model), task)
+        model = task_model(GPTConfig(**config.model_fields()), task)
         model.init_weights(config.seed)
         init_fingerprint = fingerprint_parameters(model.shared_named_parameters())
         init_common = common_fingerprint(model)  # of the initial weights, as a corpus run's: what an LR sweep pairs
         oracle = {"received_junk_mask": True} if getattr(model, "hands_junk_mask", False) else {}  # a control's run
-        metrics = MetricsLog(folder / METRICS, holding=holding)  # checks the lock at every step's row
+        metrics = run_folder.metrics()  # checks the lock at every step's row
         metrics.truncate(-1)  # a run that starts again from step 0 writes its rows again
-        holding()
-        write_summary(folder, {  # while it trains, as a corpus run's: status and `ablate status` say "running"
+        run_folder.write_summary({  # while it trains, as a corpus run's: status and `ablate status` say "running"
             **which_run(config), "status": Status.RUNNING, "val_loss": None, "steps": 0, "total_steps": config.steps,
             "init_fingerprint": init_fingerprint, "config_fingerprint": config_fingerprint(config), "started": started,
             ARM_SOURCE: arm_source, "arm_sources": [arm_source], **oracle})
@@ -86,8 +87,8 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
             log.warning("%s: %s", folder, err)
             fields = err.summary_fields()
             fields["error"] = f"{fields['error']}; {_non_finite_origin(config, task, err.step)}"
-            holding()
-            return update_summary(folder, **fields, finished=now(), wall_seconds=time.time() - clock)
+            run_folder.update_summary(**fields, finished=now(), wall_seconds=time.time() - clock)
+            return run_folder.summary()
         signature = _signature_of(task)(model, task, validation)
         run_versions = versions()  # with the run's thread count: its numerics say what computed the numbers
     finally:
@@ -108,10 +109,9 @@ def train_task_run(folder: Path, config: RunConfig, holding: Callable[[], None] 
     holding()
     _write_signature_eval(folder, task, {**signature, "val_accuracy": accuracy, "absent_accuracy": absent_accuracy},
                           weights_sha256, finished)
-    holding()
-    write_summary(folder, summary)
+    run_folder.write_summary(summary)
     log.info("%s: val_loss %.4f, accuracy %.3f (absent %s)", folder, val_loss, accuracy, absent_accuracy)
-    return summary
+    return run_folder.summary()
 
 
 def _train(model, task: SyntheticTask, config: RunConfig, validation, metrics: MetricsLog) -> tuple[list, str]:
@@ -153,7 +153,7 @@ def _non_finite_origin(config: RunConfig, task, diverged_step: int) -> str:
     if diverged_step > MAX_TASK_REPLAY_STEPS:
         return f"not replayed: {diverged_step} steps (at most {MAX_TASK_REPLAY_STEPS})"
     torch.manual_seed(config.seed)
-    model = task_model(GPTConfig(**config.model), task)
+    model = task_model(GPTConfig(**config.model_fields()), task)
     model.init_weights(config.seed)
     optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda=False)
 

@@ -20,35 +20,31 @@ import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from ablate import modelio  # the module, not its function: a test stops a run inside modelio.save_model
-from ablate.config import lr_at, resolve_config, semantic, with_device_defaults
+from ablate.config import lr_at, resolve_config
 from ablate.data import BatchStream, TokenShards, selection_windows, validation_windows
-from ablate.data.shards import check_data_folder, tier_shards
+from ablate.data.shards import tier_shards
 from ablate.errors import AblateError, DiskFull
 from ablate.experiment import RunSpec
-from ablate.lock import CHILD_RUN_ENV, FileLock, LockLost, claimed_rank, launched_child
+from ablate.lock import CHILD_RUN_ENV, LockLost
 from ablate.arms.base import get_arm
 from ablate.arms.source import arm_identity
-from ablate.loop import (Diverged, MetricsLog, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
+from ablate.loop import (Diverged, ReadBack, RunState, Step, StopRequests, copy_in, load_state,
                          log_to_file, make_optimizer, mean_token_loss, progress_bar, save_state, windows_fingerprint)
 from ablate.model import GPT, GPTConfig, common_fingerprint, fingerprint_parameters, model_summary
 from ablate.paths import default_results
 from ablate.provenance import git_commit, now, versions
-from ablate.ranks import (LAUNCH_ENV, await_step_rank0, check_child_run_dir, end_process_group, moved_data_only,
-                          refuse_changed_arm)
+from ablate.ranks import LAUNCH_ENV, RunFolder, end_process_group
+from ablate.runconfig import RunOptions
 from ablate.sizing import loss_chunk_for
-from ablate.runconfig import RunConfig
-from ablate.store import (CHECKPOINTS, CONFIG, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, SUMMARY, Status,
-                          atomic_write_json, file_sha256, keep_aside, read_json, read_json_file, read_metrics,
-                          remove_stray_temporaries, run_key, run_lock_path)
-from ablate.store_summary import (RunSummary, arm_history, completed_summary, numerics_history, read_summary,
-                                  started_summary, update_summary)
+from ablate.store import (CHECKPOINTS, FINAL_WEIGHTS, METRICS, RUN_LOG, STATE, Status, file_sha256, read_metrics,
+                          run_key)
+from ablate.store_summary import RunSummary, arm_history, completed_summary, numerics_history, started_summary
 from ablate.taskrun import train_task_run
 from ablate.tiers import get_tier
 
@@ -56,108 +52,50 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def prepare_run_dir(folder: Path, config: RunConfig, force: bool) -> str:
-    """'fresh' | 'resume' | 'done'. Never deletes: --force moves the old folder aside (the store ignores it).
-
-    A folder holding results (a summary, metrics, checkpoints) but no config.json is damaged: refused,
-    never retrained in place. A run of other settings is refused, unless it never took a step (nothing
-    of it would be lost): then it starts again with the new settings. An unfinished run whose data moved (the
-    same data_id elsewhere) resumes from there; one whose arm's code changed since it started is refused
-    (`ablate.ranks`).
-    """
-    summary_path, config_path = folder / SUMMARY, folder / CONFIG
-    if force and folder.exists():
-        log.warning("kept the previous run aside in %s", keep_aside(folder))
-    way_out = "use --force to keep the old run aside and start again"
-    if not config_path.exists():
-        held = [name for name in (SUMMARY, METRICS, CHECKPOINTS) if (folder / name).exists()]
-        if held:
-            raise AblateError(f"{folder} is damaged: it holds {', '.join(held)} but no {CONFIG}; {way_out}")
-        return "fresh"
-    previous = semantic(with_device_defaults(read_json_file(config_path, way_out), torch.cuda.is_available()))
-    current = semantic(config)
-    summary = read_summary(folder, way_out)
-    if previous != current and (summary.done or not moved_data_only(previous, current, summary)):
-        diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
-        if not took_a_step(folder, summary):
-            log.warning("%s never took a step: starting it again with the new settings (they differ in: %s)",
-                        folder, ", ".join(diff))
-            summary_path.unlink(missing_ok=True)  # the record of an attempt that produced nothing
-            return "fresh"
-        raise AblateError(
-            f"{folder} holds a run of a different config (differs in: {', '.join(diff)}); "
-            "use another --results folder or --force to keep the old run aside and start again")
-    if summary.done:
-        return "done"
-    if get_tier(config.tier).task is None and took_a_step(folder, summary):  # a task run starts again from step 0
-        refuse_changed_arm(folder, config, summary)
-    return "resume"
-
-
-def took_a_step(folder: Path, summary: RunSummary) -> bool:
-    """Whether a run folder holds anything of a training step: a checkpoint, weights, a step's metrics."""
-    checkpoints = folder / CHECKPOINTS
-    if summary.done or summary.steps or (checkpoints.is_dir() and any(checkpoints.iterdir())):
-        return True
-    return any(row.get("step") for row in read_metrics(folder / METRICS) if isinstance(row, dict))
-
-
 def run(spec: RunSpec, results: str | Path | None = None, *, data_dir: str | None = None, force: bool = False,
-        **options) -> dict:
-    """Train one run to completion (or resume it); return its summary. A completed run is a no-op.
+        **options) -> RunSummary:
+    """Train one run to completion (or resume it); return its summary. A completed run is a no-op. `options`:
+    run options by name (`RunOptions`), on top of the spec's overrides.
 
-    The run folder is locked for the whole run (`ablate.lock`): a second process on the same run is
+    The run folder is locked for the whole run (`ablate.ranks.RunFolder`): a second process on the same run is
     refused at once, naming the holder, before it touches anything.
     """
-    return run_as(spec, results, data_dir, force, options)[0]
+    return run_as(spec, results, RunOptions.of({**options, "data_dir": data_dir}), force)[0]
 
 
-def run_as(spec: RunSpec, results, data_dir, force: bool, options: dict) -> tuple[dict, bool]:
-    """`run`, and whether this process took part as a data-parallel child of the run's holder (a child
-    reports nothing: its parent does)."""
-    config = resolve_config(spec, data_dir, **options).with_device_defaults(torch.cuda.is_available())
-    folder = spec.folder(results or default_results())
-    if config.devices > 1 and claimed_rank() and os.environ.get("SLURM_STEP_ID"):  # srun's task k > 0
-        finished_summary = await_step_rank0(folder, config)
-        if finished_summary is not None:
-            return finished_summary, True
-        return Trainer(folder, config).fit(), True
-    if launched_child(run_lock_path(folder)):
-        check_child_run_dir(folder, config)
-        return Trainer(folder, config).fit(), True
-    with FileLock(run_lock_path(folder), what=f"run {spec.key} ({folder})") as lock:
-        state = prepare_run_dir(folder, config, force)
+def run_as(spec: RunSpec, results, options: RunOptions, force: bool = False) -> tuple[RunSummary, bool]:
+    """`run` with its options typed (as a command and a worker give them), and whether this process took part as a
+    data-parallel child of the run's holder (a child reports nothing: its parent does)."""
+    given = {key: value for key, value in options.given().items() if key != "data_dir"}
+    config = resolve_config(spec, options.data_dir, **given).with_device_defaults(torch.cuda.is_available())
+    folder = RunFolder(spec.folder(results or default_results()), config)
+    if folder.child:
+        finished = folder.join()
+        return (finished if finished is not None else Trainer(folder).fit()), True
+    with folder.held(force, what=f"run {spec.key} ({folder.path})") as (state, lock):
         if state == "done":
-            summary = read_summary(folder)
-            log.info("%s already %s (val_loss %s): nothing to do", folder, summary.status, summary.val_loss)
-            return read_json(folder / SUMMARY), False
-        if config.data_dir is not None:
-            check_data_folder(config.data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        for stray in remove_stray_temporaries(folder) + remove_stray_temporaries(folder / CHECKPOINTS):
-            log.info("removed %s, left by an interrupted write", stray)
-        if state == "fresh":
-            atomic_write_json(folder / CONFIG, config.to_dict())  # config.json: the one place a run writes it
+            summary = folder.summary()
+            log.info("%s already %s (val_loss %s): nothing to do", folder.path, summary.status, summary.val_loss)
+            return summary, False
         if get_tier(config.tier).task is not None:  # a task tier: seconds on one core, no Fabric (ablate.taskrun)
-            return train_task_run(folder, config, lock.check_held), False
+            return train_task_run(folder), False
         with lock.handed_down(**{CHILD_RUN_ENV: spec.key}):  # what the data-parallel children it starts show
-            return Trainer(folder, config, lock.check_held).fit(), False
+            return Trainer(folder).fit(), False
 
 
 class Trainer:
-    def __init__(self, folder: Path, config: RunConfig, holding: Callable[[], None] = lambda: None):
-        """`holding()` raises once the run's lock is another's (`FileLock.check_held`): at every step boundary and
-        before every write (a data-parallel child holds no lock and writes nothing)."""
-        self.folder, self.config = folder, config.with_device_defaults(torch.cuda.is_available())
-        self.summary_path, self.state_path, self.holding = folder / SUMMARY, folder / CHECKPOINTS / STATE, holding
+    def __init__(self, run_folder: RunFolder):
+        """`run_folder.holding()` raises once the run's lock is another's (`FileLock.check_held`): at every step
+        boundary and before every write (a data-parallel child holds no lock and writes nothing)."""
+        self.run_folder, self.folder = run_folder, run_folder.path
+        self.config = run_folder.config.with_device_defaults(torch.cuda.is_available())
+        self.state_path, self.holding = self.folder / CHECKPOINTS / STATE, run_folder.holding
 
     def write_summary(self, **fields):
-        if self.fabric.global_rank != 0:
-            return
-        self.holding()
-        update_summary(self.folder, **fields)
+        if self.fabric.global_rank == 0:
+            self.run_folder.update_summary(**fields)
 
-    def fit(self) -> dict:
+    def fit(self) -> RunSummary:
         """Launch Fabric (DDP over `devices`, the run's precision, the loggers) and train; a divergence or
         a failure is written to the summary before it is reported."""
         # Fabric warns whenever `srun` exists on PATH; one run per task is how we use SLURM on purpose.
@@ -184,7 +122,7 @@ class Trainer:
         except Diverged as err:
             log.warning("%s: %s", self.folder, err)
             self.write_summary(**self._located(err), finished=now())
-            return read_json(self.summary_path)
+            return self.run_folder.summary()
         except DiskFull:  # the summary could not be written either; nothing is lost, the same command resumes
             raise
         except AblateError as err:  # bad input: one line (the command shows it), no traceback
@@ -230,7 +168,7 @@ class Trainer:
         job logs into the same run. A new run draws a new one: also one that `--force` starts in the folder
         of a run kept aside (which keeps its own id, in its summary), since one id for two different runs
         would merge them (`wandb sync --id`)."""
-        kept = read_summary(self.folder).logger_run_id
+        kept = self.run_folder.summary().logger_run_id
         return kept if isinstance(kept, str) and kept else uuid.uuid4().hex[:16]
 
     def _loggers(self):
@@ -250,10 +188,10 @@ class Trainer:
                                 save_dir=os.environ.get("WANDB_DIR") or str(self.folder))]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
-    def _fit(self, fabric) -> dict:
+    def _fit(self, fabric) -> RunSummary:
         """The run: data, model and optimiser, resume, the steps, then the final evaluation and weights."""
         config = self.config
-        shards = tier_shards(config.data_dir, get_tier(config.tier), config.model["vocab_size"])
+        shards = tier_shards(config.data_dir, get_tier(config.tier), config.model.vocab_size)
         world, rank = fabric.world_size, fabric.global_rank
         stream = BatchStream(shards, seed=config.data_seed, global_batch=config.global_batch,
                              seq_len=config.seq_len, rank=rank, world_size=world)
@@ -268,7 +206,7 @@ class Trainer:
                                            config.selection_tokens) if config.selection_tokens else None
 
         torch.manual_seed(config.seed)
-        model = GPT(GPTConfig(**config.model))
+        model = GPT(GPTConfig(**config.model_fields()))
         model.document_mask = bool(config.document_mask)
         model.init_weights(config.seed)
         run = RunState(model, stream, init_fingerprint=fingerprint_parameters(model.shared_named_parameters()))
@@ -284,8 +222,7 @@ class Trainer:
         resumed = self._resume(run)
         # the loggers got the rows up to `sent` before this resume: they get only later ones (no step twice)
         sent = max((r["step"] for r in read_metrics(self.folder / METRICS) if "step" in r), default=-1)
-        metrics = MetricsLog(self.folder / METRICS, lambda row, step: step > sent and fabric.log_dict(row, step=step),
-                             self.holding)
+        metrics = self.run_folder.metrics(lambda row, step: step > sent and fabric.log_dict(row, step=step))
         self._log_metrics = metrics.write if rank == 0 else (lambda row: None)
         if rank == 0:  # lines after the checkpoint (or all of them, with none) will be written again
             metrics.truncate(run.step if resumed else -1)
@@ -309,7 +246,7 @@ class Trainer:
         """summary.json while the run trains: what it is (`started_summary`, as a task run's), where it stands, and
         every fingerprint known so far; what computed it, this process and (resumed) every one before it
         (`numerics_history`)."""
-        config, previous = self.config, read_summary(self.folder)
+        config, previous = self.config, self.run_folder.summary()
         run_versions, arm = versions(), arm_identity(get_arm(config.arm))
         started = started_summary(config, model_summary(run.model, run.init_fingerprint, init_common),
                                   made_by=(git_commit(), run_versions), started=previous.started or now(),
@@ -404,7 +341,7 @@ class Trainer:
                                data_fingerprint=run.data_fp, wall_seconds=run.wall_seconds())
         fabric.barrier()
 
-    def _finish(self, run: RunState, val_loss: float, final_windows, extra: dict) -> dict:
+    def _finish(self, run: RunState, val_loss: float, final_windows, extra: dict) -> RunSummary:
         """The final loss is over every prepared validation token up to the cap (a run resumed at its last step
         comes straight here, so it ends with the same val_loss, bit for bit, as an uninterrupted run); then
         the final weights, the completed summary, and the resume state removed."""
@@ -428,4 +365,4 @@ class Trainer:
             self.holding()
             self.state_path.unlink(missing_ok=True)
             log.info("%s: completed", self.folder)
-        return read_json(self.summary_path)
+        return self.run_folder.summary()

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ablate.errors import AblateError, error_line
 from ablate.lock import CHILD_RUN_ENV, claimed_rank
 from ablate.experiment import RunSpec, start_task
+from ablate.runconfig import RunOptions
 from ablate.store import RUN_LOG, LedgerEntry, Status, experiment_dir, record_ledger
 from ablate.store_summary import RunSummary
 
@@ -41,17 +42,16 @@ class RunJob(_Checkpointable):
     checkpoint, which the training loop wrote when the warning signal arrived.
     """
 
-    def __init__(self, experiment_file: str | None, results: str, options: dict):
+    def __init__(self, experiment_file: str | None, results: str, options: RunOptions):
         self.experiment_file, self.results, self.options = experiment_file, results, options
 
-    def __call__(self, spec: RunSpec) -> dict:
-        from ablate.train import run  # training code loads in the task that trains, not in `submit`
+    def __call__(self, spec: RunSpec) -> RunSummary:
+        from ablate.train import run_as  # training code loads in the task that trains, not in `submit`
 
         start_task(self.experiment_file)
-        summary = run(spec, self.results, **self.options)
-        outcome = RunSummary.of(summary)
-        if outcome.status == Status.FAILED:
-            raise RuntimeError(outcome.error)
+        summary = run_as(spec, self.results, self.options)[0]
+        if summary.status == Status.FAILED:
+            raise RuntimeError(summary.error)
         return summary
 
 
@@ -73,11 +73,11 @@ class Interrupted(KeyboardInterrupt):
         self.keys = keys
 
 
-def recorded_options(options: dict) -> dict:
+def recorded_options(options: RunOptions) -> dict:
     """What a submission's ledger record keeps of its run options, for the resume hints (`ablate status`): the
     data folder (`--data`) and `--document-mask`, which its runs must be given again to resume."""
-    return {**({"data": options["data_dir"]} if options.get("data_dir") else {}),
-            **({"document_mask": True} if options.get("document_mask") else {})}
+    return {**({"data": options.data_dir} if options.data_dir else {}),
+            **({"document_mask": True} if options.document_mask else {})}
 
 
 def run_local(experiment, experiment_file, specs, results, parallel, options, submission: str) -> dict:
@@ -123,7 +123,7 @@ class _LocalGrid:
     """The worker threads of one `run_local`, each driving a worker process: the exit codes so far, the runs
     interrupted, and the Ctrl-C that stops them all (`stop`)."""
 
-    def __init__(self, folder: Path, results, experiment_file: str | None, options: dict):
+    def __init__(self, folder: Path, results, experiment_file: str | None, options: RunOptions):
         self.folder, self.results, self.experiment_file, self.options = folder, results, experiment_file, options
         self.codes, self.interrupted, self.bar_lock = {}, [], threading.Lock()
         self.stop, self.workers = threading.Event(), set()
@@ -150,9 +150,9 @@ class _LocalGrid:
         remaining = {s.key: s for s in share}
         worker_log = self.folder / "local" / f"worker{slot}.log"
         worker_log.parent.mkdir(parents=True, exist_ok=True)
-        options = {**self.options, "threads": self.options.get("threads") or 1}
+        options = self.options.unset_to(threads=1)
         while remaining and not self.stop.is_set():
-            payload = {"experiment_file": self.experiment_file, "options": options,
+            payload = {"experiment_file": self.experiment_file, "options": options.given(),
                        "specs": [s.__dict__ | {"overrides": dict(s.overrides)} for s in remaining.values()]}
             command = [sys.executable, "-m", "ablate.workers", str(self.results), json.dumps(payload)]
             with open(worker_log, "a", encoding="utf-8") as log:
@@ -221,7 +221,7 @@ def worker_main(results: str, payload_json: str) -> int:
     is taken as that SIGINT.
     """
     payload = json.loads(payload_json)
-    job = RunJob(payload["experiment_file"], results, payload["options"])
+    job = RunJob(payload["experiment_file"], results, RunOptions.of(payload["options"]))
     if claimed_rank() and os.environ.get(CHILD_RUN_ENV):  # its parent watches stdin for it (and it must exit 0)
         return child_main(job, payload, os.environ[CHILD_RUN_ENV])
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), os.kill(os.getpid(), signal.SIGINT)),

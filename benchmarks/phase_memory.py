@@ -214,7 +214,7 @@ def wide_run(results: str, data: str) -> None:
     from ablate.train import run  # reason: as above
 
     summary = run(RunSpec("wide", "smoke", "baseline", 0, WIDE), results, data_dir=data, force=True)
-    print(json.dumps({k: summary.get(k) for k in ("status", "val_loss", "steps")}))
+    print(json.dumps({k: getattr(summary, k) for k in ("status", "val_loss", "steps")}))
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,7 @@ def _train_seed(config, check: int) -> dict:
 
     task = task_from_fields(config.synthetic_task)
     torch.manual_seed(config.seed)
-    model = task_model(GPTConfig(**config.model), task)
+    model = task_model(GPTConfig(**config.model_fields()), task)
     model.init_weights(config.seed)
     validation = task_validation(task, VAL_BATCH, VAL_BATCHES)
     optimizer = make_optimizer(model, config.weight_decay, config.lr, config.betas, config.eps, cuda=False)

@@ -155,7 +155,7 @@ def finished_runs(tmp_path_factory, sample_data):
                 from ablate.train import run
 
                 summary = run(spec, trained / f"steps{steps}", data_dir=str(sample_data), progress=False, threads=1)
-                assert summary["status"] == "completed", summary
+                assert summary.status == "completed", summary
             shutil.copytree(source, run_dir(into, experiment, "smoke", arm, seed))
         return into
 

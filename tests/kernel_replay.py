@@ -82,11 +82,11 @@ def replay(data_dir: Path, results: Path) -> dict:
         summary = run(spec, results, data_dir=str(data_dir), progress=False)
         rows = read_metrics(run_dir(results, "adhoc", recorded["tier"], arm, recorded["seed"]) / "metrics.jsonl")
         out["runs"][arm] = {
-            **{key: summary[key] for key in FINGERPRINTS}, "val_loss": summary["val_loss"],
+            **{key: getattr(summary, key) for key in FINGERPRINTS}, "val_loss": summary.val_loss,
             "train_loss": [r["train_loss"] for r in rows if "train_loss" in r],
             "grad_norm": [r["grad_norm"] for r in rows if "grad_norm" in r],
             "curve": [[r["step"], r["val_loss"]] for r in rows if "val_loss" in r],
-            "summary_kernel_set": summary["versions"]["numerics"]["cpu_capability"],
+            "summary_kernel_set": summary.versions["numerics"]["cpu_capability"],
         }
     return out
 

@@ -229,12 +229,14 @@ def test_an_arm_that_raises_is_one_line_where_it_arose_and_the_traceback_one_fla
 def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fails_it(monkeypatch):
     import ablate.train
     from ablate.experiment import RunSpec
+    from ablate.runconfig import RunOptions
+    from ablate.store_summary import RunSummary
     from ablate.workers import RunJob
 
-    job, spec = RunJob(None, "results", {}), RunSpec("e", "smoke", "baseline", 0)
-    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "diverged", "error": "non-finite"})
-    assert job(spec)["status"] == "diverged"  # the job ends well: `ablate status` shows the run diverged
-    monkeypatch.setattr(ablate.train, "run", lambda *a, **k: {"status": "failed", "error": "boom"})
+    job, spec = RunJob(None, "results", RunOptions()), RunSpec("e", "smoke", "baseline", 0)
+    monkeypatch.setattr(ablate.train, "run_as", lambda *a, **k: (RunSummary(status="diverged", error="nan"), False))
+    assert job(spec).status == "diverged"  # the job ends well: `ablate status` shows the run diverged
+    monkeypatch.setattr(ablate.train, "run_as", lambda *a, **k: (RunSummary(status="failed", error="boom"), False))
     with pytest.raises(RuntimeError, match="boom"):
         job(spec)
 
@@ -250,7 +252,7 @@ def test_a_task_run_warns_nothing(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         summary = run(RunSpec("t", "abstain-stream", "baseline", 0, {"steps": 2}), tmp_path, progress=False)
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
 
 
 def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_finite_value(tmp_path):
@@ -276,10 +278,10 @@ def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_fini
         summary = run(RunSpec("t", "abstain-stream", "test-task-nan", 0, {"steps": 6}), tmp_path, progress=False)
     finally:
         _REGISTRY.pop("test-task-nan")
-    assert summary["status"] == "diverged" and summary["diverged_step"] == 3
+    assert summary.status == "diverged" and summary.diverged_step == 3
     assert ("first non-finite value at step 3: arm 'test-task-nan', layer 0, value slot value_gate(v, x) returned "
             "nan (first non-finite value) (replayed steps 1–3 from the initial weights with checks on)"
-            in summary["error"])
+            in summary.error)
 
 
 def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):

@@ -18,9 +18,10 @@ from ablate.arms.source import OLDER_SCHEME, arm_identity
 from ablate.config import resolve_config
 from ablate.errors import AblateError
 from ablate.experiment import Experiment, RunSpec, load_experiment
-from ablate.ranks import moved_data_only
+from ablate.ranks import moved_data_only, prepare_run_dir
 from ablate.store_summary import read_summary
-from ablate.train import prepare_run_dir, run
+from ablate.train import run
+from ablate.runconfig import RunOptions
 from ablate.workers import RunJob
 from datafix import ablate_cli
 from test_arm_source import EXPERIMENT_FILE, fresh_load, write_arm
@@ -51,11 +52,11 @@ def test_a_worker_records_the_helper_it_trained_with_and_table_sees_the_edit(tmp
     path = write_arm(tmp_path / "exp", "gated-54w", "gates54w")
     fresh_load(path, "gates54w")
     baseline0, baseline1, seed0, seed1 = load_experiment(path).runs()
-    job = RunJob(str(path), str(tmp_path / "results"), {"progress": False})
+    job = RunJob(str(path), str(tmp_path / "results"), RunOptions(progress=False))
     job(baseline0), job(baseline1)
-    first = job(seed0)["arm_source"]
+    first = job(seed0).arm_source
     (tmp_path / "exp" / "gates54w.py").write_text("GATE = 0.5\n")
-    second = job(seed1)["arm_source"]
+    second = job(seed1).arm_source
     assert sys.modules["gates54w"].GATE == 1.0 and second == first  # recorded = trained
     folder = tmp_path / "results" / "gated-54w"
     assert ablate_cli("table", folder, check=False).returncode == 0  # gates54w still cached here: the same code
@@ -193,7 +194,7 @@ def test_an_interrupted_run_resumes_from_its_moved_data(tmp_path, sample_data, m
     moved = tmp_path / "D2"
     shutil.copytree(sample_data, moved)
     summary = run(spec, tmp_path / "results", data_dir=str(moved), **options)
-    assert summary["status"] == "completed" and summary["data_dir"] == str(moved)
+    assert summary.status == "completed" and summary.data_dir == str(moved)
     config = json.loads((spec.folder(tmp_path / "results") / "config.json").read_text())
     assert config["data_dir"] == str(sample_data)  # the run's config is as it started; the summary says where now
     held = read_summary(spec.folder(tmp_path / "results"))

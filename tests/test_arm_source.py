@@ -173,8 +173,8 @@ def test_seeds_trained_on_two_versions_of_an_arm_are_refused(tmp_path):
                             overrides={"steps": 3, "val_interval": 3})
     seed0, seed1 = experiment.runs()
     summary = run(seed0, tmp_path / "results")
-    assert summary["arm_source"] == arm_identity(get_arm("shifted-sink-41"))
-    assert summary["arm_sources"] == [summary["arm_source"]]
+    assert summary.arm_source == arm_identity(get_arm("shifted-sink-41"))
+    assert summary.arm_sources == [summary.arm_source]
     arm_file.write_text(ARM_FILE.replace("OFFSET = 1.0", "OFFSET = 0.5"))
     load_module(arm_file)
     run(seed1, tmp_path / "results")
@@ -182,8 +182,8 @@ def test_seeds_trained_on_two_versions_of_an_arm_are_refused(tmp_path):
                                           r"their arm_source differs .*the arm's code"):
         load_runs(tmp_path / "results" / "armsrc")
     path = seed1.folder(tmp_path / "results") / "summary.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "arm_source": summary["arm_source"],
-                                "arm_sources": [summary["arm_source"]]}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "arm_source": summary.arm_source,
+                                "arm_sources": [summary.arm_source]}))
     assert load_runs(tmp_path / "results" / "armsrc").completed.height == 2  # the same code: one row
     older = "0" * 64  # what the older scheme recorded (a bare sha256 of whole files): never compared with v2
     path.write_text(json.dumps({**json.loads(path.read_text()), "arm_source": older, "arm_sources": None}))

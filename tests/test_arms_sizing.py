@@ -52,6 +52,7 @@ def test_the_reference_path_adds_its_square_tensors_to_every_phase(relu_arm):
 
 def test_plan_and_submit_agree_on_the_micro_batch_of_a_reference_path_arm(relu_arm):
     from ablate.dispatch import gpu_run_options
+    from ablate.runconfig import RunOptions
     from ablate.experiment import Experiment
     from ablate.plan import Throughput, plan_grid
     from ablate.profiles import Profile
@@ -61,7 +62,8 @@ def test_plan_and_submit_agree_on_the_micro_batch_of_a_reference_path_arm(relu_a
     plan = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]
     planned = {row["arm"]: row["micro_batch_for_gpu"] for row in plan["runs"]}
     profile, tier = Profile("h", gpu="h100", gpus_per_run=1), get_tier("10M")
-    submitted = {spec.arm: gpu_run_options({}, spec, tier, profile)["micro_batch"] for spec in experiment.runs()}
+    submitted = {spec.arm: gpu_run_options(RunOptions(), spec, tier, profile).micro_batch
+                 for spec in experiment.runs()}
     assert planned == submitted
     assert planned["baseline"] == planned["softcap"] == plan["micro_batch_for_gpu"]
     # blocks of 128 rows at T = 1024: one block's tensors, no T×T per layer; it fits the baseline's micro-batch

@@ -35,7 +35,7 @@ def test_a_local_two_process_grid_trains_each_run_once_to_the_one_process_loss(t
         one = run(RunSpec("dp_grid", "smoke", "baseline", seed, {"max_steps": 3}), tmp_path / "one",
                   data_dir=str(sample_data), progress=False, threads=1)
         assert two["status"] == "completed" and two["steps"] == 3, json.dumps(two)[:500]
-        assert abs(one["val_loss"] - two["val_loss"]) < 1e-4, (seed, one["val_loss"], two["val_loss"])
+        assert abs(one.val_loss - two["val_loss"]) < 1e-4, (seed, one.val_loss, two["val_loss"])
 
 
 PROFILE = '''partition = "debug"
@@ -85,4 +85,4 @@ def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, 
     assert "in use by" not in logs
     one = run(RunSpec("dp_slurm", "smoke", "baseline", 0, {"max_steps": 3}), tmp_path / "one",
               data_dir=str(sample_data), progress=False, threads=1)
-    assert abs(one["val_loss"] - read_json(folder / "summary.json")["val_loss"]) < 1e-4
+    assert abs(one.val_loss - read_json(folder / "summary.json")["val_loss"]) < 1e-4

@@ -175,8 +175,8 @@ def test_simulated_time_out_resumes_from_the_checkpoint_to_the_same_loss(tmp_pat
                   if "resuming at step" in line]
     assert resumed_at and 3 <= resumed_at[0] < 80, log[-3000:]  # restarted from the signal's checkpoint
     summary = read_json(run_dir(results, "timeout", "smoke", "proj-gate", 0) / "summary.json")
-    assert summary["val_loss"] == straight["val_loss"]  # bitwise
-    assert summary["data_fingerprint"] == straight["data_fingerprint"]
+    assert summary["val_loss"] == straight.val_loss  # bitwise
+    assert summary["data_fingerprint"] == straight.data_fingerprint
 
 
 def test_pending_array_rows_of_sacct_are_expanded():
@@ -188,16 +188,17 @@ def test_pending_array_rows_of_sacct_are_expanded():
 
 def test_the_micro_batch_follows_the_profiles_gpu():
     from ablate.dispatch import gpu_run_options
+    from ablate.runconfig import RunOptions
     from ablate.experiment import RunSpec
     from ablate.profiles import Profile
     from ablate.tiers import get_tier
 
     spec, a100, h200 = RunSpec("e", "124M", "baseline", 0, {}), Profile("a", gpu="a100"), Profile("h", gpu="h200")
-    small = gpu_run_options({}, spec, get_tier("124M"), a100)["micro_batch"]
-    large = gpu_run_options({}, spec, get_tier("124M"), h200)["micro_batch"]
+    small = gpu_run_options(RunOptions(), spec, get_tier("124M"), a100).micro_batch
+    large = gpu_run_options(RunOptions(), spec, get_tier("124M"), h200).micro_batch
     assert small < large and get_tier("124M").global_batch % small == 0
     chosen = RunSpec("e", "10M", "baseline", 0, {"micro_batch": 8})  # an experiment's own choice wins
-    assert gpu_run_options({}, chosen, get_tier("10M"), a100)["micro_batch"] == 8
+    assert gpu_run_options(RunOptions(), chosen, get_tier("10M"), a100).micro_batch == 8
 
 
 def test_status_shows_not_submitted_and_a_failed_local_run_with_its_one_line_error(tmp_path, sample_data):

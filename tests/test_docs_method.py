@@ -122,10 +122,10 @@ def test_after_a_smoke_run_val_loss_is_the_padded_loss_about_2e_4_above_the_real
     summary = run(RunSpec("adhoc", "smoke", "baseline", 0), results=tmp_path, data_dir=str(sample_data))
     folder = tmp_path / "adhoc" / "smoke" / "baseline" / "seed0"
     model, config, _ = load_run(folder)
-    windows = validation_batches_for_run(config, summary["val_tokens_evaluated"] // (4 * config.seq_len), 4)
+    windows = validation_batches_for_run(config, summary.val_tokens_evaluated // (4 * config.seq_len), 4)
     padded, real = padding_gap(model, windows)
     assert padded == pytest.approx(json.loads((folder / "summary.json").read_text())["val_loss"], abs=1e-9)
-    assert sum(w.shape[0] * (w.shape[1] - 1) for w in windows) == summary["val_tokens_evaluated"]
+    assert sum(w.shape[0] * (w.shape[1] - 1) for w in windows) == summary.val_tokens_evaluated
     # what method.md and the footer say, to the one figure every kernel set agrees on (1.7e-4 with AVX2 on an AMD
     # EPYC, 1.78e-4 with AVX-512 on an Intel Xeon: the second figure is the kernels' rounding of 100 steps)
     assert re.fullmatch(r"2e-04", f"{padded - real:.0e}"), padded - real

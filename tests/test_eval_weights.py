@@ -72,9 +72,9 @@ def test_training_keeps_the_hash_of_its_final_weights(tmp_path, sample_data):
     summary = run(RunSpec("adhoc", "smoke", "baseline", 0, {"max_steps": 2}), tmp_path, data_dir=str(sample_data),
                   progress=False)
     folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
-    assert summary["status"] == "completed"
-    assert summary["weights_sha256"] == file_sha256(folder / "checkpoints" / "model.pt")
-    assert final_weights_sha256(folder) == summary["weights_sha256"]
+    assert summary.status == "completed"
+    assert summary.weights_sha256 == file_sha256(folder / "checkpoints" / "model.pt")
+    assert final_weights_sha256(folder) == summary.weights_sha256
 
 
 def test_an_eval_json_copied_from_another_run_is_not_paired(store):

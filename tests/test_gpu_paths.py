@@ -63,12 +63,12 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     watched = {"log_interval": 5, "checkpoint_interval": 7}  # boundaries that fall apart from the steps
     every = train(tmp_path / "step", data=sample_data, host_sync="step", **watched)
     batched = train(tmp_path / "log", data=sample_data, host_sync="log", **watched)
-    assert every["status"] == batched["status"] == "completed"
-    assert (every["loss_read_every"], batched["loss_read_every"]) == (1, 5)
+    assert every.status == batched.status == "completed"
+    assert (every.loss_read_every, batched.loss_read_every) == (1, 5)
     assert rows_of(tmp_path / "step") == rows_of(tmp_path / "log")  # every train_loss, grad_norm, lr, val_loss
     assert len([r for r in rows_of(tmp_path / "log") if "train_loss" in r]) == 12
     for key in ("val_loss", "data_fingerprint", "init_fingerprint", "val_fingerprint", "config_fingerprint"):
-        assert every[key] == batched[key], key
+        assert getattr(every, key) == getattr(batched, key), key
     assert len(copies) == 24  # every step's batch went through copy_in, in both runs
     configs = [read_json(run_dir(tmp_path / r, "adhoc", "smoke", "baseline", 0) / "config.json")
                for r in ("step", "log")]
@@ -80,8 +80,8 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
 def test_a_diverging_run_ends_diverged_naming_its_step_and_when_it_was_seen(tmp_path, sample_data, host_sync):
     blow_up = {"lr": 1e9, "grad_clip": 1e30, "warmup_steps": 1}
     summary = train(tmp_path, data=sample_data, steps=20, overrides=blow_up, host_sync=host_sync, log_interval=5)
-    assert summary["status"] == "diverged" and summary["val_loss"] is None and "non-finite" in summary["error"]
-    step, seen = summary["diverged_step"], summary["diverged_detected_at_step"]
+    assert summary.status == "diverged" and summary.val_loss is None and "non-finite" in summary.error
+    step, seen = summary.diverged_step, summary.diverged_detected_at_step
     assert 1 <= step <= 20
     if host_sync == "step":
         assert seen == step
@@ -95,8 +95,8 @@ def test_diverged_step_is_the_same_under_both_read_backs(tmp_path, sample_data):
     blow_up = {"lr": 1e9, "grad_clip": 1e30, "warmup_steps": 1}
     steps = [train(tmp_path / s, data=sample_data, steps=20, overrides=blow_up, host_sync=s, log_interval=7)
              for s in ("step", "log")]
-    assert steps[0]["diverged_step"] == steps[1]["diverged_step"]
-    assert steps[0]["diverged_detected_at_step"] <= steps[1]["diverged_detected_at_step"]
+    assert steps[0].diverged_step == steps[1].diverged_step
+    assert steps[0].diverged_detected_at_step <= steps[1].diverged_detected_at_step
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -213,12 +213,12 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
 def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, sample_data):
     half = train(tmp_path / "bf16", "combo", steps=6, data=sample_data, precision="bf16-mixed")
     full = train(tmp_path / "fp32", "combo", steps=6, data=sample_data)
-    assert half["status"] == full["status"] == "completed"
-    assert half["config_fingerprint"] != full["config_fingerprint"]
+    assert half.status == full.status == "completed"
+    assert half.config_fingerprint != full.config_fingerprint
     losses = [[r["train_loss"] for r in rows_of(tmp_path / p, "combo") if "train_loss" in r] for p in ("bf16", "fp32")]
     assert losses[0] != losses[1]  # other numbers …
     assert max(abs(a - b) for a, b in zip(*losses)) <= 5 * LOSS_TOLERANCE  # … close to float32's (6 steps on)
-    assert abs(half["val_loss"] - full["val_loss"]) <= 5 * LOSS_TOLERANCE
+    assert abs(half.val_loss - full.val_loss) <= 5 * LOSS_TOLERANCE
     assert (read_json(run_dir(tmp_path / "bf16", "adhoc", "smoke", "combo", 0) / "config.json")["precision"]
             == "bf16-mixed")
 

@@ -76,12 +76,12 @@ def test_a_run_evaluates_with_its_loss_chunk_and_the_cpu_default_stays_whole(mon
     options = dict(steps=2, val_interval=1, final_val_tokens=64 * 8, progress=False)
     chunked = train.run(RunSpec("t", "smoke", "baseline", 0, {**options, "loss_chunk": 100}), tmp_path / "a",
                         data_dir=str(sample_data))
-    assert seen == [100] * 4 and chunked["status"] == "completed"  # step 0, 1, 2 and the final evaluation
+    assert seen == [100] * 4 and chunked.status == "completed"  # step 0, 1, 2 and the final evaluation
     seen.clear()
     whole = train.run(RunSpec("t", "smoke", "baseline", 0, {**options, "loss_chunk": 0}), tmp_path / "b",
                       data_dir=str(sample_data))
     assert seen == [0] * 4
-    assert chunked["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-5)  # training chunked too: rounding only
+    assert chunked.val_loss == pytest.approx(whole.val_loss, rel=1e-5)  # training chunked too: rounding only
     assert loss_chunk_for(None, torch.device("cpu")) == 0 and loss_chunk_for(None, "cuda:1") == LOSS_CHUNK
     assert loss_chunk_for(0, "cuda") == 0 and loss_chunk_for(512, "cpu") == 512
 
@@ -172,6 +172,7 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
     experiment that turns chunking off (loss_chunk: 0) gets a micro-batch sized for the whole loss."""
     from ablate.config import resolve_config
     from ablate.dispatch import gpu_run_options
+    from ablate.runconfig import RunOptions
     from ablate.experiment import Experiment
     from ablate.plan import Throughput, plan_grid
     from ablate.profiles import Profile
@@ -183,7 +184,7 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
         experiment = Experiment(name=f"sizing_{label}", tiers=["10M"], arms=["baseline"], seeds=1, overrides=overrides)
         spec = experiment.runs()[0]
         planned = plan_grid(experiment, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"]
-        submitted = gpu_run_options({}, spec, tier, profile)["micro_batch"]
+        submitted = gpu_run_options(RunOptions(), spec, tier, profile).micro_batch
         config = resolve_config(spec, data_dir=str(tmp_path), micro_batch=submitted).to_dict()
         chunk = loss_chunk_for(config["loss_chunk"], "cuda")
         assert planned == submitted == config["micro_batch"], label
@@ -194,4 +195,4 @@ def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_pat
     # an experiment's own micro-batch wins everywhere
     fixed = Experiment(name="sizing_fixed", tiers=["10M"], arms=["baseline"], seeds=1, overrides={"micro_batch": 8})
     assert plan_grid(fixed, speed=Throughput("h100"))["tiers"][0]["micro_batch_for_gpu"] == 8
-    assert gpu_run_options({}, fixed.runs()[0], tier, profile)["micro_batch"] == 8
+    assert gpu_run_options(RunOptions(), fixed.runs()[0], tier, profile).micro_batch == 8

@@ -8,7 +8,7 @@ import pytest
 from ablate.config import resolve_config
 from ablate.errors import AblateError
 from ablate.experiment import Experiment
-from ablate.train import prepare_run_dir
+from ablate.ranks import prepare_run_dir
 
 
 def a_started_run(tmp_path, **edits):

@@ -135,5 +135,8 @@ def test_an_old_summary_without_the_newer_fields_reads(tmp_path):
 def test_a_trained_run_writes_only_declared_summary_fields(tmp_path):
     from ablate.train import run
 
-    summary = run(RunSpec("e", "synthetic", "baseline", 0, {"max_steps": 2}), tmp_path, progress=False, threads=1)
-    assert summary["status"] == "completed" and set(summary) <= set(SUMMARY_FIELDS)
+    spec = RunSpec("e", "synthetic", "baseline", 0, {"max_steps": 2})
+    summary = run(spec, tmp_path, progress=False, threads=1)
+    assert isinstance(summary, RunSummary)  # the run's summary, typed (not a dict the command wraps again)
+    assert summary.status == "completed" and set(read_json(spec.folder(tmp_path) / SUMMARY)) <= set(SUMMARY_FIELDS)
+    assert summary == RunSummary.of(read_json(spec.folder(tmp_path) / SUMMARY))  # what the folder holds

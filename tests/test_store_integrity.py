@@ -48,12 +48,12 @@ def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data, fi
     a = read_json(run_dir(finished_runs(tmp_path, ("baseline", 0)), "study", "smoke", "baseline", 0) / "summary.json")
     b = train(tmp_path, "combo", data=sample_data, micro_batch=2, checkpoint_interval=2)  # execution-only keys
     for key in ("init_fingerprint", "data_fingerprint", "config_fingerprint", "val_fingerprint"):
-        assert a[key] and a[key] == b[key], key
+        assert a[key] and a[key] == getattr(b, key), key
     assert a["val_tokens_evaluated"] == 128 * 64
     table = build_table(load_runs(tmp_path / "study"), "paired")
     row = table.frame.row(0, named=True)
     assert row["arm"] == "combo" and row["n"] == 1
-    assert row["mean"] == pytest.approx(a["val_loss"] - b["val_loss"], abs=0)
+    assert row["mean"] == pytest.approx(a["val_loss"] - b.val_loss, abs=0)
 
 
 def _one_token_changed(sample_data, out):
@@ -74,7 +74,7 @@ def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_dat
     a = read_json(run_dir(finished_runs(tmp_path / "res", ("baseline", 0)), "study", "smoke", "baseline", 0)
                   / "summary.json")
     b = train(tmp_path / "res", "sink-logit", data=other)
-    assert a["data_fingerprint"] == b["data_fingerprint"] and a["config_fingerprint"] == b["config_fingerprint"]
+    assert a["data_fingerprint"] == b.data_fingerprint and a["config_fingerprint"] == b.config_fingerprint
     with pytest.raises(AblateError, match="their val_fingerprint differs.*different validation tokens"):
         load_runs(tmp_path / "res" / "study")
 
@@ -204,8 +204,8 @@ def test_an_interruption_during_the_final_writes_resumes_to_the_same_val_loss(tm
     (folder / ".summary.json.x.tmp").write_text("torn")  # an interrupted atomic write
     monkeypatch.undo()
     resumed = train(tmp_path / "b", data=sample_data, steps=6)
-    assert resumed["status"] == "completed" and resumed["val_loss"] == straight["val_loss"]  # bit for bit
-    assert resumed["val_fingerprint"] == straight["val_fingerprint"]
+    assert resumed.status == "completed" and resumed.val_loss == straight.val_loss  # bit for bit
+    assert resumed.val_fingerprint == straight.val_fingerprint
     assert not (folder / ".summary.json.x.tmp").exists()
     assert not (folder / "checkpoints" / "state.pt").exists() and (folder / "checkpoints" / "model.pt").exists()
 
@@ -316,17 +316,17 @@ def test_submit_checks_data_and_overrides_before_queuing(tmp_path, sample_data):
 def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path, sample_data):
     base = train(tmp_path, "baseline", data=sample_data, overrides={"match_params": True})
     gated = train(tmp_path, "g2-value", data=sample_data, overrides={"match_params": True})
-    assert gated["mlp_hidden"] < base["mlp_hidden"]
-    assert abs(gated["params_non_embedding"] / base["params_non_embedding"] - 1) <= 0.005
-    assert gated["init_fingerprint"] != base["init_fingerprint"]  # the MLP matrices differ in shape
-    assert gated["init_fingerprint_common"] == base["init_fingerprint_common"]
-    assert gated["config_fingerprint"] == base["config_fingerprint"]
+    assert gated.mlp_hidden < base.mlp_hidden
+    assert abs(gated.params_non_embedding / base.params_non_embedding - 1) <= 0.005
+    assert gated.init_fingerprint != base.init_fingerprint  # the MLP matrices differ in shape
+    assert gated.init_fingerprint_common == base.init_fingerprint_common
+    assert gated.config_fingerprint == base.config_fingerprint
     table = build_table(load_runs(tmp_path / "study"), "paired")
     assert "parameter-matched" in table.frame.row(0, named=True)["marks"].split(",")
     assert any("narrowed (match_params)" in w for w in table.warnings)
     unmatched = train(tmp_path, "g2-value", seed=1, data=sample_data)
     train(tmp_path, "baseline", seed=1, data=sample_data)
-    assert unmatched["params_non_embedding"] > base["params_non_embedding"] * 1.05
+    assert unmatched.params_non_embedding > base.params_non_embedding * 1.05
     with pytest.raises(AblateError, match="their settings differ.*match_params: True vs False"):
         train(tmp_path, "baseline", seed=1, data=sample_data, force=True, overrides={"match_params": True})
         load_runs(tmp_path / "study")

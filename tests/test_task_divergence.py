@@ -18,10 +18,10 @@ def test_a_diverging_task_run_ends_diverged_with_its_step(tmp_path, monkeypatch)
                             overrides={"steps": 6, "val_interval": 3})
     spec = experiment.runs()[0]
     summary = run(spec, tmp_path)  # returns, as a corpus run's divergence does: an outcome, not an error
-    assert summary["status"] == "diverged" and summary["diverged_step"] == 3
-    assert summary["val_loss"] is None and "non-finite training loss nan at step 3" in summary["error"]
-    assert "after the optimiser's update" in summary["error"]  # where it came from: the NaN learning rate
-    assert "(replayed steps 1–3 from the initial weights with checks on)" in summary["error"]
+    assert summary.status == "diverged" and summary.diverged_step == 3
+    assert summary.val_loss is None and "non-finite training loss nan at step 3" in summary.error
+    assert "after the optimiser's update" in summary.error  # where it came from: the NaN learning rate
+    assert "(replayed steps 1–3 from the initial weights with checks on)" in summary.error
     on_disk = json.loads((spec.folder(tmp_path) / "summary.json").read_text())
     assert on_disk["status"] == "diverged" and on_disk["diverged_step"] == 3
     [row] = status(experiment, tmp_path)
@@ -29,4 +29,4 @@ def test_a_diverging_task_run_ends_diverged_with_its_step(tmp_path, monkeypatch)
     runs = load_runs(tmp_path / "tdiv")
     assert runs.frame["reason"].to_list() == ["diverged at step 3"]
     monkeypatch.setattr(taskrun, "lr_at", schedule)
-    assert run(spec, tmp_path)["status"] == "diverged"  # a finished run: run again, it is not retrained
+    assert run(spec, tmp_path).status == "diverged"  # a finished run: run again, it is not retrained

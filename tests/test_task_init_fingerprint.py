@@ -26,6 +26,6 @@ def test_task_runs_at_two_learning_rates_record_the_common_fingerprint_of_their_
     assert summaries[0].init_fingerprint_common == summaries[1].init_fingerprint_common  # one seed: one start
     config = RunConfig.from_dict(json.loads((spec.folder(tmp_path) / "config.json").read_text()))
     torch.manual_seed(config.seed)
-    model = task_model(GPTConfig(**config.model), task_from_fields(config.synthetic_task))
+    model = task_model(GPTConfig(**config.model_fields()), task_from_fields(config.synthetic_task))
     model.init_weights(config.seed)
     assert summaries[1].init_fingerprint_common == common_fingerprint(model)  # the initial weights', untrained

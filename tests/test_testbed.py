@@ -206,5 +206,5 @@ def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(m
     fields = {**TASKS["filter-norm"], "n_noise": 8}
     assert [c.seed for c in configs] == [3, 4] and all(c.arm == "baseline" for c in configs)
     assert configs[0].synthetic_task == fields and configs[0].steps == 40 and configs[0].lr == 1e-3
-    assert configs[0].model["vocab_size"] == tiers.filter_vocab_size(fields) == vocab - 8
+    assert configs[0].model.vocab_size == tiers.filter_vocab_size(fields) == vocab - 8
     assert design._configs("synthetic", 1, 0, {})[0].synthetic_task == TASKS["abstain"]

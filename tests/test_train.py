@@ -70,9 +70,9 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
     a = train(tmp_path, "baseline", data=sample_data)
     b = train(tmp_path, "combo2", data=sample_data)
     c = train(tmp_path, "baseline", seed=1, data=sample_data)
-    assert a["init_fingerprint"] == b["init_fingerprint"] and a["data_fingerprint"] == b["data_fingerprint"]
-    assert c["init_fingerprint"] != a["init_fingerprint"] and c["data_fingerprint"] != a["data_fingerprint"]
-    assert a["val_loss"] != b["val_loss"]  # the arms do differ
+    assert a.init_fingerprint == b.init_fingerprint and a.data_fingerprint == b.data_fingerprint
+    assert c.init_fingerprint != a.init_fingerprint and c.data_fingerprint != a.data_fingerprint
+    assert a.val_loss != b.val_loss  # the arms do differ
     folder = run_dir(tmp_path, "adhoc", "smoke", "combo2", 0)
     summary = read_json(folder / "summary.json")
     for key in ("tier", "arm", "seed", "status", "val_loss", "steps", "tokens", "init_fingerprint",
@@ -82,7 +82,7 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
     assert summary["status"] == "completed" and summary["steps"] == 12 and summary["params_arm_extra"] > 0
     assert read_json(folder / "config.json")["arm"] == "combo2"
     assert config_disagreement(folder, RunSummary.of(summary)) is None  # what every reader checks holds for training
-    assert a["data_id"] == c["data_id"] and len(a["data_id"]) == 64  # the data's identity, the same for every seed
+    assert a.data_id == c.data_id and len(a.data_id) == 64  # the data's identity, the same for every seed
     metrics = read_metrics(folder / "metrics.jsonl")
     assert [r["step"] for r in metrics if "train_loss" in r] == list(range(1, 13))
     assert {"train_loss", "lr", "grad_norm", "tokens_per_s"} <= set(metrics[-1]) and "val_loss" in metrics[-1]
@@ -94,13 +94,13 @@ def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, samp
     folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
     first = read_json(folder / "summary.json")
     mtime = (folder / "summary.json").stat().st_mtime_ns
-    assert train(tmp_path, data=sample_data, steps=3) == first
+    assert train(tmp_path, data=sample_data, steps=3) == RunSummary.of(first)
     assert (folder / "summary.json").stat().st_mtime_ns == mtime
     with pytest.raises(AblateError, match="different config.*steps"):
         train(tmp_path, data=sample_data, steps=4)
     assert read_json(folder / "summary.json") == first  # nothing overwritten
     again = train(tmp_path, data=sample_data, steps=4, force=True)
-    assert again["steps"] == 4
+    assert again.steps == 4
     kept = [p for p in folder.parent.iterdir() if p.name.startswith("seed0.old-")]
     assert len(kept) == 1 and read_json(kept[0] / "summary.json") == first
 
@@ -119,8 +119,8 @@ def test_data_of_another_tokenizer_is_refused(tmp_path, sample_data):
 
 def test_non_finite_loss_ends_the_run_as_diverged(tmp_path, sample_data):
     summary = train(tmp_path, data=sample_data, steps=40, overrides={"lr": 1e6, "grad_clip": 1e30, "warmup_steps": 1})
-    assert summary["status"] == "diverged" and 1 <= summary["diverged_step"] <= 40
-    assert summary["val_loss"] is None and "non-finite" in summary["error"]
+    assert summary.status == "diverged" and 1 <= summary.diverged_step <= 40
+    assert summary.val_loss is None and "non-finite" in summary.error
 
 
 class HalfGate(Arm):
@@ -152,11 +152,11 @@ def halfgate():
 
 def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data, halfgate):
     summary = train(tmp_path, halfgate, data=sample_data, steps=8)
-    assert summary["status"] == "completed" and summary["params_arm_extra"] == 2 * 2
+    assert summary.status == "completed" and summary.params_arm_extra == 2 * 2
     metrics = [r for r in read_metrics(run_dir(tmp_path, "adhoc", "smoke", "test-halfgate", 0) / "metrics.jsonl")
                if "train_loss" in r]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
-    assert summary["init_fingerprint"] == train(tmp_path, "baseline", data=sample_data, steps=8)["init_fingerprint"]
+    assert summary.init_fingerprint == train(tmp_path, "baseline", data=sample_data, steps=8).init_fingerprint
 
 
 def _wait_for_step(metrics_path, step, process, timeout=300):
@@ -223,13 +223,14 @@ def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
 
 
 def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_data):
+    from ablate.ranks import RunFolder
     from ablate.train import Trainer
 
     summary = train(tmp_path, data=sample_data, steps=3, logger="tensorboard")
     folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
-    run_id = summary["logger_run_id"]
+    run_id = summary.logger_run_id
     assert [p.name for p in (folder / "tensorboard").iterdir()] == [run_id]
     assert list((folder / "tensorboard" / run_id).glob("events.out.tfevents.*"))
     config = RunConfig.from_dict(read_json(folder / "config.json"))
-    assert Trainer(folder, config).logger_run_id == run_id  # what a requeued job computes again
-    assert Trainer(folder.parent / "seed1", config).logger_run_id != run_id
+    assert Trainer(RunFolder(folder, config)).logger_run_id == run_id  # what a requeued job computes again
+    assert Trainer(RunFolder(folder.parent / "seed1", config)).logger_run_id != run_id

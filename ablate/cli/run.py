@@ -55,22 +55,22 @@ def run_spec(args):
 def run_command(args) -> int:
     from ablate.armcheck import refuse_unsound  # the library loads in the handler: `ablate --help` stays torch-free
     from ablate.store import Status
-    from ablate.store_summary import RunSummary
+    from ablate.runconfig import RunOptions
     from ablate.train import run_as
 
     if args.arm_file:
         load_arm_file(args.arm_file)
     refuse_unsound([args.arm], args.arm_file)  # a user's arm: causal and finite, or refused before any folder exists
     spec = run_spec(args)
-    options = dict(max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval, devices=args.devices,
-                   compile=args.compile, logger=args.logger, threads=args.threads, progress=args.progress,
-                   document_mask=args.document_mask)
-    summary = RunSummary.of((outcome := run_as(spec, args.results, args.data, args.force, options))[0])
-    if not outcome[1]:  # a data-parallel child reports nothing: its parent does
+    options = RunOptions(data_dir=args.data, max_steps=args.max_steps, checkpoint_interval=args.checkpoint_interval,
+                         devices=args.devices, compile=args.compile, logger=args.logger, threads=args.threads,
+                         progress=args.progress, document_mask=args.document_mask)
+    summary, child = run_as(spec, args.results, options, args.force)
+    if not child:  # a data-parallel child reports nothing: its parent does
         print(json.dumps({k: getattr(summary, k) for k in ("tier", "arm", "seed", "status", "val_loss", "steps",
                                                           "init_fingerprint", "data_fingerprint", "config_fingerprint",
                                                           "val_fingerprint", "val_tokens_evaluated")}, indent=2))
-    if summary.status == Status.DIVERGED and not outcome[1]:
+    if summary.status == Status.DIVERGED and not child:
         print(f"ablate: run diverged: {summary.error}", file=sys.stderr)
         return DIVERGED_EXIT
     return 0 if summary.status in (Status.COMPLETED, Status.DIVERGED) else 1

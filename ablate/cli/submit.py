@@ -131,13 +131,13 @@ def lr_runs(args, experiment, results):
 def _submission(args, results, sequential: dict | None, grid):
     """What the command line asks `ablate.dispatch.submit` for."""
     from ablate.dispatch import Submission  # the library loads in the handler: see ablate.cli
+    from ablate.runconfig import RunOptions
 
     return Submission(
         results=results, executor=args.executor, profile=args.profile, tiers=args.tiers, arms=args.arms,
         seeds=args.seeds, parallel=args.parallel, dry_run=args.dry_run,
-        options={**({"data_dir": str(Path(args.data).resolve())} if args.data else {}),
-                 **({"match_params": args.match_params} if args.match_params is not None else {}),
-                 **({"document_mask": True} if args.document_mask else {})},
+        options=RunOptions(data_dir=str(Path(args.data).resolve()) if args.data else None,
+                           match_params=args.match_params, document_mask=True if args.document_mask else None),
         eval_tasks=args.eval_tasks, rerun_stale=args.rerun_stale,
         eval_options={k: v for k, v in {"limit": args.eval_limit, "task_data": args.task_data}.items()
                       if v is not None},

@@ -97,12 +97,13 @@ def testbed_command(args) -> int:
     from ablate.analysis.testbed import task_runs, testbed_markdown
     from ablate.dispatch import Submission, preflight, submit
     from ablate.experiment import experiment_file
+    from ablate.runconfig import RunOptions
     from ablate.tiers import get_tier
 
     file = load_arm_file(args.arm_file) if args.arm_file else experiment_file("testbed")
     testbed, experiment = _experiment(args)
-    options = {"document_mask": True} if args.document_mask else {}
-    if options:  # the run option's own refusal (a task tier has no documents), before a word is said or a run queued
+    options = RunOptions(document_mask=True if args.document_mask else None)
+    if args.document_mask:  # the option's own refusal (a task tier has no documents), before a word or a run
         specs = experiment.runs()
         preflight(experiment, specs, {t: get_tier(t) for t in dict.fromkeys(s.tier for s in specs)}, "local", options)
     refuse_unsound(args.arm, args.arm_file)  # a user's arm: causal and finite, before any run of the grid
