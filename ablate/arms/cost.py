@@ -88,10 +88,11 @@ class _Allocations(TorchDispatchMode):
         return out
 
 
-def probe_bytes(name: str, T: int, B: int = 1, path: str = "reference") -> tuple[int, int]:
-    """(bytes saved for the backward pass, bytes allocated by the larger pass) of one layer of arm `name` at length
-    T on `path`, float32 on a CPU."""
-    arm = get_arm(name)(ArmContext(PROBE_HEADS, PROBE_HEADS, PROBE_HEAD_DIM, PROBE_HEADS * PROBE_HEAD_DIM,
+def probe_bytes(name: str | type, T: int, B: int = 1, path: str = "reference") -> tuple[int, int]:
+    """(bytes saved for the backward pass, bytes allocated by the larger pass) of one layer of arm `name` (or its
+    class) at length T on `path`, float32 on a CPU."""
+    arm_class = get_arm(name) if isinstance(name, str) else name
+    arm = arm_class(ArmContext(PROBE_HEADS, PROBE_HEADS, PROBE_HEAD_DIM, PROBE_HEADS * PROBE_HEAD_DIM,
                                    n_layer=2, layer=1)).float()
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, PROBE_HEADS, T, PROBE_HEAD_DIM, generator=gen).requires_grad_() for _ in range(3))
@@ -119,21 +120,39 @@ def _square_coefficient(values: list[int], lengths=PROBE_LENGTHS) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _measured(name: str, arm_class: type, device: str) -> AttentionCost:
-    path = arm_class.path(device)
-    if path != "reference":
-        return AttentionCost(name, path, 0.0, 0.0, "path")
+def reference_factors(arm_class: type) -> tuple[tuple[float, float, float, float], str]:
+    """((saved, allocated, saved_shared, allocated_shared) bytes per element, source) of the arm's whole-row
+    reference path, probed once per class on a CPU, isolated from the caller (it may run inside a training step:
+    gradients on, no inference mode, no autocast, the caller's random state untouched)."""
     try:
-        one, two = ([probe_bytes(name, T, B, path) for T in PROBE_LENGTHS] for B in (1, 2))
+        with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast("cpu", enabled=False):
+            one, two = ([probe_bytes(arm_class, T, B) for T in PROBE_LENGTHS] for B in (1, 2))
     except Exception as err:  # a user's arm that fails at the probe's shape: said in one line, sized by the constant
         why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
-        return AttentionCost(name, path, float(FALLBACK_SAVED), float(FALLBACK_ALLOCATED), source=f"fallback: {why}")
+        return (float(FALLBACK_SAVED), float(FALLBACK_ALLOCATED), 0.0, 0.0), f"fallback: {why}"
     factors = []
     for which in (0, 1):  # saved, allocated
         at_one, at_two = (_square_coefficient([c[which] for c in counts]) for counts in (one, two))
         per = max((at_two - at_one) / PROBE_HEADS, 0.0)
         factors += [per, max(at_one - per * PROBE_HEADS, 0.0)]
-    return AttentionCost(name, path, factors[0], factors[2], "measured", factors[1], factors[3])
+    return (factors[0], factors[2], factors[1], factors[3]), "measured"
+
+
+def block_bytes(arm_class: type, dtype: torch.dtype = torch.float32) -> float:
+    """Bytes one (B, H, block, T) element of a block of the blocked reference path takes while the block is
+    computed and differentiated: the arm's measured saved + allocated bytes per element (float32), doubled for a
+    float64 call; a bf16 or float16 call is sized as float32 (its softmax and most elementwise work stay float32)."""
+    (saved, allocated, _, _), _ = reference_factors(arm_class)
+    return (saved + allocated) * max(torch.empty((), dtype=dtype).element_size(), 4) / 4
+
+
+def _measured(name: str, arm_class: type, device: str) -> AttentionCost:
+    path = arm_class.path(device)
+    if path != "reference":
+        return AttentionCost(name, path, 0.0, 0.0, "path")
+    (saved, allocated, saved_shared, allocated_shared), source = reference_factors(arm_class)
+    return AttentionCost(name, path, saved, allocated, source, saved_shared, allocated_shared)
 
 
 def attention_cost(name: str, device: str = "cuda") -> AttentionCost:
