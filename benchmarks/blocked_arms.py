@@ -48,7 +48,8 @@ WHOLE_ROWS = "stick-breaking (whole rows)"
 def predicted_gb(tier_name: str, arm: str, seq_len: int, params: int) -> float:
     """The plan's step estimate on a CPU shape (float32, batch 1), less the weights and AdamW's moments."""
     tier = replace(TIERS[tier_name], seq_len=seq_len)
-    step = arm_memory_phases_gb(tier, 1, arm, device="cpu", precision="32-true", reserved_gb=0.0)["train_step"]
+    step = arm_memory_phases_gb(tier, 1, arm, device="cpu", precision="32-true", reserved_gb=0.0,
+                                margin=1.0)["train_step"]
     return step - params * (OPTIMIZER_BYTES - 4) / 1e9
 
 

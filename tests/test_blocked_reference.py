@@ -224,7 +224,7 @@ def _scored_keys(cls, documents=None):
 
             return counted
 
-    from ablate.arms.cost import block_bytes
+    from ablate.arms.kernel import block_bytes
 
     block_bytes(Counting)  # the block choice's probe (once per class) calls the modifier too: not counted
     calls.clear()

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from ablate.arms import checks
 from ablate.arms.base import Arm, AttentionContext, MaskMod
+from ablate.arms.probe import reference_factors
 from ablate.errors import AblateError
 
 
@@ -411,7 +412,7 @@ BLOCKS = "kernel/blocks"  # the key, in a forward's shared dict, of each block's
 def reference_block(batch: int, heads: int, seq_len: int, element_bytes: float, budget: int | None = None) -> int:
     """Query rows per block of the blocked reference path: the most rows whose working set, batch·heads·rows·T
     elements at `element_bytes` each (the arm's measured bytes saved and allocated per (B, H, T, T) element,
-    `ablate.arms.cost.block_bytes`), fits `budget` (default BLOCK_BUDGET), rounded down to a power of two, within
+    `block_bytes`), fits `budget` (default BLOCK_BUDGET), rounded down to a power of two, within
     [BLOCK_MIN, BLOCK_MAX]. The saved state per layer is then the blocks' inputs, O(B·H·T·d), not O(B·H·T²)."""
     budget = BLOCK_BUDGET if budget is None else budget
     fit = int(budget // max(batch * heads * seq_len * element_bytes, 1e-9))
@@ -425,14 +426,20 @@ def blocked_rows(arm, batch: int, heads: int, seq_len: int, dtype: torch.dtype =
     whole-row path: an arm whose state a KV cache cannot hold (`no_decoding`: its rows cannot be run as chunks), an
     override (its core calls take the path themselves), or T within one block. One owner: the kernel calls it with
     the call's shape and dtype, `ablate plan` and the memory plan with the run's (`reference_block` of the arm's
-    measured bytes per element, `ablate.arms.cost.block_bytes`)."""
+    measured bytes per element, `block_bytes`)."""
     if arm.no_decoding or arm.has_hook("override") or seq_len <= BLOCK_MIN:
         return None
-    from ablate.arms.cost import block_bytes  # the arm's measured factor (cost imports this module)
-
     rows = reference_block(batch, heads, seq_len, block_bytes(arm if isinstance(arm, type) else type(arm), dtype),
                            budget)
     return None if seq_len <= rows else rows
+
+
+def block_bytes(arm_class: type, dtype: torch.dtype = torch.float32) -> float:
+    """Bytes one (B, H, block, T) element of a block of the blocked reference path takes while the block is
+    computed and differentiated: the arm's measured saved + allocated bytes per element (float32), doubled for a
+    float64 call; a bf16 or float16 call is sized as float32 (its softmax and most elementwise work stay float32)."""
+    (saved, allocated, _, _), _ = reference_factors(arm_class, attention)
+    return (saved + allocated) * max(torch.empty((), dtype=dtype).element_size(), 4) / 4
 
 
 def kept_keys(arm: Arm, context: AttentionContext, q_block: torch.Tensor, start: int) -> torch.Tensor | None:
