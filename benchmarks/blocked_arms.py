@@ -14,9 +14,10 @@ trimmed, the kernel's high-water mark reset after one warm-up step): the peak re
 (forward + backward, gradients included, no optimiser step). Load-independent. Step time: the same subprocess times
 the measured step (one thread); the machine is shared, so step times are indicative only.
 
-Predicted: the plan's training-step estimate for a CPU shape at the same length (`ablate.sizing.arm_memory_phases_gb`,
-device "cpu", float32, no CUDA context), less what the measured growth leaves out: the weights and AdamW's two moments
-(12 bytes per parameter of the plan's 16; the gradients, 4, are in the growth).
+Predicted: the plan's predicted training-step peak for a CPU shape at the same length
+(`ablate.sizing.arm_memory_phases_gb`, device "cpu", float32, no CUDA context, margin 1: the model's estimate, as
+`ablate plan`'s peak GB), less what the measured growth leaves out: the weights and AdamW's two moments (12 bytes
+per parameter of the plan's 16; the gradients, 4, are in the growth).
 
 Largest T under 14 GB: the process's whole footprint (RSS after set-up + the step's peak growth + AdamW's two moments,
 8 bytes per parameter) fitted by the quadratic a + bT + cT² through the three measured lengths and solved for 14 GB;
