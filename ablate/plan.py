@@ -35,6 +35,10 @@ REFERENCE_PRICE = ("an arm on the reference path: the model's FLOPs with the att
                    "micro-batch takes")
 
 
+PEAK_MEMORY = ("peak GB is the memory model's predicted peak per GPU at the micro-batch, without a margin; the "
+               "micro-batch is chosen with a 1.25× margin on activations (ACTIVATION_SAFETY) within 90% of the GPU")
+
+
 def reference_hours(tier: Tier, arm: str, steps: int, micro: int, baseline_micro: int, params: int,
                     speed: "Throughput", world_size: int = 1) -> float:
     """GPU-hours a run of an arm on the reference path adds over its fused-path price (REFERENCE_PRICE): the
@@ -152,29 +156,36 @@ def plan_rows(tier: Tier | str, arms: list[str] | None = None, seed_count: int |
             "mlp_hidden": config.mlp_width, "params_vs_baseline": counts["non_embedding"] / baseline - 1,
             "tokens": steps * tier.tokens_per_step, "steps": steps, "train_flops": flops,
             "gpu_hours_per_run": hours, "seeds": seeds, "gpu_hours": hours * seeds,
-            "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": _path_note(cost, tier)},
-            "reference_block": blocked_rows(get_arm(arm), tier.seq_len) if cost.path == "reference" else None,
+            "micro_batch_for_gpu": micro, "attention": {**asdict(cost), "note": _path_note(cost, tier, micro)},
+            "reference_block": _block(tier, arm, micro) if cost.path == "reference" else None,
             "peak_memory_gb": run_peak_gb(tier, micro, overrides or {}, world_size, arm, config.mlp_hidden),
         })
     return {
         "tier": tier.name, "assumption": speed.describe(), "match_params": match,
         "params_non_embedding_baseline": baseline,
         "hyperparameters": {k: v for k, v in asdict(tier).items() if k not in ("name",)},
-        "micro_batch_for_gpu": baseline_micro, "reference_price": REFERENCE_PRICE,
+        "micro_batch_for_gpu": baseline_micro, "reference_price": REFERENCE_PRICE, "peak_memory": PEAK_MEMORY,
         "runs": rows, "total_runs": len(rows) * seeds,
         "total_gpu_hours": sum(r["gpu_hours"] for r in rows),
         "total_train_flops": sum(r["train_flops"] * seeds for r in rows),
     }
 
 
-def _path_note(cost, tier: Tier) -> str:
-    """The probe's line, and for the reference path how it runs at the tier's length: in query blocks (the block
-    `blocked_rows` takes), or whole rows, and why."""
+def _block(tier: Tier, arm: str, micro: int) -> int | None:
+    """The query rows per block the run's reference path takes at its micro-batch (`blocked_rows`, the kernel's own
+    choice at that shape), or None for whole rows."""
+    return blocked_rows(get_arm(arm), micro, tier.n_head, tier.seq_len)
+
+
+def _path_note(cost, tier: Tier, micro: int) -> str:
+    """The probe's line, and for the reference path how it runs at the tier's length and the run's micro-batch: in
+    query blocks (the block `blocked_rows` takes), or whole rows, and why."""
     if cost.path != "reference":
         return cost.note
-    block = blocked_rows(get_arm(cost.arm), tier.seq_len)
+    block = _block(tier, cost.arm, micro)
     if block is not None:
-        return f"{cost.note}; blocks of {block} query rows at T = {tier.seq_len}, recomputed in the backward pass"
+        return (f"{cost.note}; blocks of {block} query rows at T = {tier.seq_len}, micro-batch {micro}, "
+                "recomputed in the backward pass")
     why = get_arm(cost.arm).no_decoding or f"T = {tier.seq_len} is one block"
     return f"{cost.note}; whole rows ({why})"
 

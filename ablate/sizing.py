@@ -7,7 +7,7 @@ Counts come from the real model built on the meta device, so they cannot drift f
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -118,24 +118,70 @@ def loss_chunk_for(setting: int | None, device) -> int:
 
 
 def reference_attention_bytes(tier: Tier, rows: int, arm: str | None, device: str = "cuda") -> tuple[int, int]:
-    """(bytes kept for the backward pass in all layers, working bytes of one layer) of the (B, H, T, T) tensors an
-    arm on the reference path materialises for `rows` sequences, from its measured bytes per element
-    (`ablate.arms.cost.attention_cost`); (0, 0) on the fused and flex paths. On the blocked reference path
-    (`ablate.arms.kernel.blocked_rows`: T over one block, an arm that decodes) no layer keeps a square (its blocks
-    keep their inputs, O(T) activations) and one block's saved and allocated tensors, (B, H, block, T), are the
-    working set."""
-    if arm is None or get_arm(arm).path(device) != "reference":
+    """(bytes kept for the backward pass in all layers, working bytes of one layer) of the T×T tensors an arm's
+    attention path materialises for `rows` sequences; (0, 0) on the flex path and on the fused path without a score
+    bias. On the reference path, from the arm's measured bytes per (B, H, T, T) element
+    (`ablate.arms.cost.attention_cost`); on the blocked reference path (`ablate.arms.kernel.blocked_rows` at this
+    shape: an arm that decodes, T over one block) no layer keeps a square (its blocks keep their inputs, O(T)
+    activations) and one block's saved and allocated tensors, (B, H, block, T), are the working set. On the fused
+    path, an arm with a score-bias slot keeps SDPA's additive (H, T, T) float32 mask in every layer (4 bytes per
+    element, whatever B: measured, benchmarks/blocked_arms.py)."""
+    if arm is None:
         return 0, 0
-    saved, working = attention_cost(arm, device).bytes(rows, tier.n_head, tier.seq_len)
-    block = blocked_rows(get_arm(arm), tier.seq_len)
+    arm_class, heads, seq = get_arm(arm), tier.n_head, tier.seq_len
+    path = arm_class.path(device)
+    if path == "fused" and arm_class.has_slot("score-bias"):
+        return tier.n_layer * 4 * heads * seq * seq, 0
+    if path != "reference":
+        return 0, 0
+    saved, working = attention_cost(arm, device).bytes(rows, heads, seq)
+    block = blocked_rows(arm_class, rows, heads, seq)
     if block is None:  # whole rows: every layer keeps its square for the backward pass
         return tier.n_layer * saved, working
-    return 0, (saved + working) * block // tier.seq_len  # blocks: one block recomputed and differentiated at a time
+    return 0, (saved + working) * block // seq  # blocks: one block recomputed and differentiated at a time
 
 
-def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
-                     mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH, precision: str = "bf16-mixed",
-                     reserved_gb: float = RESERVED_GB) -> dict[str, float]:
+@dataclass(frozen=True)
+class PhaseBytes:
+    """One phase's estimate before the margin: `fixed` bytes (weights, optimiser states, gradients) take none;
+    `activations` take it; the output layer's peak `output` takes it when `output_margin`."""
+
+    fixed: float
+    activations: float
+    output: float
+    output_margin: bool
+
+
+def phase_bytes(tier: Tier, micro_batch: int, world_size: int = 1, loss_chunk: int = 0,
+                mlp_hidden: int | None = None, eval_batch: int = EVAL_BATCH,
+                precision: str = "bf16-mixed") -> dict[str, PhaseBytes]:
+    """The parts of every phase's estimate on the fused path (`memory_phases_gb`)."""
+    if precision not in ("bf16-mixed", "32-true"):
+        raise AblateError(f"precision {precision!r}: valid precisions are bf16-mixed, 32-true")
+    a = 2 if precision == "bf16-mixed" else 4
+    d, layers, seq = tier.d_model, tier.n_layer, tier.seq_len
+    m = mlp_hidden or 4 * d
+    vocab = math.ceil(tier.vocab_size / 64) * 64
+    head_dim = d // tier.n_head
+    per_layer = (tier.n_head + 2 * tier.n_kv_head) * head_dim * d + d * d + 2 * d * m + 2 * d
+    params = vocab * d + layers * per_layer + d
+    states = params * (OPTIMIZER_BYTES + (DDP_BYTES if world_size > 1 else 0))
+
+    def output(tokens: int, per_token: int) -> int:  # bytes of the output layer, whole or in chunks
+        return per_token * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
+
+    tokens, scored = micro_batch * seq, eval_batch * seq
+    working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
+    evaluation = PhaseBytes(states, tokens * working, output(tokens, a + 4 + (4 if a < 4 else 0)), True)
+    return {"train_step": PhaseBytes(states + 2 * 4 * vocab * d, tokens * layers * (8 * d + a * (11 * d + 2 * m)),
+                                     output(tokens, 12 + (2 * a if a < 4 else 0)), False),
+            "evaluation": evaluation, "final_evaluation": evaluation,
+            "eval_scoring": PhaseBytes(params * 4, scored * (8 * d + 4 * (6 * d + 2 * m)),
+                                       output(scored, 8) if loss_chunk > 0 else 4 * vocab * (scored + 3 * seq), True)}
+
+
+def memory_phases_gb(tier: Tier | str, micro_batch: int, *, margin: float = ACTIVATION_SAFETY,
+                     reserved_gb: float = RESERVED_GB, **options) -> dict[str, float]:
     """Estimated peak memory (GB) of each phase of a run of `tier`: {phase: GB} for PHASES.
 
     a = 2 bytes per activation under "bf16-mixed" autocast (a GPU's default), 4 under "32-true" (a CPU's);
@@ -159,51 +205,34 @@ def memory_phases_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1,
       (`ablate.evals.lm.AblateLM`).
     This is the fused attention path's estimate (no T×T tensor); `arm_memory_phases_gb` adds an arm's path.
     Activations, and the logits of the phases without a graph (a chunk's blocks are freed and allocated
-    again), are times 1.25 (arm gates, autocast copies, fragmentation); each phase adds `reserved_gb`
-    (the CUDA context; 0 for a CPU process). An estimate for choosing a micro-batch, not a measurement.
+    again), are times `margin` (ACTIVATION_SAFETY, 1.25: arm gates, autocast copies, fragmentation; the margin
+    is for choosing a micro-batch, `micro_batch_for`; `ablate plan`'s predicted peak takes margin 1, the model's
+    own estimate); each phase adds `reserved_gb` (the CUDA context; 0 for a CPU process).
     """
-    tier = get_tier(tier) if isinstance(tier, str) else tier
-    if precision not in ("bf16-mixed", "32-true"):
-        raise AblateError(f"precision {precision!r}: valid precisions are bf16-mixed, 32-true")
-    a = 2 if precision == "bf16-mixed" else 4
-    d, layers, seq = tier.d_model, tier.n_layer, tier.seq_len
-    m = mlp_hidden or 4 * d
-    vocab = math.ceil(tier.vocab_size / 64) * 64
-    head_dim = d // tier.n_head
-    per_layer = (tier.n_head + 2 * tier.n_kv_head) * head_dim * d + d * d + 2 * d * m + 2 * d
-    params = vocab * d + layers * per_layer + d
-    states = params * (OPTIMIZER_BYTES + (DDP_BYTES if world_size > 1 else 0))
-
-    def output(tokens: int, per_token: int) -> int:  # bytes of the output layer, whole or in chunks
-        return per_token * vocab * (min(loss_chunk, tokens) if loss_chunk > 0 else tokens)
-
-    tokens, scored = micro_batch * seq, eval_batch * seq
-    saved = tokens * layers * (8 * d + a * (11 * d + 2 * m)) * ACTIVATION_SAFETY
-    working = 8 * d + a * (6 * d + 2 * m)  # per token: one layer at a time, no graph
-    evaluation = states + (tokens * working + output(tokens, a + 4 + (4 if a < 4 else 0))) * ACTIVATION_SAFETY
-    scoring = params * 4 + (scored * (8 * d + 4 * (6 * d + 2 * m))
-                            + (output(scored, 8) if loss_chunk > 0
-                               else 4 * vocab * (scored + 3 * seq))) * ACTIVATION_SAFETY
-    train = states + saved + output(tokens, 12 + (2 * a if a < 4 else 0)) + 2 * 4 * vocab * d
-    phases = {"train_step": train, "evaluation": evaluation,
-              "final_evaluation": evaluation, "eval_scoring": scoring}
-    return {phase: value / 1e9 + reserved_gb for phase, value in phases.items()}
+    return arm_memory_phases_gb(tier, micro_batch, None, margin=margin, reserved_gb=reserved_gb, **options)
 
 
 def arm_memory_phases_gb(tier: Tier | str, micro_batch: int, arm: str | None, *, device: str = "cuda",
+                         margin: float = ACTIVATION_SAFETY, reserved_gb: float = RESERVED_GB,
                          **options) -> dict[str, float]:
-    """`memory_phases_gb` (options: its keywords) plus what `arm`'s attention path adds on `device`: on the
-    reference path (`Arm.path`: a score modifier or normaliser that flex_attention does not run there) its
-    (B, H, T, T) tensors at the bytes per element measured for it (`reference_attention_bytes`), those kept for the
-    backward pass in every layer and one layer's working bytes at a time, in every phase (times the activations'
-    1.25); nothing on the fused and flex paths, which keep no T×T tensor."""
+    """`memory_phases_gb` (options: `phase_bytes`'s keywords) plus what `arm`'s attention path adds on `device`
+    (`reference_attention_bytes`): the T×T tensors kept for the backward pass join the training step's
+    activations; one layer's (or one block's) working bytes are taken at a time, when the output layer's peak is
+    not, so a phase's peak is the larger of the two, not their sum; both times `margin`. Nothing on the flex path
+    and on the fused path without a score bias, which keep no T×T tensor."""
     tier = get_tier(tier) if isinstance(tier, str) else tier
-    phases = memory_phases_gb(tier, micro_batch, **options)
+    parts = phase_bytes(tier, micro_batch, **options)
     saved, working = reference_attention_bytes(tier, micro_batch, arm, device)
-    scoring = reference_attention_bytes(tier, options.get("eval_batch", EVAL_BATCH), arm, device)[1]
-    extra = {"train_step": saved + working, "evaluation": working, "final_evaluation": working,
-             "eval_scoring": scoring}
-    return {phase: gb + extra[phase] * ACTIVATION_SAFETY / 1e9 for phase, gb in phases.items()}
+    scoring = reference_attention_bytes(tier, options.get("eval_batch", EVAL_BATCH), arm, device)
+    extra = {"train_step": (saved, working), "evaluation": (0, working), "final_evaluation": (0, working),
+             "eval_scoring": (0, scoring[1])}
+
+    def total(phase: str, part: PhaseBytes) -> float:
+        kept, transient = extra[phase]
+        out = part.output * (margin if part.output_margin else 1.0)
+        return part.fixed + (part.activations + kept) * margin + max(out, transient * margin)
+
+    return {phase: total(phase, part) / 1e9 + reserved_gb for phase, part in parts.items()}
 
 
 def memory_estimate_gb(tier: Tier | str, micro_batch: int, *, world_size: int = 1, loss_chunk: int = 0,
@@ -292,8 +321,9 @@ def arm_table(d_model: int = 768, n_head: int = 12, arms: list[str] | None = Non
 
 
 def run_peak_gb(tier: Tier, micro: int, options: dict, world_size: int, arm: str, mlp_hidden: int | None) -> float:
-    """The estimated peak memory per GPU (GB) of a run of `arm` with these options at its micro-batch: the largest
-    phase's (`memory_estimate_gb`), with the run's own global batch, length and loss chunk."""
+    """The predicted peak memory per GPU (GB) of a run of `arm` with these options at its micro-batch: the largest
+    phase's (`arm_memory_phases_gb`) with the run's own global batch, length and loss chunk, at margin 1 — the
+    model's own estimate; the 1.25 margin (ACTIVATION_SAFETY) applies only when the micro-batch is chosen."""
     shaped = replace(tier, **{k: int(options[k]) for k in ("global_batch", "seq_len") if options.get(k) is not None})
-    return memory_estimate_gb(shaped, micro, world_size=world_size, mlp_hidden=mlp_hidden, arm=arm,
-                              loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda"))
+    return max(arm_memory_phases_gb(shaped, micro, arm, world_size=world_size, mlp_hidden=mlp_hidden, margin=1.0,
+                                    loss_chunk=loss_chunk_for(options.get("loss_chunk"), "cuda")).values())

@@ -14,9 +14,10 @@ trimmed, the kernel's high-water mark reset after one warm-up step): the peak re
 (forward + backward, gradients included, no optimiser step). Load-independent. Step time: the same subprocess times
 the measured step (one thread); the machine is shared, so step times are indicative only.
 
-Predicted: the plan's training-step estimate for a CPU shape at the same length (`ablate.sizing.arm_memory_phases_gb`,
-device "cpu", float32, no CUDA context), less what the measured growth leaves out: the weights and AdamW's two moments
-(12 bytes per parameter of the plan's 16; the gradients, 4, are in the growth).
+Predicted: the plan's predicted training-step peak for a CPU shape at the same length
+(`ablate.sizing.arm_memory_phases_gb`, device "cpu", float32, no CUDA context, margin 1: the model's estimate, as
+`ablate plan`'s peak GB), less what the measured growth leaves out: the weights and AdamW's two moments (12 bytes
+per parameter of the plan's 16; the gradients, 4, are in the growth).
 
 Largest T under 14 GB: the process's whole footprint (RSS after set-up + the step's peak growth + AdamW's two moments,
 8 bytes per parameter) fitted by the quadratic a + bT + cT² through the three measured lengths and solved for 14 GB;
@@ -48,7 +49,8 @@ WHOLE_ROWS = "stick-breaking (whole rows)"
 def predicted_gb(tier_name: str, arm: str, seq_len: int, params: int) -> float:
     """The plan's step estimate on a CPU shape (float32, batch 1), less the weights and AdamW's moments."""
     tier = replace(TIERS[tier_name], seq_len=seq_len)
-    step = arm_memory_phases_gb(tier, 1, arm, device="cpu", precision="32-true", reserved_gb=0.0)["train_step"]
+    step = arm_memory_phases_gb(tier, 1, arm, device="cpu", precision="32-true", reserved_gb=0.0,
+                                margin=1.0)["train_step"]
     return step - params * (OPTIMIZER_BYTES - 4) / 1e9
 
 

@@ -9,7 +9,10 @@ import torch
 from ablate.arms import Arm
 from ablate.arms.base import _REGISTRY
 from ablate.arms.cost import attention_cost
-from ablate.sizing import arm_memory_phases_gb, memory_phases_gb, model_config, reference_attention_bytes
+from ablate.arms import get_arm
+from ablate.arms.kernel import blocked_rows
+from ablate.sizing import (arm_memory_phases_gb, memory_phases_gb, model_config, phase_bytes,
+                           reference_attention_bytes)
 from ablate.tiers import get_tier
 
 
@@ -40,13 +43,26 @@ def test_the_reference_path_adds_its_square_tensors_to_every_phase(relu_arm):
         assert cost.source == "measured" and cost.saved >= 4 and cost.allocated > cost.saved, cost
         saved, allocated = cost.bytes(8, tier.n_head, tier.seq_len)
         assert saved >= 8 * square * cost.saved and allocated >= 8 * square * cost.allocated
-        # T = 1024: the blocked path (128 query rows): no layer keeps a square; one block's tensors are the work
-        working = (saved + allocated) * 128 // tier.seq_len
+        # T = 1024: the blocked path (the block `blocked_rows` takes at B 8): no layer keeps a square; one block's
+        # tensors are the work, taken when the output layer's peak is not: a phase's peak is the larger of the two
+        block = blocked_rows(get_arm(arm), 8, tier.n_head, tier.seq_len)
+        assert block is not None and block < tier.seq_len
+        working = (saved + allocated) * block // tier.seq_len
         assert reference_attention_bytes(tier, 8, arm, device) == (0, working)
+        parts = phase_bytes(tier, 8)
+        out_train, out_eval = parts["train_step"].output, 1.25 * parts["evaluation"].output
         extra_train = (phases["train_step"] - fused["train_step"]) * 1e9
-        assert extra_train == pytest.approx(1.25 * working, rel=1e-6)
-        assert (phases["evaluation"] - fused["evaluation"]) * 1e9 == pytest.approx(1.25 * working, rel=1e-6)
-        assert phases["eval_scoring"] > fused["eval_scoring"]
+        assert extra_train == pytest.approx(max(1.25 * working - out_train, 0), rel=1e-6, abs=1e3)
+        assert (phases["evaluation"] - fused["evaluation"]) * 1e9 == pytest.approx(max(1.25 * working - out_eval, 0),
+                                                                                  rel=1e-6, abs=1e3)
+        assert extra_train == 0 and 1.25 * working < out_train  # the max: no sum of peaks that never overlap
+        chunked, base = (fn(tier, 8, loss_chunk=64) for fn in (lambda *a, **k: arm_memory_phases_gb(
+            *a, arm, device=device, **k), memory_phases_gb))
+        small_out = phase_bytes(tier, 8, loss_chunk=64)["train_step"].output
+        assert 1.25 * working > small_out  # a small loss chunk: the attention's block is the larger
+        assert (chunked["train_step"] - base["train_step"]) * 1e9 == pytest.approx(1.25 * working - small_out,
+                                                                                  rel=1e-6)
+        assert phases["eval_scoring"] >= fused["eval_scoring"] and chunked["eval_scoring"] > base["eval_scoring"]
     assert reference_attention_bytes(tier, 8, "ssmax", "cuda") == (0, 0)
 
 
@@ -99,3 +115,26 @@ def test_the_plans_saved_bytes_are_within_20_percent_of_what_the_arm_saves(relu_
     predicted = reference_attention_bytes(tier, B, arm, device)[0]
     assert sum(storages.values()) > 4 * B * config.n_head * T * T
     assert predicted == pytest.approx(sum(storages.values()), rel=0.2), (predicted, storages)
+
+
+def test_a_score_bias_counts_its_fused_mask_and_the_plans_peak_is_the_estimate_without_the_margin():
+    """The fused path's additive (H, T, T) float32 mask of a score-bias arm (alibi) is kept in every layer, whatever
+    the batch; the plan's predicted peak is the model's estimate at margin 1 (the 1.25 margin only chooses the
+    micro-batch), and a score-bias arm's is above the baseline's by its masks."""
+    from ablate.plan import plan_rows
+    from ablate.sizing import LOSS_CHUNK, run_peak_gb
+
+    tier = get_tier("10M")
+    mask = tier.n_layer * 4 * tier.n_head * tier.seq_len ** 2
+    assert reference_attention_bytes(tier, 8, "alibi", "cuda") == (mask, 0) == reference_attention_bytes(
+        tier, 1, "alibi", "cpu")
+    fused = memory_phases_gb(tier, 8)
+    assert (arm_memory_phases_gb(tier, 8, "alibi")["train_step"] - fused["train_step"]) * 1e9 == pytest.approx(
+        1.25 * mask, rel=1e-6)
+    for arm in ("baseline", "alibi"):
+        peak = run_peak_gb(tier, 8, {}, 1, arm, None)
+        assert peak == max(arm_memory_phases_gb(tier, 8, arm, margin=1.0, loss_chunk=LOSS_CHUNK).values())
+        assert peak < max(arm_memory_phases_gb(tier, 8, arm, loss_chunk=LOSS_CHUNK).values())  # the margin's
+    rows = {r["arm"]: r for r in plan_rows("10M", ["baseline", "alibi"], 1)["runs"]}
+    assert rows["alibi"]["micro_batch_for_gpu"] == rows["baseline"]["micro_batch_for_gpu"]
+    assert (rows["alibi"]["peak_memory_gb"] - rows["baseline"]["peak_memory_gb"]) * 1e9 == pytest.approx(mask, rel=1e-6)

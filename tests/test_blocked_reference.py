@@ -8,9 +8,16 @@ import torch
 
 from ablate.armcheck import check_inputs, make_checked_arm
 from ablate.arms import AttentionContext, get_arm, list_arms
-from ablate.arms.kernel import attention, blocked_rows, reference_block
+from ablate.arms import kernel
+from ablate.arms.kernel import BLOCKS, attention, blocked_rows, reference_block
 
 T = 150  # three blocks of 64, the last one short
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks(monkeypatch):
+    """A one-byte budget: every block at these shapes is BLOCK_MIN = 64 rows (T = 150: three blocks)."""
+    monkeypatch.setattr(kernel, "BLOCK_BUDGET", 1)
 
 
 def _hooked():
@@ -33,12 +40,12 @@ def _run(name, path, documents=None):
 
 @pytest.mark.parametrize("name", _hooked())
 def test_the_blocked_path_is_exact_to_the_whole_row_path(name):
-    assert reference_block(T) == 64
+    assert reference_block(2, 4, T, 100.0) == 64
     whole, whole_grads = _run(name, "reference")
     if get_arm(name).no_decoding:
-        assert blocked_rows(make_checked_arm(name), T) is None
+        assert blocked_rows(make_checked_arm(name), 2, 4, T) is None
         return
-    assert blocked_rows(make_checked_arm(name), T) == 64
+    assert blocked_rows(make_checked_arm(name), 2, 4, T) == 64
     blocked, blocked_grads = _run(name, None)  # the training path: blocked at T = 150
     scale = whole.abs().max().item()
     assert (blocked - whole).abs().max().item() <= 1e-12 * max(scale, 1.0), name
@@ -60,8 +67,46 @@ def test_the_blocked_path_is_exact_under_a_document_mask(name):
 
 
 def test_block_sizes_and_the_paths_that_keep_whole_rows():
-    assert [reference_block(t) for t in (64, 150, 1024, 2048, 4096, 65536)] == [64, 64, 128, 256, 512, 512]
-    assert blocked_rows(make_checked_arm("softcap"), 64) is None  # one block: the smoke tier's T keeps whole rows
+    """The block: the most rows of B·H·rows·T elements at the arm's bytes per element within the budget, a power of
+    two within [64, 512]; a tighter budget gives a smaller block, a larger batch or length too."""
+    mib = 2**20
+    assert reference_block(1, 5, 1024, 32.0, 64 * mib) == 256  # 64 MiB / (5·1024·32 bytes) = 409.6 rows → 256
+    assert reference_block(1, 5, 1024, 32.0, 16 * mib) == 64 < reference_block(1, 5, 1024, 32.0, 32 * mib) == 128
+    assert reference_block(1, 5, 1024, 32.0, 2**40) == 512 and reference_block(64, 12, 4096, 90.0, mib) == 64
+    assert reference_block(2, 5, 1024, 32.0, 64 * mib) == 128 and reference_block(1, 5, 2048, 32.0, 64 * mib) == 128
+    softcap, stick = make_checked_arm("softcap"), make_checked_arm("stick-breaking")
+    assert blocked_rows(softcap, 1, 5, 2048, budget=64 * mib) > blocked_rows(softcap, 1, 5, 2048, budget=16 * mib)
+    # the arm's own measured bytes per element: stick-breaking's working set is larger than softcap's
+    assert blocked_rows(stick, 1, 5, 1024, budget=64 * mib) < blocked_rows(softcap, 1, 5, 1024, budget=64 * mib)
+    assert blocked_rows(softcap, 1, 2, 64) is None  # one block: the smoke tier's T keeps whole rows
+    assert blocked_rows(softcap, 1, 2, 300, budget=2**40) is None  # T within one block of 512
+
+
+def test_the_plans_stated_block_is_the_block_the_kernel_takes(monkeypatch, capsys):
+    """`ablate plan` states the block (--json `reference_block`, the text's note) the run's reference path takes at
+    its micro-batch; the kernel, called at that shape, takes the same one (its blocks' starts). A tighter budget: a
+    smaller block in both."""
+    from ablate.cli import main
+    from ablate.plan import plan_rows
+
+    from ablate.armcheck import HEADS
+
+    overrides = {"seq_len": 512, "micro_batch": 2, "n_head": HEADS}  # the kernel call's shape: B 2, H 4, T 512
+    stated = []
+    for budget in (2**27, 2**26):  # B·H·T·92 bytes a row (stick-breaking): 355 → 256 rows, 177 → 128
+        monkeypatch.setattr(kernel, "BLOCK_BUDGET", budget)
+        row = plan_rows("smoke", ["stick-breaking"], 1, overrides=overrides)["runs"][0]
+        arm = make_checked_arm("stick-breaking").float()
+        q, k, v, x = check_inputs(T=512, B=2, dtype=torch.float32)
+        context = AttentionContext.full(x)
+        attention(arm, q, k, v, x, context=context, fused=True)
+        starts = sorted(context.shared[BLOCKS])
+        assert row["reference_block"] == starts[1] and starts == list(range(0, 512, starts[1])), (row, starts)
+        assert f"blocks of {starts[1]} query rows at T = 512, micro-batch 2" in row["attention"]["note"]
+        stated.append(row["reference_block"])
+    assert stated[1] < stated[0]
+    assert main(["plan", "--tier", "smoke", "--arms", "stick-breaking", "--seed-count", "1"]) == 0
+    assert "stick-breaking: reference path, measured" in capsys.readouterr().out
 
 
 def test_the_blocked_path_saves_no_square_tensor_and_an_undecodable_arm_keeps_whole_rows():
@@ -97,7 +142,7 @@ def test_the_blocked_path_saves_no_square_tensor_and_an_undecodable_arm_keeps_wh
     from ablate.arms import ArmContext
 
     undecodable = Undecodable(ArmContext(HEADS, KV_HEADS, HEAD_DIM, HEADS * HEAD_DIM, n_layer=2, layer=0))
-    assert blocked_rows(undecodable, n) is None and saved(undecodable, None)[1]
+    assert blocked_rows(undecodable, 1, HEADS, n) is None and saved(undecodable, None)[1]
 
 
 # --- keys the composed mask hides from a whole block are skipped -------------------------------------------------
@@ -155,7 +200,7 @@ def test_skipping_hidden_keys_is_exact_to_the_whole_row_path(bases, per_head):
     """A window composed with normalisers (a whole row's denominator, selective's per-key state), score modifiers,
     a score bias, the phantom key and a routing gate: the blocked path, which skips keys, equals the whole rows."""
     arm = _arm_of(_windowed(*(get_arm(name) for name in bases), per_head=per_head))
-    assert blocked_rows(arm, T) == 64
+    assert blocked_rows(arm, 2, 4, T) == 64
     whole, whole_grads = _grads(arm, "reference")
     blocked, blocked_grads = _grads(arm, True)
     assert _exact(blocked, whole)
@@ -179,6 +224,10 @@ def _scored_keys(cls, documents=None):
 
             return counted
 
+    from ablate.arms.kernel import block_bytes
+
+    block_bytes(Counting)  # the block choice's probe (once per class) calls the modifier too: not counted
+    calls.clear()
     _grads(_arm_of(Counting), True, documents)
     return calls
 

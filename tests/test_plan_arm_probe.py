@@ -4,6 +4,8 @@ run is said so in one line and sized by the old constant."""
 
 import json
 
+from ablate.arms import get_arm
+from ablate.arms.kernel import blocked_rows
 from ablate.cli import main
 
 USER_ARMS = '''import torch
@@ -42,8 +44,9 @@ def test_plan_measures_a_users_arm_and_says_when_its_probe_cannot_run(tmp_path, 
     assert mine["attention"]["path"] == "reference" and mine["attention"]["source"] == "measured"
     assert 4 <= mine["attention"]["saved"] < 40 and mine["attention"]["allocated"] > mine["attention"]["saved"]
     assert base["attention"]["saved"] == 0 and base["attention"]["path"] == "fused"
-    assert mine["micro_batch_for_gpu"] <= base["micro_batch_for_gpu"] and mine["reference_block"] == 128  # T/8
-    assert base["peak_memory_gb"] < mine["peak_memory_gb"] <= 0.9 * 80
+    block = blocked_rows(get_arm("my-relu-norm"), mine["micro_batch_for_gpu"], 5, 1024)  # the kernel's, at that shape
+    assert mine["micro_batch_for_gpu"] <= base["micro_batch_for_gpu"] and mine["reference_block"] == block == 64
+    assert base["peak_memory_gb"] <= mine["peak_memory_gb"] <= 0.9 * 80
     assert mine["gpu_hours_per_run"] > base["gpu_hours_per_run"]
     whole = rows["my-whole-norm"]
     assert whole["reference_block"] is None and whole["micro_batch_for_gpu"] < mine["micro_batch_for_gpu"]
@@ -53,5 +56,6 @@ def test_plan_measures_a_users_arm_and_says_when_its_probe_cannot_run(tmp_path, 
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "my-broken-norm: probe could not run" in line]
     assert len(lines) == 1 and "ValueError: only at T = 1024" in lines[0] and "sized at 12 saved" in lines[0]
-    assert any(line.startswith("  my-relu-norm: reference path, measured") and "blocks of 128 query rows" in line
+    assert any(line.startswith("  my-relu-norm: reference path, measured") and "blocks of 64 query rows" in line
                for line in out.splitlines())
+    assert "without a margin; the micro-batch is chosen with a 1.25× margin" in out

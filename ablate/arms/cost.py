@@ -26,18 +26,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ablate.arms.base import ArmContext, AttentionContext, get_arm
+from ablate.arms import probe
+from ablate.arms.base import get_arm
 from ablate.arms.kernel import attention
-
-# The sizing constant before the probe, and what a plan falls back to when a probe cannot run: 3 saved and 4 working
-# float32 (B, H, T, T) tensors per layer.
-FALLBACK_SAVED = 3 * 4
-FALLBACK_ALLOCATED = 4 * 4
-PROBE_LENGTHS = (32, 64, 128)
-PROBE_HEADS, PROBE_HEAD_DIM = 2, 16
+from ablate.arms.probe import FALLBACK_ALLOCATED, FALLBACK_SAVED, reference_factors
 
 
 @dataclass(frozen=True)
@@ -70,52 +62,10 @@ class AttentionCost:
                 f"{FALLBACK_SAVED} saved + {FALLBACK_ALLOCATED} working bytes per element")
 
 
-class _Allocations(TorchDispatchMode):
-    """Adds up the bytes of every operator's new outputs (a view or an in-place result shares an input's storage
-    and is not counted)."""
-
-    def __init__(self):
-        super().__init__()
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        flat = [*args, *(kwargs or {}).values()]
-        inputs = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor)}
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.bytes += t.untyped_storage().nbytes()
-        return out
-
-
 def probe_bytes(name: str, T: int, B: int = 1, path: str = "reference") -> tuple[int, int]:
     """(bytes saved for the backward pass, bytes allocated by the larger pass) of one layer of arm `name` at length
-    T on `path`, float32 on a CPU."""
-    arm = get_arm(name)(ArmContext(PROBE_HEADS, PROBE_HEADS, PROBE_HEAD_DIM, PROBE_HEADS * PROBE_HEAD_DIM,
-                                   n_layer=2, layer=1)).float()
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, PROBE_HEADS, T, PROBE_HEAD_DIM, generator=gen).requires_grad_() for _ in range(3))
-    x = torch.randn(B, T, PROBE_HEADS * PROBE_HEAD_DIM, generator=gen).requires_grad_()
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        saved.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    forward, backward = _Allocations(), _Allocations()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), forward:
-        o, _ = attention(arm, q, k, v, x, context=AttentionContext.full(x), fused=path)
-    inputs = [t for t in (q, k, v, x, *arm.parameters()) if t.requires_grad]
-    with backward:
-        torch.autograd.grad(o, inputs, torch.ones_like(o), allow_unused=True)
-    return sum(saved.values()), max(forward.bytes, backward.bytes)
-
-
-def _square_coefficient(values: list[int], lengths=PROBE_LENGTHS) -> float:
-    """The T² coefficient of a quadratic through (T, value) at T, 2T, 4T."""
-    t = lengths[0]
-    first, second = values[1] - values[0], values[2] - values[1]
-    return (second - 2 * first) / (6 * t * t)
+    T on `path`, float32 on a CPU (`ablate.arms.probe.probe_bytes`)."""
+    return probe.probe_bytes(get_arm(name), attention, T, B, path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,17 +73,8 @@ def _measured(name: str, arm_class: type, device: str) -> AttentionCost:
     path = arm_class.path(device)
     if path != "reference":
         return AttentionCost(name, path, 0.0, 0.0, "path")
-    try:
-        one, two = ([probe_bytes(name, T, B, path) for T in PROBE_LENGTHS] for B in (1, 2))
-    except Exception as err:  # a user's arm that fails at the probe's shape: said in one line, sized by the constant
-        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
-        return AttentionCost(name, path, float(FALLBACK_SAVED), float(FALLBACK_ALLOCATED), source=f"fallback: {why}")
-    factors = []
-    for which in (0, 1):  # saved, allocated
-        at_one, at_two = (_square_coefficient([c[which] for c in counts]) for counts in (one, two))
-        per = max((at_two - at_one) / PROBE_HEADS, 0.0)
-        factors += [per, max(at_one - per * PROBE_HEADS, 0.0)]
-    return AttentionCost(name, path, factors[0], factors[2], "measured", factors[1], factors[3])
+    (saved, allocated, saved_shared, allocated_shared), source = reference_factors(arm_class, attention)
+    return AttentionCost(name, path, saved, allocated, source, saved_shared, allocated_shared)
 
 
 def attention_cost(name: str, device: str = "cuda") -> AttentionCost:

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from ablate.arms import checks
 from ablate.arms.base import Arm, AttentionContext, MaskMod
+from ablate.arms.probe import reference_factors
 from ablate.errors import AblateError
 
 
@@ -155,7 +156,7 @@ def attention(
         path = arm.path(q.device.type) if fused and cache is None else "reference"
         if documents is not None and path == "fused" and q.is_cuda:  # a document mask: blocks to skip
             path = "flex"
-        if fused and path == "reference" and blocked_rows(arm, q.shape[2]) is not None:
+        if fused and path == "reference" and blocked_rows(arm, *q.shape[:3], q.dtype) is not None:
             path = "blocked"
     if not arm.hooks() and documents is None:
         return _core(arm, q, k, v, x, path, None, cache)
@@ -404,24 +405,41 @@ def _normalise_rows(hooks: Hooks, logits: torch.Tensor) -> torch.Tensor:
 
 
 BLOCK_MIN, BLOCK_MAX = 64, 512  # query rows per block of the blocked reference path
+BLOCK_BUDGET = 64 * 2**20  # bytes one block's working set (B, H, block, T) may take, per layer
 BLOCKS = "kernel/blocks"  # the key, in a forward's shared dict, of each block's own shared dict
 
 
-def reference_block(seq_len: int) -> int:
-    """Query rows per block of the blocked reference path at length T: T/8 rounded down to a power of two, within
-    [64, 512] — one block's working tensors (B, H, block, T) are then at most an eighth of one layer's whole-row
-    ones, and the saved state per layer is the blocks' inputs, O(B·H·T·d), instead of O(B·H·T²)."""
-    rows = 1 << max(int(seq_len // 8).bit_length() - 1, 0)
+def reference_block(batch: int, heads: int, seq_len: int, element_bytes: float, budget: int | None = None) -> int:
+    """Query rows per block of the blocked reference path: the most rows whose working set, batch·heads·rows·T
+    elements at `element_bytes` each (the arm's measured bytes saved and allocated per (B, H, T, T) element,
+    `block_bytes`), fits `budget` (default BLOCK_BUDGET), rounded down to a power of two, within
+    [BLOCK_MIN, BLOCK_MAX]. The saved state per layer is then the blocks' inputs, O(B·H·T·d), not O(B·H·T²)."""
+    budget = BLOCK_BUDGET if budget is None else budget
+    fit = int(budget // max(batch * heads * seq_len * element_bytes, 1e-9))
+    rows = 1 << max(fit.bit_length() - 1, 0)
     return min(max(rows, BLOCK_MIN), BLOCK_MAX)
 
 
-def blocked_rows(arm: Arm, seq_len: int) -> int | None:
-    """The block the training reference path takes for `arm` at length T, or None for the whole-row path: an arm
-    whose state a KV cache cannot hold (`no_decoding`: its rows cannot be run as chunks), an override (its core
-    calls take the path themselves), or T within one block."""
-    if arm.no_decoding or arm.has_hook("override") or seq_len <= reference_block(seq_len):
+def blocked_rows(arm, batch: int, heads: int, seq_len: int, dtype: torch.dtype = torch.float32,
+                 budget: int | None = None) -> int | None:
+    """The block the training reference path takes for `arm` (an Arm or its class) at this shape, or None for the
+    whole-row path: an arm whose state a KV cache cannot hold (`no_decoding`: its rows cannot be run as chunks), an
+    override (its core calls take the path themselves), or T within one block. One owner: the kernel calls it with
+    the call's shape and dtype, `ablate plan` and the memory plan with the run's (`reference_block` of the arm's
+    measured bytes per element, `block_bytes`)."""
+    if arm.no_decoding or arm.has_hook("override") or seq_len <= BLOCK_MIN:
         return None
-    return reference_block(seq_len)
+    rows = reference_block(batch, heads, seq_len, block_bytes(arm if isinstance(arm, type) else type(arm), dtype),
+                           budget)
+    return None if seq_len <= rows else rows
+
+
+def block_bytes(arm_class: type, dtype: torch.dtype = torch.float32) -> float:
+    """Bytes one (B, H, block, T) element of a block of the blocked reference path takes while the block is
+    computed and differentiated: the arm's measured saved + allocated bytes per element (float32), doubled for a
+    float64 call; a bf16 or float16 call is sized as float32 (its softmax and most elementwise work stay float32)."""
+    (saved, allocated, _, _), _ = reference_factors(arm_class, attention)
+    return (saved + allocated) * max(torch.empty((), dtype=dtype).element_size(), 4) / 4
 
 
 def kept_keys(arm: Arm, context: AttentionContext, q_block: torch.Tensor, start: int) -> torch.Tensor | None:
@@ -446,7 +464,7 @@ def blocked_reference(arm: Arm, q, k, values, sink, log_gate, context: Attention
     of the state it first saw. Keys the composed mask hides from every query of a block are skipped (`kept_keys`)."""
     from torch.utils.checkpoint import checkpoint  # the blocked path only: the fused path never loads it
 
-    T, rows = q.shape[2], blocked_rows(arm, q.shape[2])
+    T, rows = q.shape[2], blocked_rows(arm, *q.shape[:3], q.dtype)
     state, blocks = context.state, context.shared.setdefault(BLOCKS, {})
     outputs = []
     for start in range(0, T, rows):

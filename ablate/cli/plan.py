@@ -343,8 +343,9 @@ def _print_tier(plan: dict) -> None:
     for r in reference:
         print(f"  {r['attention']['note']}")
     if reference:
-        print(f"  peak GB: the estimated peak per GPU at the micro-batch (the probe's float32 bytes; bf16 keeps 0.5–1× "
+        print(f"  peak GB: the predicted peak per GPU at the micro-batch (the probe's float32 bytes; bf16 keeps 0.5–1× "
               f"of them); GPU-h of {plan['reference_price']}")
+    print(f"  {plan['peak_memory']}")
     print(f"tier {plan['tier']}: {plan['total_runs']} runs, {plan['total_gpu_hours']:.1f} GPU-hours")
 
 
