@@ -12,6 +12,8 @@ from ablate.arms.names import BUILTIN_ARMS
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
 
+pytestmark = pytest.mark.unit
+
 H, HKV, D, C = 4, 2, 8, 32
 EXAMPLES = ("qk-norm", "temperature", "alibi")  # registered after the study's arms, left out of arms="all"
 

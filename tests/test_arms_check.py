@@ -18,6 +18,8 @@ from ablate.arms.examples import Alibi, QKNorm, Temperature
 from ablate.arms.papers import Differential, Forgetting, ScalableSoftmax, SigmoidAttention, SoftCap, ValueResidual
 from ablate.errors import AblateError
 
+pytestmark = pytest.mark.unit
+
 
 class LearnedBias(Alibi):
     """A score bias with learned parameters (slopes and an absolute-position term): its gradient must flow."""

@@ -15,6 +15,8 @@ from ablate.arms.papers import FIRST_VALUES, SSMAX_INIT, SoftCap, diff_lambda_in
 from ablate.model import apply_rope, rope_tables
 from test_arms import C, D, H, HKV, qkvx, small_model
 
+pytestmark = pytest.mark.unit
+
 SIX = ("softcap", "sigmoid", "diff", "forgetting", "ssmax", "value-residual")
 TRAIN_LEN = 32
 REL = 1e-12

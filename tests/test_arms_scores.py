@@ -16,6 +16,8 @@ from ablate.tiers import TIERS
 from test_arms import C, D, EXAMPLES, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
 from test_arms_check import AlibiSink
 
+pytestmark = pytest.mark.unit
+
 
 
 def make_composed(cls, seed=0):

@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 from datafix import REPO
+import pytest
+
+pytestmark = pytest.mark.system
 
 USER_ARM = '''import torch
 

@@ -10,6 +10,8 @@ from ablate.armcheck import check_inputs, make_checked_arm
 from ablate.arms import AttentionContext, get_arm, list_arms
 from ablate.arms.kernel import attention, blocked_rows, reference_block
 
+pytestmark = pytest.mark.unit
+
 T = 150  # three blocks of 64, the last one short
 
 

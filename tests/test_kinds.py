@@ -41,12 +41,14 @@ def test_kind():
     BUILDERS.pop("final-losses", None)
 
 
+@pytest.mark.unit
 def test_every_kind_has_its_builder_once_build_table_is_importable():
     assert set(BUILDERS) == set(KINDS)
     assert BUILDERS["paired"][1] is render and BUILDERS["scale"][1].__name__ == "render_scale"
     assert BUILDERS["lr"][1].__name__ == "render_lr"
 
 
+@pytest.mark.unit
 def test_a_builder_registers_itself_for_its_kind(csv, test_kind, capsys):
     runs = load_runs(csv)
     assert build_table(runs, "final-losses").kind == "losses"
@@ -54,6 +56,7 @@ def test_a_builder_registers_itself_for_its_kind(csv, test_kind, capsys):
     assert capsys.readouterr().out.startswith("tier,arm,")
 
 
+@pytest.mark.unit
 def test_a_builder_for_an_undeclared_kind_or_a_second_builder_is_refused(test_kind):
     with pytest.raises(AblateError, match=r"^unknown kind 'no-such'; valid kinds: paired, .*final-losses$"):
         builds("no-such", render)
@@ -62,6 +65,7 @@ def test_a_builder_for_an_undeclared_kind_or_a_second_builder_is_refused(test_ki
     builds("final-losses", render)(build_losses)  # the same builder again (its module loaded twice) is no clash
 
 
+@pytest.mark.unit
 def test_a_kind_without_a_builder_is_refused_in_one_line(csv, test_kind):
     BUILDERS.pop("final-losses")
     with pytest.raises(AblateError, match=r"^table kind 'final-losses' has no builder: decorate one with "
@@ -69,6 +73,7 @@ def test_a_kind_without_a_builder_is_refused_in_one_line(csv, test_kind):
         build_table(load_runs(csv), "final-losses")
 
 
+@pytest.mark.unit
 def test_the_commands_ask_the_kind_not_its_name(csv, test_kind, capsys):
     """A kind registered in a test is refused --metric because it says so, and each option's error names the kinds
     that take it (read from the registry, the test's kind among them where it qualifies)."""
@@ -93,6 +98,7 @@ def test_the_commands_ask_the_kind_not_its_name(csv, test_kind, capsys):
         assert message in err and err.count("\n") == 1, (argv, err)
 
 
+@pytest.mark.unit
 def test_what_the_report_asks_is_in_the_kind():
     assert report_kinds(False) == ("paired", "increments", "overlap", "losses")
     assert report_kinds(True) == ("paired", "increments", "overlap", "losses", "declared")
@@ -104,6 +110,7 @@ def test_what_the_report_asks_is_in_the_kind():
                      "overlap": "10M norm overlap (norm-gate with combo)"}
 
 
+@pytest.mark.unit
 def test_kinds_imports_no_builder_by_name_or_by_string():
     """Words only: kinds.py imports the standard library, the errors and the increments, and calls no importer
     (a builder named as "module:function" and imported on use was a circle with build.py no linter saw)."""
@@ -117,6 +124,7 @@ def test_kinds_imports_no_builder_by_name_or_by_string():
     assert not [s for s in kinds.__dict__.values() if isinstance(s, str) and ":" in s and s.startswith("ablate.")]
 
 
+@pytest.mark.unit
 def test_the_kinds_stay_below_their_builders_in_the_import_contract():
     import tomllib
 
@@ -137,6 +145,7 @@ COLOURS_TODAY = {
 }
 
 
+@pytest.mark.unit
 def test_the_built_in_arms_are_read_from_their_registrations():
     from ablate.arms import get_arm, list_arms  # reason: registering the built-ins loads torch
 
@@ -145,6 +154,7 @@ def test_the_built_in_arms_are_read_from_their_registrations():
     assert {arm: s["color"] for arm, s in arm_styles(list(BUILTIN_ARMS)).items()} == COLOURS_TODAY
 
 
+@pytest.mark.unit
 def test_a_new_built_in_arm_gets_its_order_and_style_with_no_other_edit(monkeypatch, tmp_path):
     """The one edit: a registered class appended to builtin.py. Its name follows the others, its style is its own,
     and no other arm's style moves; a custom arm still follows the built-ins."""
@@ -164,11 +174,13 @@ def test_a_new_built_in_arm_gets_its_order_and_style_with_no_other_edit(monkeypa
     assert load_runs(table).arm_order == ["baseline", "new-arm", "my-own"]  # the tables' order reads the same names
 
 
+@pytest.mark.unit
 def test_an_arm_registered_under_a_computed_name_is_refused_naming_its_line():
     with pytest.raises(TypeError, match=r"builtin.py:3: a built-in arm is registered with a literal name"):
         registered_names('NAME = "x"\n\n@register_arm(NAME)\nclass X(Arm):\n    pass\n', "builtin.py")
 
 
+@pytest.mark.system
 def test_the_built_in_names_load_no_torch():
     code = "import ablate.arms.names, sys\nprint(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -5,6 +5,9 @@ run is said so in one line and sized by the old constant."""
 import json
 
 from ablate.cli import main
+import pytest
+
+pytestmark = pytest.mark.unit
 
 USER_ARMS = '''import torch
 
