@@ -69,7 +69,7 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     assert (run / "summary.json").read_bytes() == before
 
 
-def testbed_kernels():
+def kernels_benchmark():
     """benchmarks/testbed_kernels.py, the whole grid's comparison under kernel sets, as a module."""
     import importlib.util
 
@@ -88,7 +88,7 @@ def test_a_declared_decision_is_the_same_under_two_kernel_sets(tmp_path):
     machine's own kernels and AVX2 (AVX2 and the scalar DEFAULT set where the machine's own are AVX2): the kernel
     set each run recorded differs, each seed learns under both or under neither, and the decision is the same.
     Run through benchmarks/testbed_kernels.py, which compares every prediction over the whole grid."""
-    bench, experiment, arms = testbed_kernels(), str(small_testbed(tmp_path, steps=None)), ["baseline", "sink-logit"]
+    bench, experiment, arms = kernels_benchmark(), str(small_testbed(tmp_path, steps=None)), ["baseline", "sink-logit"]
 
     def under(kernels: str) -> tuple[set[str], dict, list[dict]]:
         bench._grid(kernels, tmp_path / kernels, 2, ["abstain-stream"], experiment, arms)
