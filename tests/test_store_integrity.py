@@ -35,8 +35,8 @@ def train(results, arm="baseline", seed=0, steps=4, experiment="study", data=Non
 
 # ---------------------------------------------------------------------------------------------- 1. matching
 @pytest.mark.run
-def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sample_data):
-    train(tmp_path, "baseline", data=sample_data, overrides={"lr": 0.003, "weight_decay": 0.1})
+def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sample_data, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0))  # the smoke tier's own lr 0.003 and weight decay 0.1
     train(tmp_path, "sink-logit", data=sample_data, overrides={"lr": 0.05, "weight_decay": 0.5})
     result = ablate_cli("table", tmp_path / "study", check=False)
     assert result.returncode == 2, result.stdout

@@ -228,7 +228,7 @@ def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):
 def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "combo", "--max-steps", "8", "--data", sample_data,
             "--no-progress", "--threads", "1"]
-    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one", process=True).stdout)
+    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one").stdout)  # in this process, as in a fresh one
     two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two", process=True).stdout)
     assert one["data_fingerprint"] == two["data_fingerprint"]
     # the same validation windows whatever the number of processes (and the same config: devices is execution)
