@@ -36,8 +36,9 @@ cluster-stop:
 	bash slurm/local-cluster.sh stop
 
 # Two workers: the suite is CPU-bound and single-threaded per test, and the machine has two cores. Each worker
-# takes a whole test file at a time, the longest files first (tests/suite_order.py), so that a long file never
-# starts last and a file's module fixtures are built once. Every mark runs: slow, slurm and benchmark.
+# takes a whole test file at a time (a file's module fixtures are built once), in the collected order, which
+# puts the system tier's files first (tests/conftest.py), so that a long file never starts last. Every tier
+# (unit, run, system) and mark runs: slow, slurm and benchmark. One tier: `pytest -m unit` (or run, or system).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: install cluster

@@ -4,14 +4,17 @@
 (starting it when it is not, e.g. when pytest is run without `make test`) and fails, with the
 script's output and log tails, when it cannot be brought up: a SLURM test must never silently skip.
 
-The suite runs the longest test files first (tests/suite_order.py); `--record-durations` writes the
-per-file seconds of the run it ends into tests/durations.json.
+Every test carries exactly one tier mark (pyproject.toml's markers; tests/test_suite.py holds it): `unit` (in this
+process, no training), `run` (trains in this process, through the shared session fixtures here and in datafix.py)
+or `system` (subprocesses, SLURM, several processes, kernel sets). The suite runs the files with a system test
+first, then those with a run test, then the rest (`TIER_ORDER`): with `make test`'s two workers each taking a whole
+file at a time in the collected order (`--dist loadfile`), the long files never start last. `pytest -m unit` (or
+run, or system) runs one tier.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import subprocess
 import sys
@@ -25,39 +28,43 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from datafix import prepared_sample
-from suite_order import DURATIONS, file_of, file_totals, longest_first, read_durations
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 LOCAL_PROFILE = REPO / "slurm" / "local.toml"
 
 
-def pytest_addoption(parser):
-    parser.addoption("--record-durations", action="store_true",
-                     help=f"write this run's seconds per test file into {DURATIONS.relative_to(REPO)}")
+TIER_ORDER = ("system", "run", "unit")  # the order the suite runs the tiers in, by file
+
+
+def tiers_of(item) -> list[str]:
+    """The tier marks a test carries (exactly one, tests/test_suite.py holds)."""
+    return [tier for tier in TIER_ORDER if item.get_closest_marker(tier)]
+
+
+COLLECTED = pytest.StashKey[dict]()  # nodeid → its tier marks, for every test collected (selected or not)
+
+
+def pytest_itemcollected(item):
+    item.config.stash.setdefault(COLLECTED, {})[item.nodeid] = tiers_of(item)
+
+
+def file_rank(items) -> dict[str, int]:
+    """Per test file, the position in TIER_ORDER of the first tier any of its tests carries."""
+    rank: dict[str, int] = {}
+    for item in items:
+        name = item.nodeid.split("::")[0]
+        here = min([TIER_ORDER.index(tier) for tier in tiers_of(item)], default=len(TIER_ORDER))
+        rank[name] = min(rank.get(name, here), here)
+    return rank
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the items of parametrized module fixtures
 def pytest_collection_modifyitems(config, items):
-    """The longest test file, the files with SLURM tests beside it, the rest longest first (every xdist worker
-    collects, and orders, the same way: tests/suite_order.py)."""
-    waiting = frozenset(file_of(item.nodeid) for item in items if item.get_closest_marker("slurm"))
-    order = longest_first([item.nodeid for item in items], read_durations(), waiting)
-    items[:] = [items[position] for position in order]
-
-
-_seconds: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report):
-    """Every phase's seconds, per test (on the xdist controller, which sees every worker's reports)."""
-    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """With --record-durations, a whole run's per-file seconds (written once, by the controller or a plain run)."""
-    if session.config.getoption("record_durations") and not hasattr(session.config, "workerinput"):
-        DURATIONS.write_text(json.dumps(file_totals(_seconds), indent=1) + "\n")
+    """The files with a system test first, then those with a run test, then the rest; within each, the collected
+    order (each file's tests together and in pytest's order). Every xdist worker collects, and sorts, the same."""
+    rank = file_rank(items)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # a stable sort
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,3 +167,17 @@ def finished_runs(tmp_path_factory, sample_data):
         return into
 
     return copy
+
+
+STRAIGHT_ARM, STRAIGHT_STEPS = "sink-logit", 24
+
+
+@pytest.fixture(scope="session")
+def straight_run(tmp_path_factory, finished_runs) -> dict:
+    """The summary of one smoke run trained straight through (STRAIGHT_ARM, seed 0, STRAIGHT_STEPS steps, one
+    thread, the session's sample data), trained once per session (per xdist worker) for every resume test: a run of
+    the same settings that was interrupted and resumed must end bit for bit where this one did."""
+    from ablate.store import read_json, run_dir
+
+    into = finished_runs(tmp_path_factory.mktemp("straight"), (STRAIGHT_ARM, 0), steps=STRAIGHT_STEPS)
+    return read_json(run_dir(into, "study", "smoke", STRAIGHT_ARM, 0) / "summary.json")

@@ -75,8 +75,11 @@ def _in_this_process(argv, cwd, extra) -> subprocess.CompletedProcess:
         os.environ.clear()
         os.environ.update(saved_env)
         torch.set_num_threads(threads)
+        package = {name: cls for name, cls in _REGISTRY.items() if cls.__module__.startswith("ablate.")}
         _REGISTRY.clear()
         _REGISTRY.update(arms)
+        _REGISTRY.update({name: cls for name, cls in package.items() if name not in arms})  # a package module the
+        # command imported (an experiment's `import ablate.arms.testbed`) stays imported: its arms stay too
         for name in set(sys.modules) - modules:
             if name.startswith("ablate_experiment_"):
                 del sys.modules[name]

@@ -21,6 +21,8 @@ from ablate.analysis.tables import (PIPELINE_CHECK, add_mark, increments_table, 
                                     paired_table)
 from ablate.errors import AblateError
 
+pytestmark = pytest.mark.unit
+
 PAIRED_COLUMNS = ["tier", "arm", "reference", "n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p",
                   "p_holm", "marks"]
 STAT_COLUMNS = ["n", "mean", "sd", "se", "ci_low", "ci_high", "min", "max", "agree", "p"]

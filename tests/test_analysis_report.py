@@ -39,6 +39,7 @@ def report(tmp_path_factory):
     return write_report(results_of("study", results=results))
 
 
+@pytest.mark.unit
 def test_report_files_and_images(report):
     names = {p.name for p in report.iterdir()}
     expected = {f"{k}.{ext}" for k in (*paired_seed_kinds(), "losses") for ext in ("md", "csv")}
@@ -52,6 +53,7 @@ def test_report_files_and_images(report):
     assert pl.read_csv(report / "increments.csv").columns[:3] == ["tier", "quantity", "n"]
 
 
+@pytest.mark.unit
 def test_summary_names_the_crossover_and_flags(report):
     summary = (report / "summary.md").read_text()
     proj = next(line for line in summary.splitlines() if line.startswith("- filtering_proj"))
@@ -77,6 +79,7 @@ def test_summary_names_the_crossover_and_flags(report):
     assert losses.columns == ["tier", "arm", "n", "mean", "sd", "se", "min", "max", "marks"]
 
 
+@pytest.mark.unit
 def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     losses = {("smoke", arm, 0): 7.66 - 0.01 * k for k, arm in enumerate(("baseline", "sink-logit", "combo"))}
     folder = write_report(write_store(tmp_path, losses=losses, curve_points=3))
@@ -96,6 +99,7 @@ def test_pipeline_check_and_no_vacuous_sentences(tmp_path):
     assert (folder / "paired.png").is_file()
 
 
+@pytest.mark.unit
 def test_crossover_of_the_reference_fixture(tmp_path):
     table = increments_table(load_runs(write_store(tmp_path, curve_points=2)))
     proj = find_crossover(table, "filtering_proj")
@@ -110,6 +114,7 @@ def test_crossover_of_the_reference_fixture(tmp_path):
     assert (again.low, again.high) == (proj.low, proj.high)  # deterministic: no resampling
 
 
+@pytest.mark.unit
 def test_a_crossover_with_seeds_that_disagree_is_not_identified():
     # Two tiers, three seeds. Seed 2's increments cross in the other direction: the slope is not significant.
     rows = []
@@ -130,6 +135,7 @@ def _increments(means: dict[str, dict[str, float]]) -> Table:
     return Table("increments", "quantity", pl.DataFrame(rows), "t", None, pl.DataFrame(), pl.DataFrame())
 
 
+@pytest.mark.unit
 def test_crossover_cases():
     exact = find_crossover(_increments({"zero_option": {"10M": 0.02, "1B": 0.0},
                                         "filtering_proj": {"10M": 0.0, "1B": 0.02}}), "filtering_proj")
@@ -145,6 +151,7 @@ def test_crossover_cases():
     assert short.params is None and "not enough tiers" in short.message
 
 
+@pytest.mark.unit
 def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
     losses = {k: v for k, v in reference_losses().items() if k[1] in ("baseline", "sink-logit", "norm-gate")}
     folder = write_report(write_store(tmp_path, losses=losses, curve_points=2))
@@ -158,6 +165,7 @@ def test_report_without_the_gate_arms_skips_and_says_so(tmp_path):
     assert (folder / "increments.md").is_file()
 
 
+@pytest.mark.unit
 def test_sections_are_composable(tmp_path):
     folder = write_store(tmp_path, curve_points=2)
     (folder / "10M" / "baseline" / "seed0" / "probe.json").write_text(json.dumps({"first_key_mass": 0.06}))
@@ -173,6 +181,7 @@ def test_sections_are_composable(tmp_path):
     assert (out / "probes.md").read_text() == "1 probe files\n"
 
 
+@pytest.mark.unit
 def test_curves_reader_skips_torn_lines_and_non_finite_points(tmp_path):
     folder = write_store(tmp_path, losses={("10M", "baseline", 0): 4.0}, curve_points=4, train_every=2)
     metrics = folder / "10M" / "baseline" / "seed0" / "metrics.jsonl"
@@ -192,6 +201,7 @@ def _parser():
     return parser
 
 
+@pytest.mark.unit
 def test_table_and_report_commands(tmp_path, capsys):
     folder = write_store(tmp_path, curve_points=2)
     write_run(tmp_path, "study", "50M", "combo", 0, None, status="failed", curve_points=2, error="boom")
@@ -234,11 +244,13 @@ def small_store(tmp_path_factory):
     return write_store(results, losses={k: v for k, v in reference_losses().items() if k[0] == "10M"}, curve_points=2)
 
 
+@pytest.mark.system
 def test_analysis_with_the_real_arms_package_never_imports_torch(small_store):
     code = TORCH_FREE.format(folder=str(small_store))
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, capture_output=True)
 
 
+@pytest.mark.unit
 def test_the_report_headlines_come_from_the_scale_table(report):
     """The scale sentences: "shrinks", "grows" and "overtakes at" are written from scale.json, each with its figure."""
     out = report
@@ -262,6 +274,7 @@ def test_the_report_headlines_come_from_the_scale_table(report):
     assert "Scale is confounded" in summary.split("## Crossover")[1]
 
 
+@pytest.mark.unit
 def test_a_table_or_report_of_an_experiment_file_executes_it_once(tmp_path, capsys):
     """`ablate table FILE` and `ablate report FILE` load the experiment once (it used to be executed twice: once
     for its results folder, once for its declared comparisons): an experiment file is code, run once a command."""

@@ -25,6 +25,8 @@ from ablate.analysis.scale_text import render_scale
 from ablate.analysis.tables import increments_table
 from ablate.cli import main
 
+pytestmark = pytest.mark.unit
+
 # The study's mean paired differences (nats) at 10M, 50M, 124M, 350M.
 REFERENCE = {
     "zero_option": np.array([0.0185, 0.0068, 0.0052, 0.0013]),

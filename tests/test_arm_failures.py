@@ -87,6 +87,7 @@ CASES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cls, where, got, expected", CASES, ids=[c[0].name for c in CASES])
 def test_a_wrong_shape_is_one_line_naming_the_arm_slot_and_both_shapes(cls, where, got, expected):
     torch.manual_seed(0)
@@ -115,6 +116,7 @@ class FlatGate(Arm):
 '''
 
 
+@pytest.mark.run
 def test_run_of_an_arm_of_the_wrong_shape_ends_in_one_line(tmp_path, sample_data):
     arm_file = tmp_path / "flat.py"
     arm_file.write_text(BAD_GATE)
@@ -130,6 +132,7 @@ def test_run_of_an_arm_of_the_wrong_shape_ends_in_one_line(tmp_path, sample_data
                      r"gate \(B, H_kv, T, 1\) or \(B, H_kv, T, d\), broadcastable to \(2, 2, \d+, 8\)", errors[-1])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("source, line, message", [
     ("import torch\n\nclass Broken(:\n    pass\n", 3, "SyntaxError: invalid syntax"),
     ("import torch\n\nx = undefined_name + 1\n", 3, "NameError: name 'undefined_name' is not defined"),
@@ -167,6 +170,7 @@ class LateNan(Arm):
 '''
 
 
+@pytest.mark.run
 def test_a_diverging_arm_exits_3_naming_the_layer_and_slot_found_from_the_last_checkpoint(tmp_path, sample_data):
     arm_file = tmp_path / "late_nan.py"
     arm_file.write_text(NAN_ARM.replace("{after}", "3"))  # NaN at step 4, the checkpoint at step 2
@@ -185,6 +189,7 @@ def test_a_diverging_arm_exits_3_naming_the_layer_and_slot_found_from_the_last_c
     assert "exit status: 0 completed, 3 diverged" in " ".join(ablate_cli("run", "--help").stdout.split())
 
 
+@pytest.mark.run
 def test_the_replay_writes_nothing_and_says_when_it_does_not_reproduce(tmp_path, finished_runs):
     from ablate.replay import first_non_finite
     from ablate.runconfig import RunConfig
@@ -209,6 +214,7 @@ class Typo(Arm):
 '''
 
 
+@pytest.mark.run
 def test_an_arm_that_raises_is_one_line_where_it_arose_and_the_traceback_one_flag_away(tmp_path, sample_data):
     arm_file = tmp_path / "typo.py"
     arm_file.write_text(TYPO_ARM)
@@ -226,6 +232,7 @@ def test_an_arm_that_raises_is_one_line_where_it_arose_and_the_traceback_one_fla
     assert shown.returncode == 1 and "Traceback (most recent call last)" in shown.stderr
 
 
+@pytest.mark.unit
 def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fails_it(monkeypatch):
     import ablate.train
     from ablate.experiment import RunSpec
@@ -241,6 +248,7 @@ def test_a_slurm_task_whose_run_diverged_ends_its_job_well_and_a_failed_one_fail
         job(spec)
 
 
+@pytest.mark.run
 def test_a_task_run_warns_nothing(tmp_path):
     """`make demo`'s testbed part ended on torch's `UserWarning: Initializing zero-element tensors is a no-op` (the
     task model has no MLP: width 0); a task run now warns nothing."""
@@ -255,6 +263,7 @@ def test_a_task_run_warns_nothing(tmp_path):
     assert summary.status == "completed"
 
 
+@pytest.mark.run
 def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_finite_value(tmp_path):
     """The testbed's runs keep no checkpoint: the replay starts from the initial weights (milliseconds a step)."""
     from ablate.arms.base import _REGISTRY, register_arm
@@ -284,6 +293,7 @@ def test_a_task_run_that_diverges_names_the_layer_and_slot_of_its_first_non_fini
             in summary.error)
 
 
+@pytest.mark.system
 def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
     arm_file = tmp_path / "flat.py"
     arm_file.write_text(BAD_GATE.replace("        return torch.sigmoid(v.mean(-1))",
@@ -297,6 +307,7 @@ def test_the_testbed_command_shows_a_failed_arm_in_one_line(tmp_path):
             in result.stdout), result.stdout
 
 
+@pytest.mark.unit
 def test_the_arm_check_names_a_wrong_shape_the_same_way(tmp_path):
     arm_file = tmp_path / "flat.py"
     arm_file.write_text(BAD_GATE)

@@ -43,6 +43,7 @@ def forget():
         sys.modules.pop(name, None)
 
 
+@pytest.mark.unit
 def test_a_worker_records_the_helper_it_trained_with_and_table_sees_the_edit(tmp_path, forget):
     """Item 4 and 2: the worker's code path (RunJob: the experiment file again for each run) trains seed 0, gates.py
     is edited mid-grid, seed 1 trains with the cached gates: both record the identity they trained (the same);
@@ -68,6 +69,7 @@ def test_a_worker_records_the_helper_it_trained_with_and_table_sees_the_edit(tmp
         and "--rerun-stale" in line
 
 
+@pytest.mark.unit
 def test_submit_status_table_and_report_judge_a_stale_run(tmp_path, forget):
     """Item 9 and 2: runs trained by `submit` (its local worker) are current for submit, status and table (one
     identity in every process); the arm edited afterwards: `submit` refuses in one line naming the stale runs and
@@ -109,6 +111,7 @@ def test_submit_status_table_and_report_judge_a_stale_run(tmp_path, forget):
     ablate_cli("table", path, *common)
 
 
+@pytest.mark.run
 def test_a_csv_or_an_older_scheme_is_said_not_checked(tmp_path):
     """Item 2/9: a CSV source records no arm code; a run of the older scheme is shown as not compared, never refused
     (and a mixed row is not refused as "differs" either)."""
@@ -126,6 +129,7 @@ def test_a_csv_or_an_older_scheme_is_said_not_checked(tmp_path):
     assert ablate_cli("table", folder).returncode == 0
 
 
+@pytest.mark.run
 def test_a_run_of_two_arm_versions_is_refused_by_the_table(tmp_path):
     """Item 3: a run that holds two identities (resumed by --force-less older code, or edited by hand) is no run of
     either. Fails without the refusal (`refuse_hybrid`)."""
@@ -152,6 +156,7 @@ def started_run(tmp_path, arm: str, recorded: str, steps: int = 3):
     return folder, config
 
 
+@pytest.mark.unit
 def test_a_resume_under_edited_arm_code_is_refused(tmp_path, forget):
     """Item 3: a run started under gate 1.0, the helper edited to 0.5: the same command is refused in one line;
     restored, it resumes; --force keeps it aside. A run of the older scheme resumes (not compared). Fails without
@@ -177,6 +182,7 @@ def test_a_resume_under_edited_arm_code_is_refused(tmp_path, forget):
     assert prepare_run_dir(older, config, force=False) == "resume"
 
 
+@pytest.mark.run
 def test_an_interrupted_run_resumes_from_its_moved_data(tmp_path, sample_data, monkeypatch):
     """Item 14: a run interrupted after its last checkpoint, its data (same data_id) moved to D2: `--data D2`
     resumes it and its summary records D2. Other data under the moved name, or another setting, is still refused.

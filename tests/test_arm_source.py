@@ -17,6 +17,8 @@ from ablate.errors import AblateError
 from ablate.experiment import Experiment, load_module
 from ablate.train import run
 
+pytestmark = pytest.mark.unit
+
 ARM_FILE = '''from ablate.arms import register_arm
 from ablate.arms.builtin import SinkLogit
 

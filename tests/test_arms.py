@@ -1,7 +1,9 @@
 """The arm library against algebra: limit identities, Lemma 3.1, init, decay, the cache's contents (fused = reference
 and decoding = the full forward for every arm: tests/test_arms_check.py)."""
 
+import dataclasses
 import math
+from typing import Callable
 
 import pytest
 import torch
@@ -9,8 +11,11 @@ import torch.nn.functional as F
 
 from ablate.arms import Arm, ArmContext, attention, get_arm, list_arms
 from ablate.arms.names import BUILTIN_ARMS
+from ablate.arms.papers import SSMAX_INIT
 from ablate.errors import AblateError
 from ablate.model import GPT, GPTConfig
+
+pytestmark = pytest.mark.unit
 
 H, HKV, D, C = 4, 2, 8, 32
 EXAMPLES = ("qk-norm", "temperature", "alibi")  # registered after the study's arms, left out of arms="all"
@@ -118,56 +123,124 @@ def test_lemma_3_1_value_slot_is_routing_slot_times_z():
     torch.testing.assert_close(value_out, attention(gate_arm, q, k, v, x, fused=True)[0])
 
 
-def test_initial_gate_values():
-    model = small_model("combo2")
+# ---------------------------------------------------------------------------------------------- the arms' table
+def gates_open(name: str, floor: float = 0.98):
+    """A value gate starts open: at least `floor` on large reads."""
     torch.manual_seed(0)
-    v = torch.randn(2, HKV, 16, D) * 10
-    for arm_name, floor in (("norm-gate", 0.98), ("proj-gate", 0.98)):
-        arm = small_model(arm_name).blocks[0].attn.arm
-        g = arm.value_gate(v, torch.randn(2, 16, C))
-        assert g.min() >= floor, (arm_name, g.min())
-    assert model.blocks[0].attn.arm.sink_bias.abs().max() == 0  # b_h = 0
-    assert torch.allclose(small_model("norm-gate").blocks[0].attn.arm.tau, torch.tensor(-0.5))  # −4/β
-    for name in ("g1-elementwise", "g1-headwise", "g2-value"):  # Qiu et al.: W_θ ~ N(0, 0.02), gate ≈ 0.5
-        arm = small_model(name).blocks[1].attn.arm
-        assert abs(arm.gate_proj.weight.std().item() - 0.02) < 0.004
-        x = F.rms_norm(torch.randn(2, 16, C), (C,))
-        g = torch.sigmoid(arm.gate_proj(x))
-        assert 0.45 < g.mean() < 0.55
+    gate = small_model(name).blocks[0].attn.arm.value_gate(torch.randn(2, HKV, 16, D) * 10, torch.randn(2, 16, C))
+    assert gate.min() >= floor, (name, gate.min())
 
 
-def test_weight_decay_groups():
-    expectations = {
-        "sink-logit": {"sink_bias": False}, "norm-gate": {"tau": False}, "renorm": {"tau": False},
-        "proj-gate": {"gate_w": False, "gate_c": False}, "combo": {"sink_bias": False, "tau": False},
-        "combo2": {"sink_bias": False, "gate_w": False, "gate_c": False}, "g1-elementwise": {"gate_proj.weight": True},
-        "g1-headwise": {"gate_proj.weight": True}, "g2-value": {"gate_proj.weight": True},
-    }
-    for arm, local in expectations.items():
-        decay, no_decay = small_model(arm).param_groups(0.1)
-        assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-        for local_name, decayed in local.items():
-            name = f"blocks.1.attn.arm.{local_name}"
-            assert (name in decay["names"]) is decayed and (name in no_decay["names"]) is not decayed, (arm, name)
-    decay, no_decay = small_model("sink-token").param_groups(0.1)
-    assert "sink_token" in decay["names"] and "wte.weight" in decay["names"]  # like the embeddings
+def zero_sink_bias(name: str):
+    assert small_model(name).blocks[0].attn.arm.sink_bias.abs().max() == 0  # b_h = 0
+
+
+def qiu_gate_at_one_half(name: str):
+    """Qiu et al.: W_θ ~ N(0, 0.02), so the gate starts near σ(0) = 0.5."""
+    arm = small_model(name).blocks[1].attn.arm
+    assert abs(arm.gate_proj.weight.std().item() - 0.02) < 0.004
+    assert 0.45 < torch.sigmoid(arm.gate_proj(F.rms_norm(torch.randn(2, 16, C), (C,)))).mean() < 0.55
+
+
+def norm_gate_init(name: str):
+    gates_open(name)
+    assert torch.allclose(small_model(name).blocks[0].attn.arm.tau, torch.tensor(-0.5))  # −4/β
+
+
+def combo2_init(name: str):
+    zero_sink_bias(name)
+    gates_open(name)
+
+
+def diff_init(name: str):
+    model = small_model(name, n_layer=3)
+    for layer, block in enumerate(model.blocks):
+        assert block.attn.arm.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * layer))
+        assert torch.equal(block.attn.arm.norm_weight, torch.ones(D))
+    lambdas = torch.cat([p.detach() for n, p in model.named_parameters() if ".lambda_" in n])
+    assert 0.05 < lambdas.std().item() < 0.2  # N(0, 0.1)
+
+
+def forgetting_init(name: str):
+    arm = small_model(name).blocks[0].attn.arm
+    assert torch.equal(arm.gate_b, torch.zeros(H)) and abs(arm.gate_w.std().item() - 0.02) < 0.005
+
+
+def sink_token_init(name: str):
+    """The sink token decays like the embeddings; its d_model parameters are not non-embedding ones."""
+    decay, no_decay = small_model(name).param_groups(0.1)
+    assert "sink_token" in decay["names"] and "wte.weight" in decay["names"]
     assert "blocks.0.ln_1.weight" in no_decay["names"] and "blocks.0.attn.c_attn.weight" in decay["names"]
+    assert small_model(name).param_counts()["non_embedding"] == small_model("baseline").param_counts()["non_embedding"]
 
 
-def test_extra_parameters_match_spec_table():
-    d = C // H  # heads of the small model: H query heads; no GQA here so H applies to every slot
-    per_layer = {
-        "baseline": 0, "sink-logit": H, "off-by-one": 0, "norm-gate": H, "proj-gate": H * (d + 1), "renorm": H,
-        "combo": 2 * H, "combo2": H * (d + 2), "g1-elementwise": C * H * d, "g1-headwise": C * H, "g2-value": C * H * d,
-        "qk-norm": 2 * d, "temperature": H, "alibi": 0,
-    }
-    for arm, extra in per_layer.items():
-        counts = small_model(arm, n_kv_head=H).param_counts()
-        assert counts["arm_extra"] == 2 * extra, arm
-        assert counts["total"] == small_model("baseline", n_kv_head=H).param_counts()["total"] + 2 * extra
-    assert small_model("sink-token").param_counts()["arm_extra"] == C  # d_model, once
-    assert (small_model("sink-token").param_counts()["non_embedding"]
-            == small_model("baseline").param_counts()["non_embedding"])
+def equal_to(layer: int, **values):
+    """Each named arm parameter of block `layer` starts equal to its value."""
+    def check(name: str):
+        arm = small_model(name).blocks[layer].attn.arm
+        for attribute, value in values.items():
+            assert torch.equal(getattr(arm, attribute), value), (name, attribute)
+    return check
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmParameters:
+    """What an arm adds to the baseline at the small model with H query heads (d = C / H): `per_layer` in each
+    layer from layer `first` on and `once` beside the layers; which of its own parameters weight decay reaches (the
+    others are in the no-decay group); the check of its initial values."""
+
+    per_layer: int
+    decays: frozenset[str] = frozenset()
+    init: Callable[[str], None] | None = None
+    first: int = 0
+    once: int = 0
+
+
+d = C // H  # no GQA in the table's model (n_kv_head=H): H applies to every slot
+QIU = frozenset({"gate_proj.weight"})
+ARM_PARAMETERS = {
+    "baseline": ArmParameters(0), "off-by-one": ArmParameters(0), "alibi": ArmParameters(0),
+    "sink-logit": ArmParameters(H, init=zero_sink_bias), "sink-token": ArmParameters(0, once=C, init=sink_token_init),
+    "norm-gate": ArmParameters(H, init=norm_gate_init), "proj-gate": ArmParameters(H * (d + 1), init=gates_open),
+    "renorm": ArmParameters(H), "combo": ArmParameters(2 * H, init=zero_sink_bias),
+    "combo2": ArmParameters(H * (d + 2), init=combo2_init),
+    "g1-elementwise": ArmParameters(C * H * d, QIU, qiu_gate_at_one_half),
+    "g1-headwise": ArmParameters(C * H, QIU, qiu_gate_at_one_half),
+    "g2-value": ArmParameters(C * H * d, QIU, qiu_gate_at_one_half),
+    "qk-norm": ArmParameters(2 * d, init=equal_to(0, q_norm_weight=torch.ones(d), k_norm_weight=torch.ones(d))),
+    "temperature": ArmParameters(H, init=equal_to(1, log_temperature=torch.zeros(H))),
+    "softcap": ArmParameters(0), "sigmoid": ArmParameters(0), "diff": ArmParameters(3 * D, init=diff_init),
+    "forgetting": ArmParameters(H * (C + 1), frozenset({"gate_w"}), forgetting_init),
+    "ssmax": ArmParameters(H, init=equal_to(0, scale=torch.full((H,), SSMAX_INIT))),
+    "value-residual": ArmParameters(2, first=1, init=equal_to(1, mix=torch.full((2,), 0.5))),  # (λ₁, λ₂) after layer 0
+    "sliding-window": ArmParameters(0), "stick-breaking": ArmParameters(0), "softpick": ArmParameters(0),
+    "selective": ArmParameters(0), "oracle-gate": ArmParameters(0),
+}
+
+
+def package_arms() -> list[str]:
+    return [name for name in list_arms() if get_arm(name).__module__.startswith("ablate.")]  # not a test's own
+
+
+def test_the_table_names_every_arm_of_the_package():
+    assert set(package_arms()) <= set(ARM_PARAMETERS), set(package_arms()) - set(ARM_PARAMETERS)
+
+
+@pytest.mark.parametrize("name", package_arms())
+def test_an_arm_s_parameter_count_weight_decay_and_init(name):
+    """Every arm of the package in one table (ARM_PARAMETERS): its extra parameters beside the baseline's (and the
+    total moves by as many), which of its parameters decay, and its initial values."""
+    expected, n_layer = ARM_PARAMETERS[name], 2
+    model, base = small_model(name, n_kv_head=H), small_model("baseline", n_kv_head=H).param_counts()
+    extra = expected.per_layer * (n_layer - expected.first) + expected.once
+    assert model.param_counts()["arm_extra"] == extra
+    assert model.param_counts()["total"] == base["total"] + extra
+    decay, no_decay = model.param_groups(0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {n.split(".arm.", 1)[1] for n in decay["names"] if ".arm." in n} == expected.decays
+    assert not set(decay["names"]) & set(no_decay["names"])
+    if expected.init:
+        expected.init(name)
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -6,6 +6,7 @@ import json
 
 from ablate.cli import main
 from ablate.store import run_dir
+import pytest
 
 USER_ARMS = '''import torch
 
@@ -50,6 +51,7 @@ class Uncached(Arm):
 '''
 
 
+@pytest.mark.unit
 def test_arms_lists_hooks_and_paths(capsys):
     assert main(["arms", "--d-model", "64", "--n-head", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -69,6 +71,7 @@ def test_arms_lists_hooks_and_paths(capsys):
     assert by_arm["forgetting"]["path"] == {"cpu": "reference", "cuda": "flex"}
 
 
+@pytest.mark.unit
 def test_arms_check_runs_the_harness_on_a_users_arm(tmp_path, capsys):
     arm_file = tmp_path / "my_arms.py"
     arm_file.write_text(USER_ARMS)
@@ -93,12 +96,14 @@ def test_arms_check_runs_the_harness_on_a_users_arm(tmp_path, capsys):
                for line in out.splitlines())
 
 
+@pytest.mark.unit
 def test_arms_check_names_the_registered_arms_for_an_unknown_one(capsys):
     assert main(["arms", "--check", "no-such-arm"]) == 2
     err = capsys.readouterr().err
     assert "no-such-arm" in err and "softcap" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.run
 def test_run_trains_an_arm_from_a_users_file(tmp_path, sample_data, capsys):
     arm_file = tmp_path / "my_arms.py"
     arm_file.write_text(USER_ARMS)

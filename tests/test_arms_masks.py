@@ -44,6 +44,7 @@ def run_path(arm, path, T=13, window=None):
     return o, (q, k, v)
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::UserWarning")  # eager flex_attention warns that it is not compiled
 @pytest.mark.parametrize("path", PATHS)
 def test_the_sliding_window_is_its_formula_on_every_path(path):
@@ -51,12 +52,14 @@ def test_the_sliding_window_is_its_formula_on_every_path(path):
     torch.testing.assert_close(o, naive_window(q, k, v, 5), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.unit
 def test_paths_and_listing():
     assert SlidingWindow.hooks() == ("mask",) and SlidingWindow.window == 64
     assert (SlidingWindow.path("cpu"), SlidingWindow.path("cuda")) == ("fused", "flex")
     assert get_arm("baseline").path("cuda") == "fused"
 
 
+@pytest.mark.unit
 def test_without_a_mask_fused_sdpa_keeps_is_causal(monkeypatch):
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -72,6 +75,7 @@ def test_without_a_mask_fused_sdpa_keeps_is_causal(monkeypatch):
     assert calls[1][0] is False and calls[1][1].dtype == torch.bool  # a boolean mask with the window
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_causal_mask_has_one_owner(monkeypatch):
     """Changing `mask_of` changes the reference, flex and masked fused paths alike: none spells causality itself."""
@@ -96,6 +100,7 @@ class EverywhereNormaliser(Arm):
         return torch.ones_like(logits).nan_to_num()
 
 
+@pytest.mark.unit
 def test_the_kernel_zeroes_a_normalisers_weight_where_the_mask_is_false():
     q, k, v, x = check_inputs(T=7)
     arm = EverywhereNormaliser(make_checked_arm("baseline").ctx)
@@ -104,6 +109,7 @@ def test_the_kernel_zeroes_a_normalisers_weight_where_the_mask_is_false():
     assert (record.weights[..., later] == 0).all() and (record.weights[..., ~later] == 1).all()
 
 
+@pytest.mark.unit
 def test_block_masks_are_bounded_and_built_once_per_forward():
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -172,6 +178,7 @@ class WrongShapeMask(Arm):
         return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx)[..., :3]
 
 
+@pytest.mark.unit
 def test_a_one_path_arm_is_gradchecked_and_a_broken_gradient_fails(register):
     holds = check_attention("softcap")
     assert holds.status == "holds" and "one path: gradcheck" in holds.check
@@ -179,6 +186,7 @@ def test_a_one_path_arm_is_gradchecked_and_a_broken_gradient_fails(register):
     assert broken.status == "fails" and "one path: gradcheck" in broken.check, broken.detail
 
 
+@pytest.mark.unit
 def test_a_mask_that_admits_a_later_key_fails_the_check(register):
     assert check_mask("sliding-window").status == "holds"
     result = check_mask(register("test-peeking-mask", PeekingMask))
@@ -186,6 +194,7 @@ def test_a_mask_that_admits_a_later_key_fails_the_check(register):
     assert not all(r.ok for r in check_arm("test-peeking-mask"))
 
 
+@pytest.mark.unit
 def test_the_decoding_check_decodes_past_the_window_and_catches_an_offset_blind_one(register):
     assert decode_length("baseline") == 128
     name = register("test-offset-blind-window", OffsetBlindWindow)
@@ -195,6 +204,7 @@ def test_the_decoding_check_decodes_past_the_window_and_catches_an_offset_blind_
     assert check_decoding(name).status == "fails"
 
 
+@pytest.mark.unit
 def test_a_hooks_wrong_shape_is_named(register):
     results = {r.check.split(":")[0]: r for r in check_arm(register("test-wrong-shape-mask", WrongShapeMask))}
     assert results["mask"].status == "fails"
@@ -202,6 +212,7 @@ def test_a_hooks_wrong_shape_is_named(register):
     assert "mask hook (mask_modifier)" in detail and "expected" in detail and "got" in detail, detail
 
 
+@pytest.mark.unit
 def test_a_score_modifiers_wrong_shape_is_named():
     class Summing(Arm):
         def score_modifier(self, context):
@@ -216,6 +227,7 @@ def test_a_score_modifiers_wrong_shape_is_named():
 # ---------------------------------------------------------------- composition is explicit
 
 
+@pytest.mark.unit
 def test_two_arms_filling_one_slot_refuse_to_compose(monkeypatch):
     from ablate.arms import register_arm
     from ablate.arms.builtin import NormGate, ProjGate, SinkLogit
@@ -242,6 +254,7 @@ def test_two_arms_filling_one_slot_refuse_to_compose(monkeypatch):
 # ---------------------------------------------------------------- document masking
 
 
+@pytest.mark.unit
 def test_document_ids_start_at_each_end_of_text_token():
     from ablate.data.documents import document_ids
     from ablate.data.tokenizer import EOT_TOKEN
@@ -251,6 +264,7 @@ def test_document_ids_start_at_each_end_of_text_token():
     assert document_ids(torch.tensor([[8, EOT_TOKEN]]), start=torch.tensor([3])).tolist() == [[3, 4]]
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_document_mask_is_composed_on_every_path():
     """Keys of another document are masked on the fused, reference and flex paths alike, as loops over the formula
@@ -282,6 +296,7 @@ class ReadsTheWholeSequence(Arm):
         return shift
 
 
+@pytest.mark.unit
 def test_the_documents_check_catches_a_leak(register, monkeypatch):
     from ablate.armcheck import check_documents
 
@@ -293,6 +308,7 @@ def test_the_documents_check_catches_a_leak(register, monkeypatch):
     assert result.status == "fails" and "later document" in result.detail
 
 
+@pytest.mark.unit
 def test_a_cache_keeps_the_document_ids():
     from ablate.armcheck import small_model
     from ablate.data.documents import document_ids
@@ -306,6 +322,7 @@ def test_a_cache_keeps_the_document_ids():
     assert cache.documents.tolist() == [[-1, 1, 1, 1, 2, 2, 2, 2]]  # the sink token's −1 first
 
 
+@pytest.mark.unit
 def test_the_model_splits_documents_itself_under_the_run_option():
     from ablate.armcheck import small_model
     from ablate.data.documents import document_ids
@@ -326,6 +343,7 @@ def test_the_model_splits_documents_itself_under_the_run_option():
     assert not torch.allclose(masked[:, 5:], plain[:, 5:])
 
 
+@pytest.mark.unit
 def test_document_mask_is_a_run_option_in_the_runs_identity():
     from ablate.config import resolve_config
     from ablate.experiment import RunSpec
@@ -344,6 +362,7 @@ def test_document_mask_is_a_run_option_in_the_runs_identity():
     assert "\n" not in message and "--document-mask" in message and task_tier in message
 
 
+@pytest.mark.run
 def test_a_sliding_window_arm_trains_document_masked_through_run(tmp_path, sample_data):
     import json
 
@@ -358,6 +377,7 @@ def test_a_sliding_window_arm_trains_document_masked_through_run(tmp_path, sampl
     assert json.loads((folder / "config.json").read_text())["document_mask"] is True
 
 
+@pytest.mark.unit
 def test_ablate_eval_pads_a_flex_models_batches_to_fixed_buckets():
     from ablate.evals.lm import padded_width
 

@@ -11,9 +11,11 @@ import torch.nn.functional as F
 
 from ablate.arms import Arm, ArmContext, AttentionContext, attention, get_arm, list_arms, register_arm
 from ablate.arms.builtin import SinkLogit
-from ablate.arms.papers import FIRST_VALUES, SSMAX_INIT, SoftCap, diff_lambda_init, split_rope_pairs
+from ablate.arms.papers import FIRST_VALUES, SoftCap, diff_lambda_init, split_rope_pairs
 from ablate.model import apply_rope, rope_tables
 from test_arms import C, D, H, HKV, qkvx, small_model
+
+pytestmark = pytest.mark.unit
 
 SIX = ("softcap", "sigmoid", "diff", "forgetting", "ssmax", "value-residual")
 TRAIN_LEN = 32
@@ -228,25 +230,6 @@ def test_a_normaliser_beside_a_denominator_slot_is_refused_in_one_line():
     message = str(refusal.value)
     assert "\n" not in message and "normalise" in message and "sink_logit" in message and "test-sigmoid-sink" in message
     assert "test-sigmoid-sink" not in list_arms()
-
-
-def test_init_and_parameter_counts_beside_the_baseline():
-    base = small_model("baseline", n_kv_head=H).param_counts()
-    per_layer = {"softcap": 0, "sigmoid": 0, "diff": 3 * D, "forgetting": H * (C + 1), "ssmax": H}
-    for name, extra in per_layer.items():
-        counts = small_model(name, n_kv_head=H).param_counts()
-        assert counts["arm_extra"] == 2 * extra and counts["total"] == base["total"] + 2 * extra, name
-    assert small_model("value-residual", n_layer=4).param_counts()["arm_extra"] == 2 * 3  # (λ₁, λ₂) after layer 0
-    diff = small_model("diff", n_layer=3)
-    for layer, block in enumerate(diff.blocks):
-        assert block.attn.arm.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * layer))
-        assert torch.equal(block.attn.arm.norm_weight, torch.ones(D))
-    lambdas = torch.cat([p.detach() for n, p in diff.named_parameters() if ".lambda_" in n])
-    assert 0.05 < lambdas.std().item() < 0.2  # N(0, 0.1)
-    forgetting = small_model("forgetting").blocks[0].attn.arm
-    assert torch.equal(forgetting.gate_b, torch.zeros(H)) and abs(forgetting.gate_w.std().item() - 0.02) < 0.005
-    assert torch.equal(small_model("ssmax").blocks[0].attn.arm.scale, torch.full((H,), SSMAX_INIT))
-    assert torch.equal(small_model("value-residual").blocks[1].attn.arm.mix, torch.full((2,), 0.5))
 
 
 @pytest.mark.parametrize("name", ["diff", "value-residual"])

@@ -16,6 +16,8 @@ from ablate.tiers import TIERS
 from test_arms import C, D, EXAMPLES, H, HKV, make_arm, qkvx, randomise_arm_parameters, small_model
 from test_arms_check import AlibiSink
 
+pytestmark = pytest.mark.unit
+
 
 
 def make_composed(cls, seed=0):
@@ -105,19 +107,11 @@ def test_query_key_slot_comes_before_rope():
     torch.testing.assert_close(seen[0], q)  # the projection as it is, not yet rotated
 
 
-def test_init_and_decay():
-    d = C // H
-    model = small_model("qk-norm", n_kv_head=H)
-    arm = model.blocks[0].attn.arm
-    assert torch.equal(arm.q_norm_weight, torch.ones(d)) and torch.equal(arm.k_norm_weight, torch.ones(d))
-    assert torch.equal(small_model("temperature").blocks[1].attn.arm.log_temperature, torch.zeros(H))
+def test_temperature_starts_as_the_baseline_and_alibi_s_slopes_are_not_saved():
+    """(Their parameter counts, decay and init: tests/test_arms.py's table.)"""
     idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(small_model("temperature")(idx).logits, small_model("baseline")(idx).logits,
                                rtol=0, atol=0)  # T_h = 1 at the start: the baseline, bit for bit
-    for name in EXAMPLES:  # their parameter counts: tests/test_arms.py's table
-        decay, no_decay = small_model(name).param_groups(0.1)
-        arm_names = [n for n in decay["names"] + no_decay["names"] if ".arm." in n]
-        assert arm_names == [n for n in no_decay["names"] if ".arm." in n], name  # none of them decays
     assert "slopes" not in small_model("alibi").state_dict().__repr__()  # fixed: not in checkpoints
 
 

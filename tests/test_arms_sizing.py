@@ -15,6 +15,8 @@ from ablate.sizing import (arm_memory_phases_gb, memory_phases_gb, model_config,
                            reference_attention_bytes)
 from ablate.tiers import get_tier
 
+pytestmark = pytest.mark.unit
+
 
 class ReluNormaliser(Arm):
     """A normaliser with no elementwise log-weight: flex_attention cannot run it, so CUDA takes the reference path."""

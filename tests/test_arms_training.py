@@ -5,6 +5,9 @@ import json
 
 from ablate.cli import main
 from datafix import ablate_cli
+import pytest
+
+pytestmark = pytest.mark.system
 
 SIX = ("softcap", "sigmoid", "diff", "forgetting", "ssmax", "value-residual")
 

@@ -9,6 +9,8 @@ import pytest
 
 from datafix import REPO
 
+pytestmark = pytest.mark.system
+
 USER_ARM = '''import torch
 
 from ablate.arms import Arm, register_arm

@@ -16,6 +16,7 @@ import masks  # noqa: E402
 pytestmark = pytest.mark.benchmark
 
 
+@pytest.mark.run
 def test_every_variant_is_timed_against_the_baseline_on_its_path(tmp_path, capsys):
     assert masks.main(["--quick", "--no-memory", "--json", str(tmp_path / "out.json")]) == 0
     shape = json.loads((tmp_path / "out.json").read_text())["shapes"][0]
@@ -28,6 +29,7 @@ def test_every_variant_is_timed_against_the_baseline_on_its_path(tmp_path, capsy
         assert row in out
 
 
+@pytest.mark.run
 def test_the_documents_and_the_memory_worker():
     idx, _ = masks.documents_batch(2, 32, 50304)
     assert document_ids(idx)[:, -1].tolist() == [4, 4]  # four end-of-text tokens: four documents a row

@@ -11,6 +11,8 @@ from ablate.arms import AttentionContext, get_arm, list_arms
 from ablate.arms import kernel
 from ablate.arms.kernel import BLOCKS, attention, blocked_rows, reference_block
 
+pytestmark = pytest.mark.unit
+
 T = 150  # three blocks of 64, the last one short
 
 

@@ -51,6 +51,7 @@ def study(tmp_path_factory):
     return load_runs(folder)
 
 
+@pytest.mark.unit
 def test_each_comparison_at_each_budget_is_read_from_the_logged_curve(study):
     table = build_table(study, "budgets", None, DECLARED)
     rows = table.frame.filter(tier="10M", comparison="zero_option")
@@ -67,6 +68,7 @@ def test_each_comparison_at_each_budget_is_read_from_the_logged_curve(study):
     assert rows.filter(budget="25%")["mean"][0] < final  # the fixture's curves close towards the end
 
 
+@pytest.mark.unit
 def test_every_row_is_exploratory_and_in_no_family(study):
     table = build_table(study, "budgets", None, DECLARED)
     assert "p_holm" not in table.columns and set(table.frame["marks"].to_list()) == {"exploratory"}
@@ -80,6 +82,7 @@ def test_every_row_is_exploratory_and_in_no_family(study):
     assert "baseline vs sink-logit" in other.frame["comparison"].to_list()
 
 
+@pytest.mark.unit
 def test_task_tiers_are_read_the_same_way(tmp_path):
     losses = {("abstain-stream", arm, seed): 0.7 - (0.2 if arm == "sink-logit" else 0.0) + 0.01 * seed
               for arm in ("baseline", "sink-logit") for seed in range(3)}
@@ -91,6 +94,7 @@ def test_task_tiers_are_read_the_same_way(tmp_path):
         np.mean(expected(runs, "baseline", "sink-logit", "abstain-stream", lambda c: c[500])), rel=1e-12)
 
 
+@pytest.mark.unit
 def test_runs_without_a_curve_or_a_table_file_are_refused_in_one_line(tmp_path, study):
     with pytest.raises(AblateError, match=r"--kind budgets reads each run's logged validation curve; .* is a table "
                                           r"file without curves"):
@@ -107,6 +111,7 @@ def test_runs_without_a_curve_or_a_table_file_are_refused_in_one_line(tmp_path, 
         assert main_args  # the command refuses it the same way (check_options is what table_command calls)
 
 
+@pytest.mark.run
 def test_trained_runs_read_the_curve_windows_not_the_final_validation(tmp_path, finished_runs, capsys):
     """Real smoke runs (4 steps): the curve is evaluated on val_tokens (2,048 tokens), the final val_loss on
     final_val_tokens (8,192): the 100% column is the curve's step-4 point, 25–75% its step-0 point. The runs other

@@ -11,6 +11,8 @@ from ablate.analysis.tables import losses_table
 from analysis_fixtures import write_csv, write_store
 from test_eval_table import write_evaluated_study
 
+pytestmark = pytest.mark.unit
+
 LOSS_CAPTION = "Validation loss in nats"
 
 

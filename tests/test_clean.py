@@ -82,6 +82,7 @@ def expected_removals(root: Path) -> set[Path]:
     return removed
 
 
+@pytest.mark.unit
 def test_dry_run_lists_and_removes_nothing(store):
     _, _, root, running = store
     before = snapshot(root)
@@ -94,6 +95,7 @@ def test_dry_run_lists_and_removes_nothing(store):
     assert [item.path.name for item in result.kept_aside] == ["seed0.old-20250101-000000-000000"]
 
 
+@pytest.mark.unit
 def test_clean_keeps_what_cannot_be_rebuilt_and_skips_the_running_run(store):
     _, _, root, running = store
     before = snapshot(root)
@@ -120,6 +122,7 @@ def test_clean_keeps_what_cannot_be_rebuilt_and_skips_the_running_run(store):
     assert sorted(p.name for p in root.rglob("*.lock")) == [".seed2.lock"]  # clean released the locks it took
 
 
+@pytest.mark.unit
 def test_aside_removes_folders_kept_aside_unless_their_run_is_running(store):
     _, _, root, _ = store
     aside = root / "smoke" / "baseline" / "seed0.old-20250101-000000-000000"
@@ -131,6 +134,7 @@ def test_aside_removes_folders_kept_aside_unless_their_run_is_running(store):
     assert locked_aside.exists() and locked_aside in {folder for folder, _ in result.skipped}
 
 
+@pytest.mark.unit
 def test_filters_clean_only_the_chosen_runs_and_keep_the_report(store):
     _, _, root, _ = store
     result = clean(root, arms=["sink-logit"], seeds=[0])
@@ -141,6 +145,7 @@ def test_filters_clean_only_the_chosen_runs_and_keep_the_report(store):
     assert (root / "smoke" / "baseline" / "seed0" / "checkpoints" / "state.pt").exists()
 
 
+@pytest.mark.unit
 def test_damaged_summary_is_skipped_and_named(store):
     _, _, root, _ = store
     folder = root / "smoke" / "baseline" / "seed0"
@@ -150,6 +155,7 @@ def test_damaged_summary_is_skipped_and_named(store):
     assert any(f == folder and "damaged" in why for f, why in result.skipped)
 
 
+@pytest.mark.unit
 def test_cli_prints_items_and_total(store, capsys):
     exp_file, results, root, running = store
     total = human(2 * 1000 + 5 * (7 + 11) + 50 + 70)
@@ -168,6 +174,7 @@ def test_cli_prints_items_and_total(store, capsys):
     assert "total: freed 0 B in 0 item(s)" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_cli_refuses_unknown_filters_and_missing_results(store, capsys):
     exp_file, results, _, _ = store
     assert main(["clean", str(exp_file), "--results", str(results), "--arms", "nope"]) == 2
@@ -177,6 +184,7 @@ def test_cli_refuses_unknown_filters_and_missing_results(store, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_file_names_match_the_writers():
     """Clean and the writers name the files through the store's one definition."""
     from ablate import clean as clean_module
@@ -187,11 +195,13 @@ def test_file_names_match_the_writers():
         train.STATE, modelio.FINAL_WEIGHTS, report.REPORT_DIR) == (store.STATE, store.FINAL_WEIGHTS, store.REPORT_DIR)
 
 
+@pytest.mark.unit
 def test_human_sizes():
     assert [human(n) for n in (0, 1023, 1024, 5 * 1024**2, 3 * 1024**3)] == ["0 B", "1023 B", "1.0 KiB", "5.0 MiB",
                                                                             "3.0 GiB"]
 
 
+@pytest.mark.system
 def test_make_clean_demo_removes_only_the_demo(tmp_path):
     for path in ("results/demo/smoke/baseline/seed0", "data/sample", "results/other", "data/other"):
         (tmp_path / path).mkdir(parents=True)
@@ -226,6 +236,7 @@ def _assert_link_skipped(out: str, link: Path, target: Path) -> None:
                    for line in out.splitlines()), out
 
 
+@pytest.mark.unit
 def test_symlinked_checkpoints_are_skipped_and_their_target_survives(store, tmp_path, capsys):
     exp_file, results, root, _ = store
     folder = root / "smoke" / "baseline" / "seed0"
@@ -241,6 +252,7 @@ def test_symlinked_checkpoints_are_skipped_and_their_target_survives(store, tmp_
     assert not (folder / ".summary.json.abc.tmp").exists()  # the run folder itself is still cleaned
 
 
+@pytest.mark.unit
 def test_symlinked_run_folder_is_skipped_and_its_target_survives(store, tmp_path, capsys):
     exp_file, results, root, _ = store
     folder = root / "smoke" / "sink-logit" / "seed2"
@@ -254,6 +266,7 @@ def test_symlinked_run_folder_is_skipped_and_its_target_survives(store, tmp_path
     assert snapshot(target) == before and folder.is_symlink()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("linked", ["tier", "arm"])
 def test_symlinked_tier_or_arm_folder_is_skipped_with_its_runs_and_aside_folders(store, tmp_path, capsys, linked):
     exp_file, results, root, _ = store
@@ -275,6 +288,7 @@ def test_symlinked_tier_or_arm_folder_is_skipped_with_its_runs_and_aside_folders
     assert snapshot(target) == before
 
 
+@pytest.mark.unit
 def test_symlinked_state_tmp_report_and_aside_are_skipped_and_kept(store, tmp_path, capsys):
     exp_file, results, root, _ = store
     folder = root / "smoke" / "baseline" / "seed0"  # completed with weights: its real state.pt would go
@@ -306,6 +320,7 @@ def test_symlinked_state_tmp_report_and_aside_are_skipped_and_kept(store, tmp_pa
     assert not (root / "smoke" / "baseline" / "seed0.old-20250101-000000-000000").exists()  # a real one goes
 
 
+@pytest.mark.unit
 def test_symlinked_model_pt_does_not_count_as_final_weights(store, tmp_path):
     _, _, root, _ = store
     folder = root / "smoke" / "baseline" / "seed0"
@@ -316,6 +331,7 @@ def test_symlinked_model_pt_does_not_count_as_final_weights(store, tmp_path):
     assert (folder / "checkpoints" / "state.pt").is_file()  # the only weights that surely belong to the run
 
 
+@pytest.mark.unit
 def test_symlinked_experiment_folder_is_refused_in_one_line(store, tmp_path, capsys):
     exp_file, results, root, _ = store
     moved = tmp_path / "elsewhere" / "cleanme"
@@ -329,6 +345,7 @@ def test_symlinked_experiment_folder_is_refused_in_one_line(store, tmp_path, cap
     assert snapshot(moved) == before
 
 
+@pytest.mark.unit
 def test_a_folder_swapped_for_a_link_after_judging_is_left_alone(store, tmp_path, monkeypatch):
     from ablate import clean as clean_module
 
@@ -352,6 +369,7 @@ def test_a_folder_swapped_for_a_link_after_judging_is_left_alone(store, tmp_path
     assert not any(item.path.is_relative_to(folder / "checkpoints") for item in result.removed)
 
 
+@pytest.mark.unit
 def test_an_lr_sweep_run_kept_aside_is_listed_and_removed_with_aside(store):
     """`--force` on a sweep run (<tier>/<arm>/lr<f>/seed<k>) keeps it aside beside its run: clean sees it too."""
     _, _, root, _ = store

@@ -15,6 +15,7 @@ from ablate.lock import FileLock
 from ablate.store import run_lock_path
 from ablate.tiers import get_tier
 from datafix import ablate_cli
+import pytest
 
 GATE_MODULE = textwrap.dedent("""
     import torch
@@ -52,6 +53,7 @@ def experiments_folder(tmp_path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- 1. imports
+@pytest.mark.unit
 def test_an_experiment_file_imports_a_module_beside_it(tmp_path, capsys, monkeypatch):
     path = experiments_folder(tmp_path)
     monkeypatch.chdir(tmp_path)  # not the experiment's folder: the import must not rely on the working folder
@@ -68,6 +70,7 @@ def test_an_experiment_file_imports_a_module_beside_it(tmp_path, capsys, monkeyp
         ("first-hour-gate", rows[0]["extra_params_total"])]
 
 
+@pytest.mark.system
 def test_a_local_submit_trains_an_arm_from_a_module_beside_the_experiment(tmp_path, sample_data):
     """The local worker processes re-import the experiment file (as a SLURM task does): the module beside it
     is found there too, from a working folder that is not the experiment's."""
@@ -81,6 +84,7 @@ def test_a_local_submit_trains_an_arm_from_a_module_beside_the_experiment(tmp_pa
     assert [(r["arm"], r["state"], r["steps"]) for r in status["runs"]] == [("first-hour-gate", "completed", 2)]
 
 
+@pytest.mark.unit
 def test_a_failing_import_is_one_line_naming_the_file_and_the_module(tmp_path, capsys):
     path = tmp_path / "broken.py"
     path.write_text("from no_such_gate_module import Gate\n")
@@ -107,6 +111,7 @@ def every_option(parser: argparse.ArgumentParser, path=()):
             yield " ".join(path), action
 
 
+@pytest.mark.unit
 def test_every_list_option_takes_space_separated_values():
     lists, wrong = [], []
     for command, action in every_option(build_parser()):
@@ -135,6 +140,7 @@ def status_json(capsys, *args) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.unit
 def test_an_option_typo_is_one_line_with_the_closest_option_of_the_command(capsys):
     assert main(["submit", "demo", "--excutor", "local"]) == 2
     out, err = capsys.readouterr()
@@ -145,6 +151,7 @@ def test_an_option_typo_is_one_line_with_the_closest_option_of_the_command(capsy
     assert "--kindd: did you mean --kind?" in err and "--zzzzzz: not an option of `ablate table`" in err
 
 
+@pytest.mark.unit
 def test_status_takes_the_filters_of_submit(tmp_path, capsys):
     (tmp_path / "demo").mkdir()  # the experiment's folder, before any of its runs
     rows = status_json(capsys, "demo", "--tier", "smoke", "--arms", "baseline", "sink-logit", "--seeds", "1",
@@ -155,6 +162,7 @@ def test_status_takes_the_filters_of_submit(tmp_path, capsys):
     assert "tier '10M' is not in experiment 'demo'; its tiers: smoke" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_status_adhoc_lists_the_run_folders_of_ablate_run(tmp_path, capsys):
     root = tmp_path / "adhoc"
     fake_run(root / "smoke" / "baseline" / "seed0", {"status": "completed", "val_loss": 7.25, "steps": 4,
@@ -178,6 +186,7 @@ def test_status_adhoc_lists_the_run_folders_of_ablate_run(tmp_path, capsys):
     assert "--tier 124M: no such run under" in err and "there: 10M, smoke" in err
 
 
+@pytest.mark.unit
 def test_status_on_a_folder_without_the_experiment_refuses_first_in_one_line_as_table_does(tmp_path, capsys):
     (tmp_path / "sink_vs_filter").mkdir()
     for command in ("status", "table"):
@@ -190,6 +199,7 @@ def test_status_on_a_folder_without_the_experiment_refuses_first_in_one_line_as_
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.unit
 def test_status_without_runs_or_experiment_says_so(tmp_path, capsys):
     assert main(["status", "adhoc", "--results", str(tmp_path)]) == 2
     assert "no ad-hoc runs under" in capsys.readouterr().err
@@ -198,6 +208,7 @@ def test_status_without_runs_or_experiment_says_so(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- 6. arms, clean
+@pytest.mark.unit
 def test_arms_counts_at_each_tier_of_the_experiment(capsys):
     assert main(["arms", "sink_vs_filter", "--json"]) == 0
     rows = {(r["tier"], r["arm"]): r for r in json.loads(capsys.readouterr().out)}
@@ -215,6 +226,7 @@ def test_arms_counts_at_each_tier_of_the_experiment(capsys):
     assert {r["d_model"] for r in json.loads(capsys.readouterr().out)} == {64}
 
 
+@pytest.mark.unit
 def test_clean_says_what_it_kept_and_why_the_rest_remains(tmp_path, capsys):
     root = tmp_path / "demo" / "smoke"
     for arm in ("baseline", "sink-logit"):

@@ -19,6 +19,8 @@ from ablate.errors import AblateError
 from analysis_fixtures import reference_losses, write_run, write_store
 from test_eval_table import write_evaluated_study
 
+pytestmark = pytest.mark.unit
+
 
 def plan_power(capsys, *args, json_out=True):
     code = main(["plan", "sink_vs_filter", "--power", "--effect", "0.003", *map(str, args),

@@ -90,6 +90,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("damage", [truncated, as_list])
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_damaged_manifest_is_one_line_in_every_command(tmp_path, sample_data, command, damage):
@@ -102,6 +103,7 @@ def test_a_damaged_manifest_is_one_line_in_every_command(tmp_path, sample_data, 
         assert not (tmp_path / "results").exists()  # refused before anything was queued or written
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("damage", [empty, without_splits, shard_outside, tokens_as_text])
 def test_a_manifest_damaged_inside_is_named_with_the_field(tmp_path, sample_data, damage):
     data = damaged_copy(sample_data, tmp_path / "data", "manifest.json", damage)
@@ -113,6 +115,7 @@ def test_a_manifest_damaged_inside_is_named_with_the_field(tmp_path, sample_data
     assert field in result.stderr
 
 
+@pytest.mark.system
 def test_the_way_out_of_a_damaged_manifest_works(tmp_path, sample_data):
     data = damaged_copy(sample_data, tmp_path / "data", "manifest.json", as_list)
     shutil.rmtree(data)  # what the message says: delete the folder and prepare again
@@ -132,6 +135,7 @@ def unfinished(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("damage", [truncated, as_list, without_carry, tokens_as_text])
 def test_a_damaged_progress_file_is_one_line_when_prepare_resumes(tmp_path, unfinished, damage):
     out = damaged_copy(unfinished, tmp_path / "sample", "progress.json", damage)
@@ -142,6 +146,7 @@ def test_a_damaged_progress_file_is_one_line_when_prepare_resumes(tmp_path, unfi
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # refused before anything was rewritten
 
 
+@pytest.mark.unit
 def test_the_way_out_of_a_damaged_progress_file_works(tmp_path, unfinished, sample_data):
     out = damaged_copy(unfinished, tmp_path / "sample", "progress.json", truncated)
     shutil.rmtree(out)
@@ -150,6 +155,7 @@ def test_the_way_out_of_a_damaged_progress_file_works(tmp_path, unfinished, samp
     assert read_manifest_file(out)["splits"]["val"] == read_manifest_file(sample_data)["splits"]["val"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", ["info", "submit", "run"])
 def test_readers_of_an_unfinished_folder_with_a_damaged_progress_file_say_so_in_one_line(tmp_path, unfinished,
                                                                                         command):
@@ -160,6 +166,7 @@ def test_readers_of_an_unfinished_folder_with_a_damaged_progress_file_say_so_in_
     assert len(errors) == 1 and "not a prepared data folder" in errors[0] and "unfinished prepare" in errors[0]
 
 
+@pytest.mark.unit
 def test_problem_names_the_place_and_accepts_a_good_value():
     schema = {"a": {"b": [{"c": int}]}}
     assert problem({"a": {"b": [{"c": 1}, {"c": -1}]}}, schema) == "a.b[1].c is -1, not a whole number >= 0"
@@ -169,6 +176,7 @@ def test_problem_names_the_place_and_accepts_a_good_value():
     assert problem({"a": {"b": [{"c": 0}]}, "extra": 1}, schema) is None
 
 
+@pytest.mark.unit
 def test_a_manifest_of_another_format_names_it_and_the_way_out(tmp_path, sample_data):
     data = damaged_copy(sample_data, tmp_path / "data", "manifest.json", lambda text: "{}")
     with pytest.raises(AblateError, match=r"format None, expected 'ablate-token-shards/1'.*prepare the data again"):

@@ -16,6 +16,8 @@ from ablate.data import BatchStream, TokenShards, decode, prepare, validation_ba
 from ablate.data.order import window_permutation  # noqa: E402
 from ablate.errors import AblateError  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 B, T = 8, 64
 
 

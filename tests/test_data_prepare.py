@@ -19,6 +19,8 @@ from ablate.data import tokenizer, writer  # noqa: E402
 from ablate.data.sources import FINEWEB_EDU_COLUMNS, text_id  # noqa: E402
 from ablate.errors import AblateError  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 WORDS = "the of and to in is was for on that with as by at from his her are be this an which or".split() + [
     "attention", "gate", "softmax", "sink", "token", "model", "river", "mountain", "history", "number",
 ]

@@ -11,6 +11,8 @@ from ablate.store import read_json, read_ledger, run_dir
 from ablate.train import run
 from datafix import ablate_cli
 
+pytestmark = pytest.mark.system
+
 EXPERIMENT = '''
 from ablate.experiment import Experiment
 

@@ -22,6 +22,8 @@ from ablate.sizing import micro_batch_for, model_config
 from ablate.tiers import (DENSE_LADDER, LADDER, TIER_ORDER, TIERS, at_tokens_per_param, interpolated_batch,
                           interpolated_lr, tier_rank)
 
+pytestmark = pytest.mark.unit
+
 DENSE = ("20M", "35M", "80M", "200M")
 QUANTITIES = ("zero_option", "filtering_norm", "filtering_proj", "gap_norm", "gap_proj")
 

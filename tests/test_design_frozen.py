@@ -23,6 +23,8 @@ from ablate.errors import AblateError
 from ablate.experiment import Comparison, Experiment, load_experiment
 from analysis_fixtures import write_store
 
+pytestmark = pytest.mark.unit
+
 THREE = (Comparison("zero_option", "baseline", "sink-logit"), Comparison("off_by_one", "baseline", "off-by-one"),
          Comparison("norm_gate", "baseline", "norm-gate"))
 DIFFS = (0.008, 0.014, 0.011)  # each comparison alone: p ≈ 0.024; Holm over three: p_holm ≈ 0.07

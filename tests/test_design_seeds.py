@@ -6,6 +6,9 @@ from ablate.analysis.hypotheses import Declared, declared_for
 from ablate.analysis.load import load_runs
 from ablate.experiment import Comparison, Experiment
 from analysis_fixtures import write_store
+import pytest
+
+pytestmark = pytest.mark.unit
 
 ZERO = ("zero_option", "baseline", "sink-logit")
 

@@ -13,6 +13,9 @@ from ablate.analysis.report import declared_section, flags_section, make_report
 from ablate.experiment import Comparison, Experiment
 from ablate.store import run_dir
 from analysis_fixtures import write_store
+import pytest
+
+pytestmark = pytest.mark.unit
 
 EFFECT = (0.020, 0.022, 0.019, 0.021, 0.018, 0.020, 0.023, 0.019)
 

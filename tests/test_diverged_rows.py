@@ -9,6 +9,9 @@ from ablate.analysis.build import build_table
 from ablate.analysis.hypotheses import Declared, supported
 from ablate.analysis.load import load_runs
 from analysis_fixtures import reference_losses, write_run, write_store
+import pytest
+
+pytestmark = pytest.mark.unit
 
 STUDY = (("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
          ("filtering_proj", "sink-logit", "combo2"))

@@ -35,6 +35,7 @@ def tier_rows() -> dict[str, list[str]]:
     return {row[0]: row for row in rows}
 
 
+@pytest.mark.unit
 def test_the_tier_table_holds_every_tier_with_its_real_counts_and_tokens_per_parameter():
     rows = tier_rows()
     assert set(rows) == set(TIERS)  # 124M-gpt2 and 350M-gpt2 included
@@ -48,6 +49,7 @@ def test_the_tier_table_holds_every_tier_with_its_real_counts_and_tokens_per_par
         assert row[10] == str(tier.seeds)
 
 
+@pytest.mark.unit
 def test_the_budget_sentence_names_the_tiers_that_reach_20_tokens_per_parameter():
     reach = [n for n in ("10M", "50M", "124M", "350M") if round(TIERS[n].tokens / baseline_params(TIERS[n])) >= 19]
     assert reach == ["10M", "50M"] and "which they hit at 10M and 50M only" in flat(METHOD)
@@ -62,6 +64,7 @@ def test_the_budget_sentence_names_the_tiers_that_reach_20_tokens_per_parameter(
         assert f"{gpt2_tier.nominal_params / 1e6:.0f}M" in flat(METHOD.split("Two readings", 1)[1][:1200])
 
 
+@pytest.mark.unit
 def test_the_scale_model_and_its_crossover_rule_are_the_code_s():
     text = flat(METHOD)
     assert f"Fieller's* {scale.CONFIDENCE:.0%} interval" in text and "df = Σ_t (n_t − 1) (6 for 3/3/3/1)" in text
@@ -72,6 +75,7 @@ def test_the_scale_model_and_its_crossover_rule_are_the_code_s():
     assert f"({', '.join(ladder[:3])}, {ladder[3]} at 10M" in text
 
 
+@pytest.mark.unit
 def test_the_plan_s_mfu_path_is_the_code_s():
     text = flat(METHOD)
     assert f"an assumed {ASSUMED_MFU:.0%}" in text
@@ -79,6 +83,7 @@ def test_the_plan_s_mfu_path_is_the_code_s():
     assert "`plan_mfu`" in text and "benchmarks/gpu_check.py" in text
 
 
+@pytest.mark.unit
 def test_the_val_loss_convention_matches_the_model_and_the_footer():
     config = model_config("smoke", "baseline")
     assert (config.padded_vocab_size, config.vocab_size) == (PADDED_VOCAB, REAL_VOCAB)
@@ -105,6 +110,7 @@ def padding_gap(model, windows) -> tuple[float, float]:
     return padded / count, real / count
 
 
+@pytest.mark.unit
 def test_at_initialisation_the_padded_loss_exceeds_the_real_vocabulary_loss_by_about_ln_50304_over_50257():
     model = GPT(model_config("smoke", "baseline"))
     model.init_weights(0)
@@ -113,6 +119,7 @@ def test_at_initialisation_the_padded_loss_exceeds_the_real_vocabulary_loss_by_a
     assert padded - real == pytest.approx(math.log(PADDED_VOCAB / REAL_VOCAB), rel=0.05)
 
 
+@pytest.mark.run
 @pytest.mark.slow
 def test_after_a_smoke_run_val_loss_is_the_padded_loss_about_2e_4_above_the_real_vocabulary_loss(tmp_path, sample_data):
     from ablate.experiment import RunSpec
@@ -131,6 +138,7 @@ def test_after_a_smoke_run_val_loss_is_the_padded_loss_about_2e_4_above_the_real
     assert re.fullmatch(r"2e-04", f"{padded - real:.0e}"), padded - real
 
 
+@pytest.mark.unit
 def test_the_numerics_section_names_the_testbed_s_own_seed_counts():
     """Section 5's sentence on the testbed's seeds is the experiment file's, tier by tier."""
     from ablate.experiment import load_experiment

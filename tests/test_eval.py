@@ -30,6 +30,8 @@ from ablate.store import atomic_write_json
 from ablate.sizing import model_config
 from ablate.tiers import get_tier
 
+pytestmark = pytest.mark.run
+
 torch.set_num_threads(1)
 ALL = ["lambada_openai", "hellaswag", "wikitext"]
 METRICS = {"lambada_openai": {"perplexity", "acc"}, "hellaswag": {"acc", "acc_norm"},

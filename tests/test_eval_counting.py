@@ -29,6 +29,8 @@ from analysis_fixtures import write_run
 from test_eval import write_task_data
 from test_eval_weights import weights_of, write_eval
 
+pytestmark = pytest.mark.unit
+
 ARMS, SEEDS = ("baseline", "sink-logit"), (0, 1)
 ASIDE = "seed0.old-20250101-000000-000000"
 

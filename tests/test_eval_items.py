@@ -27,6 +27,8 @@ from ablate.modelio import load_run
 from ablate.store import EVAL_FILE, EVAL_ITEMS_DIR, atomic_write_json
 from test_eval import ENDINGS, overfit_run
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 ALL = ["lambada_openai", "hellaswag", "wikitext"]
 LAMBADA = ["She opened the door and walked into the garden", "The cat sat on the mat and looked at the dog",

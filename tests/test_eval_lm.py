@@ -20,6 +20,8 @@ from ablate.model import GPT, GPTConfig
 from ablate.sizing import model_config
 from ablate.tiers import get_tier
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 WINDOW = 16
 

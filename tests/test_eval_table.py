@@ -14,6 +14,8 @@ from ablate.errors import AblateError
 from analysis_fixtures import write_run
 from datafix import ablate_cli
 
+pytestmark = pytest.mark.unit
+
 SETTINGS = {"task_version": 1.0, "lm_eval_version": "0.4.13", "limit": None, "num_fewshot": 0,
             "data": "hub:Rowan/hellaswag"}
 ACC = {("baseline", 0): 0.30, ("baseline", 1): 0.31, ("baseline", 2): 0.29,

@@ -66,6 +66,7 @@ def paired_row(store) -> dict:
     return table.frame.row(0, named=True), table.warnings
 
 
+@pytest.mark.run
 def test_training_keeps_the_hash_of_its_final_weights(tmp_path, sample_data):
     from ablate.train import run
 
@@ -77,6 +78,7 @@ def test_training_keeps_the_hash_of_its_final_weights(tmp_path, sample_data):
     assert final_weights_sha256(folder) == summary.weights_sha256
 
 
+@pytest.mark.unit
 def test_an_eval_json_copied_from_another_run_is_not_paired(store):
     row, _ = paired_row(store)
     assert row["n"] == 3
@@ -92,6 +94,7 @@ def test_an_eval_json_copied_from_another_run_is_not_paired(store):
     assert "| 10M | sink-logit | 2 |" in text and "- 10M sink-logit seed 1: its hellaswag evaluation" in text
 
 
+@pytest.mark.unit
 def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     """`run --force` retrained the run (new weights, new hash) while an old evaluation wrote its eval.json."""
     experiment = Experiment(name="study", tiers=["10M"], arms=["baseline", "sink-logit"], seeds=3)
@@ -116,6 +119,7 @@ def test_an_eval_of_weights_replaced_since_is_stale_in_table_and_status(store):
     assert rows[("baseline", 2)].eval.startswith("stale, not counted")
 
 
+@pytest.mark.unit
 def test_the_one_decision_and_runs_completed_before_the_hash_was_kept(tmp_path):
     assert eval_problem({"weights_sha256": "a" * 64}, "a" * 64) is None
     assert "other weights" in eval_problem({"weights_sha256": "a" * 64}, "b" * 64)
@@ -149,6 +153,7 @@ def completed_run(tmp_path, weights: bytes = b"final weights", kept: bytes | Non
     return folder
 
 
+@pytest.mark.unit
 def test_eval_holds_the_run_lock_while_it_scores(tmp_path, monkeypatch):
     folder = completed_run(tmp_path)
     data = write_task_data(tmp_path / "tasks")
@@ -168,6 +173,7 @@ def test_eval_holds_the_run_lock_while_it_scores(tmp_path, monkeypatch):
     assert not run_lock_path(folder).exists()  # released
 
 
+@pytest.mark.system
 def test_eval_while_the_run_trains_is_refused_in_one_line(tmp_path, capsys):
     folder = completed_run(tmp_path)
     atomic_write_json(folder / "summary.json", {"status": "running"})
@@ -192,6 +198,7 @@ def test_eval_while_the_run_trains_is_refused_in_one_line(tmp_path, capsys):
     assert not (folder / "eval.json").exists()
 
 
+@pytest.mark.unit
 def test_eval_refuses_weights_other_than_the_run_completed_with(tmp_path, monkeypatch):
     folder = completed_run(tmp_path, weights=b"swapped in later", kept=b"final weights")
     monkeypatch.setattr("ablate.evals.run._evaluate", lambda folder_, names, *args: fake_results(names))

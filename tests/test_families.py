@@ -30,6 +30,8 @@ from ablate.family import Family
 from ablate.tiers import tier_rank
 from analysis_fixtures import write_store
 
+pytestmark = pytest.mark.unit
+
 STUDY = (("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
          ("filtering_proj", "sink-logit", "combo2"))
 NULL_STUDIES = 2000

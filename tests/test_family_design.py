@@ -22,6 +22,8 @@ from ablate.plan import _family_note
 from ablate.power import family_sizes
 from analysis_fixtures import reference_losses, write_store
 
+pytestmark = pytest.mark.unit
+
 STUDY = (("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
          ("filtering_proj", "sink-logit", "combo2"))
 

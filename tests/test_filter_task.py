@@ -20,6 +20,7 @@ from ablate.tiers import TASKS, TIERS
 FILTER_TIERS = ("filter-norm", "filter-direction")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mark", MARKS)
 def test_batches_are_a_pure_function_of_the_seed(mark):
     task = FilterTask(mark=mark)
@@ -35,6 +36,7 @@ def stored_values(task: FilterTask, inputs: torch.Tensor, where: torch.Tensor) -
     return dict(zip((pairs // task.n_values).tolist(), (pairs % task.n_values).tolist()))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mark", MARKS)
 def test_every_junk_read_is_a_marked_decoy_of_a_queried_key(mark):
     task = FilterTask(mark=mark)
@@ -54,6 +56,7 @@ def test_every_junk_read_is_a_marked_decoy_of_a_queried_key(mark):
         assert all(key in asked and value != right[key] for key, value in decoy.items())  # a wrong value, asked
 
 
+@pytest.mark.unit
 def test_the_two_marks_differ_in_the_marker_only():
     norm, direction = (filter_batch(FilterTask(mark=mark), 16, 3) for mark in MARKS)
     task = FilterTask()
@@ -62,6 +65,7 @@ def test_the_two_marks_differ_in_the_marker_only():
     assert torch.equal(norm[0][~marker], direction[0][~marker]) and torch.equal(norm[1], direction[1])
 
 
+@pytest.mark.unit
 def test_filter_tiers_carry_their_task_s_sizes():
     for name in FILTER_TIERS:
         task = task_from_fields(TASKS[name])
@@ -72,6 +76,7 @@ def test_filter_tiers_carry_their_task_s_sizes():
     assert torch.equal(task_batch(FilterTask(), 4, 2)[0], filter_batch(FilterTask(), 4, 2)[0])
 
 
+@pytest.mark.unit
 def test_a_bad_mark_is_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="mark='parity'.*norm, direction"):
         replace(FilterTask(), mark="parity")
@@ -85,6 +90,7 @@ def filter_experiment(folder: Path, steps: int) -> Path:
     return path
 
 
+@pytest.mark.system
 def test_a_filter_run_records_its_signature(tmp_path, capsys):
     argv = [str(filter_experiment(tmp_path, 12)), "--results", str(tmp_path / "r")]
     assert main(["submit", *argv, "--tier", "filter-norm", "--arms", "baseline", "norm-gate", "--executor", "local",
@@ -115,6 +121,7 @@ def per_tier(**changes) -> Experiment:
     return Experiment(**{**fields, **changes})
 
 
+@pytest.mark.unit
 def test_per_tier_arms_enumerate_each_tier_s_own_runs():
     experiment = per_tier()
     keys = {(s.tier, s.arm) for s in experiment.runs()}
@@ -127,6 +134,7 @@ def test_per_tier_arms_enumerate_each_tier_s_own_runs():
         experiment.runs(arms=["proj-gate"])
 
 
+@pytest.mark.unit
 def test_a_comparison_restricted_to_tiers_is_declared_there_only():
     experiment = per_tier()
     assert {tier: [c.name for c in cs] for tier, cs in experiment.comparisons().items()} == {
@@ -143,6 +151,7 @@ def test_a_comparison_restricted_to_tiers_is_declared_there_only():
         per_tier(arms={"synthetic": ("baseline", "sink-logit", "norm-gate")}, hypotheses=())
 
 
+@pytest.mark.unit
 def test_the_testbed_runs_each_task_s_arms():
     experiment = load_experiment(TESTBED)
     runs = experiment.runs()
@@ -155,6 +164,7 @@ def test_the_testbed_runs_each_task_s_arms():
     assert "abstain_sink_logit" in declared["synthetic"] and not declared["synthetic"] & declared["filter-norm"]
 
 
+@pytest.mark.system
 def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
     text = TESTBED.read_text().replace('name="testbed_v1"', 'name="tb_filter"').replace(
         "seeds=5,", 'seeds=2, overrides={"steps": 15, "val_interval": 5},')
@@ -177,6 +187,7 @@ def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
     assert (tmp_path / "r" / "tb_filter" / "report" / "testbed_filter-norm.png").stat().st_size > 10_000
 
 
+@pytest.mark.unit
 def test_the_probes_validation_batches_of_a_filter_run_are_the_task_s():
     from ablate.data.filter import filter_validation
     from ablate.modelio import validation_batches_for_run
@@ -188,6 +199,7 @@ def test_the_probes_validation_batches_of_a_filter_run_are_the_task_s():
                                      for a, b in zip(got, want))
 
 
+@pytest.mark.run
 def test_a_task_run_that_is_training_is_running_in_status_never_damaged(tmp_path, monkeypatch):
     """A task run writes its summary.json as "running" before its first step, as a corpus run does, so
     `ablate status` of a run still training says running (metrics without a summary would read as damaged)."""

@@ -5,6 +5,9 @@ import json
 
 from ablate.store import run_dir
 from tests.datafix import ablate_cli
+import pytest
+
+pytestmark = pytest.mark.system
 
 
 def test_generate_decodes_greedily_and_samples_by_seed_and_refuses_what_it_cannot(tmp_path, finished_runs,

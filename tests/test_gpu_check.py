@@ -44,6 +44,7 @@ def cpu_run(tmp_path_factory):
     return json.loads(out.read_text()), result.stdout
 
 
+@pytest.mark.system
 def test_gpu_check_runs_on_cpu_and_writes_its_report(cpu_run):
     report, stdout = cpu_run
     arms = report["arms"]["arms"]
@@ -80,6 +81,7 @@ def gpu_check_sections():
     return ("hardware", "phases", "arms", "flex", "long", "ddp")
 
 
+@pytest.mark.system
 def test_the_long_section_trains_both_arms_eager_and_compiled_to_the_same_loss(cpu_run):
     report, stdout = cpu_run
     long = report["long"]
@@ -98,6 +100,7 @@ def test_the_long_section_trains_both_arms_eager_and_compiled_to_the_same_loss(c
     assert "compile baseline: max loss difference" in stdout
 
 
+@pytest.mark.system
 def test_the_flex_section_holds_a_named_arm_to_the_reference(cpu_run):
     report, stdout = cpu_run
     row = report["flex"]["arms"]["sink-logit"]
@@ -110,6 +113,7 @@ def test_the_flex_section_holds_a_named_arm_to_the_reference(cpu_run):
         "softcap", "sigmoid", "forgetting", "ssmax"}
 
 
+@pytest.mark.unit
 def test_the_flex_section_selects_arms_by_their_path():
     """An arm is checked through flex when its own path on CUDA is flex (`Arm.path`): a score modifier, a normaliser
     with a log-weight, a mask; not a normaliser without one (reference there), nor the study's arms (fused)."""
@@ -140,6 +144,7 @@ def test_the_flex_section_selects_arms_by_their_path():
                                                             "sliding-window"}
 
 
+@pytest.mark.unit
 def test_the_long_section_sizes_the_124M_run_as_plan_and_submit_do():
     """On an H200 (141 GB in the table) the long runs take the micro-batch `ablate plan` prints, the GPU's loss
     chunk, and the training step's estimate as the plan to hold their peak against (no GPU needed to size)."""
@@ -151,6 +156,7 @@ def test_the_long_section_sizes_the_124M_run_as_plan_and_submit_do():
     assert conf["estimate_gb"] <= USABLE_FRACTION * 141.0
 
 
+@pytest.mark.unit
 def test_the_long_runs_share_the_time_left_and_drop_compilations_that_cannot_fit():
     order = [("baseline", "eager"), ("sink-logit", "eager"), ("baseline", "compiled"), ("sink-logit", "compiled")]
     assert gpu_long.run_window(order, 600.0, 40.0, 75.0) == (40.0, 600.0)  # time enough: the full window each
@@ -160,6 +166,7 @@ def test_the_long_runs_share_the_time_left_and_drop_compilations_that_cannot_fit
     assert gpu_long.run_window(order, -1.0, 40.0, 75.0) == (None, -1.0)
 
 
+@pytest.mark.unit
 def test_a_long_run_out_of_memory_runs_again_at_half_the_micro_batch(monkeypatch):
     def fake_run(arm, mode, conf, shp, device, *args):
         if conf["micro_batch"] > 2:
@@ -176,6 +183,7 @@ def test_a_long_run_out_of_memory_runs_again_at_half_the_micro_batch(monkeypatch
     assert row["error"].startswith("OutOfMemoryError at micro-batch 4") and row["out_of_memory_at_micro_batch"] == 8
 
 
+@pytest.mark.unit
 def test_scoring_without_lm_eval_is_ablate_lm_scoring(monkeypatch):
     """The GPU machine lacks lm-eval: the phases section then scores with `score_windows`, which gives the
     scores `AblateLM` gives for the same requests."""
@@ -201,6 +209,7 @@ def gpu_close(a, b) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b))
 
 
+@pytest.mark.system
 def test_the_budget_shortens_or_skips_sections_and_says_so(tmp_path):
     out = tmp_path / "gpu_check.json"
     t0 = time.perf_counter()
@@ -218,6 +227,7 @@ def test_the_budget_shortens_or_skips_sections_and_says_so(tmp_path):
     assert time.perf_counter() - t0 < 120
 
 
+@pytest.mark.unit
 def test_a_section_s_parts_are_saved_as_they_come(tmp_path):
     """Within the long sections the report is written after each part, marked partial, so that a run stopped by
     its timeout still brings back what it measured; the section's end replaces it whole."""
@@ -242,6 +252,7 @@ def gpu_like(report: dict, peak_scale: float = 1.0) -> dict:
     return report
 
 
+@pytest.mark.system
 def test_gpu_apply_puts_the_figures_where_plan_and_the_docs_read_them(cpu_run, tmp_path):
     report = gpu_like(cpu_run[0])
     benchmarks, plan_file = tmp_path / "BENCHMARKS.md", tmp_path / "gpu_check.json"
@@ -273,6 +284,7 @@ def test_gpu_apply_puts_the_figures_where_plan_and_the_docs_read_them(cpu_run, t
         gpu_apply.apply(cpu_run[0], benchmarks, plan_file, force=True)
 
 
+@pytest.mark.unit
 def test_gpu_check_fails_a_phase_that_does_not_fit():
     """The judge marks (and the script exits 1 on) a phase that ran out of memory, exceeded its estimate, or
     whose estimate is above 90% of the GPU; a tier that fits no micro-batch fails too."""

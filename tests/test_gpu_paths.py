@@ -57,6 +57,7 @@ def rows_of(results, arm="baseline"):
 
 
 # ---------------------------------------------------------------------------------------------- host_sync
+@pytest.mark.run
 def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sample_data, monkeypatch):
     copies = []
     monkeypatch.setattr(train_module, "copy_in", lambda batch, device: copies.append(batch.shape) or batch)
@@ -76,6 +77,7 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     assert config_differences(*configs) == []  # they pair
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("host_sync", ["step", "log"])
 def test_a_diverging_run_ends_diverged_naming_its_step_and_when_it_was_seen(tmp_path, sample_data, host_sync):
     blow_up = {"lr": 1e9, "grad_clip": 1e30, "warmup_steps": 1}
@@ -91,6 +93,7 @@ def test_a_diverging_run_ends_diverged_naming_its_step_and_when_it_was_seen(tmp_
     assert [r["step"] for r in rows] == list(range(1, step))  # the finite steps before it are all written
 
 
+@pytest.mark.run
 def test_diverged_step_is_the_same_under_both_read_backs(tmp_path, sample_data):
     blow_up = {"lr": 1e9, "grad_clip": 1e30, "warmup_steps": 1}
     steps = [train(tmp_path / s, data=sample_data, steps=20, overrides=blow_up, host_sync=s, log_interval=7)
@@ -100,6 +103,7 @@ def test_diverged_step_is_the_same_under_both_read_backs(tmp_path, sample_data):
 
 
 # ---------------------------------------------------------------------------------------------- options
+@pytest.mark.unit
 def test_bad_precision_or_host_sync_is_one_line_naming_the_valid_values():
     with pytest.raises(AblateError, match="'precision' must be one of 32-true, bf16-mixed, not 'fp8'"):
         resolve_config(RunSpec("adhoc", "smoke", "baseline", 0), precision="fp8")
@@ -107,6 +111,7 @@ def test_bad_precision_or_host_sync_is_one_line_naming_the_valid_values():
         resolve_config(RunSpec("adhoc", "smoke", "baseline", 0), host_sync="never")
 
 
+@pytest.mark.unit
 def test_device_defaults_and_what_enters_the_config_fingerprint():
     config = resolve_config(RunSpec("adhoc", "smoke", "baseline", 0)).to_dict()
     assert (config["precision"], config["host_sync"]) == (None, None)  # "the device's", filled in by the run
@@ -123,6 +128,7 @@ def test_device_defaults_and_what_enters_the_config_fingerprint():
     assert config_fingerprint(old) == config_fingerprint(cpu) and config_differences(old, cpu) == []
 
 
+@pytest.mark.run
 def test_a_run_recorded_before_the_options_existed_reruns_as_a_no_op(tmp_path, sample_data):
     first = train(tmp_path, data=sample_data, steps=2)
     path = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0) / "config.json"
@@ -160,6 +166,7 @@ def bf16():
     return Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")  # what a run at bf16-mixed uses
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", BUILTIN_ARMS)
 def test_bf16_autocast_stays_within_tolerance_of_float32_for_every_arm(arm, bf16):
     model, batch = _trained(arm)
@@ -182,6 +189,7 @@ def test_bf16_autocast_stays_within_tolerance_of_float32_for_every_arm(arm, bf16
     assert compared > 0 or arm in ("baseline", "sink-token")  # the arms without a per-key or per-head signal
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", BUILTIN_ARMS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, seed, bf16):
@@ -210,6 +218,7 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
     assert error <= 1.5 * error16 + 0.005
 
 
+@pytest.mark.run
 def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, sample_data):
     half = train(tmp_path / "bf16", "combo", steps=6, data=sample_data, precision="bf16-mixed")
     full = train(tmp_path / "fp32", "combo", steps=6, data=sample_data)
@@ -235,12 +244,14 @@ class _Pinned:
         return self
 
 
+@pytest.mark.unit
 def test_to_a_cuda_device_the_batch_is_pinned_and_copied_without_blocking():
     batch, pinned = torch.arange(6).view(2, 3), []
     result = loop.copy_in(batch, torch.device("cuda"), pin=lambda t: pinned.append(_Pinned(t)) or pinned[-1])
     assert result is pinned[0] and result.batch is batch and result.copied == ("cuda", True)
 
 
+@pytest.mark.unit
 def test_to_the_cpu_the_batch_is_itself_and_never_pinned():
     batch = torch.arange(6).view(2, 3)
 
@@ -256,6 +267,7 @@ def _batches(n=5):
     return [torch.from_numpy(rng.integers(0, 50257, (8, 33), dtype=np.uint16).astype(np.int64)) for _ in range(n)]
 
 
+@pytest.mark.unit
 def test_the_background_fingerprint_is_the_inline_one():
     start = hashlib.sha256(b"ablate-data").hexdigest()
     inline, background = start, loop.DataFingerprint(start)
@@ -271,6 +283,7 @@ def test_the_background_fingerprint_is_the_inline_one():
     assert state.data_fp == start
 
 
+@pytest.mark.unit
 def test_the_step_does_not_wait_for_the_hash(monkeypatch):
     release, calls = threading.Event(), []
 
@@ -288,6 +301,7 @@ def test_the_step_does_not_wait_for_the_hash(monkeypatch):
     assert fingerprint.value == "fp++" and calls == ["data-fingerprint"] * 2
 
 
+@pytest.mark.unit
 def test_a_failed_hash_is_raised_where_the_fingerprint_is_read(monkeypatch):
     monkeypatch.setattr(loop, "chain_fingerprint", lambda previous, batch: 1 / 0)
     fingerprint = loop.DataFingerprint("fp")

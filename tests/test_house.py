@@ -30,10 +30,12 @@ def loaded_after(code: str, cwd: Path = REPO) -> set[str]:
     return set(ast.literal_eval(out.stdout.strip().splitlines()[-1])) & set(HEAVY)
 
 
+@pytest.mark.system
 def test_building_the_parser_loads_no_torch():
     assert loaded_after("from ablate.cli import build_parser\nbuild_parser().parse_args(['status', 'demo'])") == set()
 
 
+@pytest.mark.system
 def test_a_table_from_a_csv_never_loads_torch(tmp_path):
     csv = tmp_path / "runs.csv"
     csv.write_text("tier,arm,seed,val_loss\n10M,baseline,0,3.50\n10M,sink-logit,0,3.49\n"
@@ -55,6 +57,7 @@ def function_local_imports(path: Path):
     yield from visit(tree, False)
 
 
+@pytest.mark.unit
 def test_every_function_local_import_says_why():
     """Commands import the library inside their handlers by design (ablate/cli/__init__.py says why);
     anywhere else a late import carries its reason on its line."""
@@ -101,6 +104,7 @@ def warn_over_the_habit(lengths: dict[str, int], named) -> list[str]:
     return notes
 
 
+@pytest.mark.unit
 def test_a_file_over_the_habit_is_a_warning_not_a_failure():
     """The habit is checked, and said, but never fails the suite: a warning per file it has a note on."""
     lengths = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sources()}
@@ -109,6 +113,7 @@ def test_a_file_over_the_habit_is_a_warning_not_a_failure():
     assert len(OVER_THE_HABIT) <= MAX_NAMED and all(reason.strip() for reason in OVER_THE_HABIT.values())
 
 
+@pytest.mark.unit
 def test_the_habit_names_each_file_it_has_a_note_on():
     lengths = {"ablate/long.py": MAX_LINES + 1, "ablate/edge.py": MAX_LINES, "ablate/named.py": MAX_LINES + 50,
                "ablate/thinned.py": 120}
@@ -134,12 +139,14 @@ def string_constants(path: Path):
             yield node.lineno, node.value
 
 
+@pytest.mark.unit
 def test_run_folder_file_names_are_defined_once_in_the_store():
     copies = [f"{path.relative_to(REPO)}:{line}: {value!r}" for path in sources() if path.name != "store.py"
               for line, value in string_constants(path) if value in RUN_FILES]
     assert copies == [], "run-folder file names spelled outside ablate/store.py:\n" + "\n".join(copies)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["read_summary", "run_of", "iter_run_dirs", "default_results", "run_dir"])
 def test_one_definition_of_each_store_fact(name):
     where = [str(p.relative_to(REPO)) for p in sources()
@@ -147,6 +154,7 @@ def test_one_definition_of_each_store_fact(name):
     assert len(where) == 1, where
 
 
+@pytest.mark.unit
 def test_no_module_forwards_names_it_does_not_define():
     """A module `__getattr__` exists only as a package's lazy face (its reason: torch at start-up)."""
     forwards = [str(p.relative_to(REPO)) for p in sources()
@@ -154,12 +162,14 @@ def test_no_module_forwards_names_it_does_not_define():
     assert forwards == []
 
 
+@pytest.mark.system
 def test_the_import_contracts_hold():
     linter = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(linter)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.unit
 def test_every_module_is_in_a_layer_of_the_import_contract():
     """`lint-imports` checks only the modules its layers name: a module left out (loop.py and power.py once were)
     may import anything. Every module of the package is named, or is inside a package that is."""
@@ -201,6 +211,7 @@ def documented_layers(text: str) -> tuple[list[str], list[frozenset[str]]]:
     return floors, layers
 
 
+@pytest.mark.unit
 def test_the_documented_layers_are_the_import_contract():
     """docs/architecture.md states the layers the contract enforces: the same layers, in the same order, each with
     the same modules, under the floors the contract's name lists (they once disagreed: 8 rows against 17 layers,
@@ -210,6 +221,7 @@ def test_the_documented_layers_are_the_import_contract():
     assert len(floors) == 8 and len(layers) > len(floors)
 
 
+@pytest.mark.unit
 def test_the_layer_check_sees_a_difference():
     """A doc table that moves a module, drops one, or renames a floor is told apart from the contract."""
     floors, layers = contract_layers()
@@ -219,6 +231,7 @@ def test_the_layer_check_sees_a_difference():
         assert fault != text and documented_layers(fault) != (floors, layers)
 
 
+@pytest.mark.unit
 def test_every_command_handler_is_named_one_way():
     """A command's handler is `<what>_command` (`ablate.cli.analysis.table_command`), so the handler of a command
     is found by its name; a handler named otherwise (`_plan`, `run_prepare`, `_submit_cli` once) fails here."""
@@ -232,6 +245,7 @@ def test_every_command_handler_is_named_one_way():
     assert sorted(h for h in handlers if not h.endswith("_command")) == []
 
 
+@pytest.mark.unit
 def test_the_store_owns_every_folder_fact():
     """The run key <tier>/<arm>/seed<k>, the run folder of a spec, the experiment folder and the checkpoint's
     name are spelled in ablate/store.py only (once each), and the one-line error in ablate/errors.py."""
@@ -253,6 +267,7 @@ INCREMENT_WORDS_ALSO_IN = {
 }
 
 
+@pytest.mark.unit
 def test_the_increments_are_named_in_their_module_only():
     """The increments, the filtering forms, the gaps and the gates' arms are spelled in ablate/increments.py alone;
     every reader (the crossover, the figures' colours and legends, the report's "left out" words) derives from it.
@@ -269,6 +284,7 @@ def test_the_increments_are_named_in_their_module_only():
     assert spelled == [], "an increment or a gate's arm spelled outside ablate/increments.py:\n" + "\n".join(spelled)
 
 
+@pytest.mark.unit
 def test_what_a_quantity_needs_is_said_from_the_arms_it_needs():
     """The report's "left out" words name exactly the arms each quantity's choices need, and its sections are left
     out exactly when no choice is met (`NEEDS`, derived from the increments and the gates)."""
@@ -300,6 +316,7 @@ def functions():
                 yield f"{path.relative_to(REPO)}:{node.name}", node.end_lineno - node.lineno + 1, count
 
 
+@pytest.mark.unit
 def test_no_function_is_over_60_lines_or_8_parameters():
     """A function reads in one screen and a call names at most 8 things (a dataclass of options beyond that:
     `ablate.dispatch.Submission`, `ablate.probes.injection.Sweep`); decorators and docstring count as lines."""

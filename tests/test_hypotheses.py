@@ -19,6 +19,8 @@ from ablate.errors import AblateError
 from ablate.experiment import Comparison, Experiment, load_experiment
 from analysis_fixtures import reference_losses, write_store
 
+pytestmark = pytest.mark.unit
+
 STUDY = (("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
          ("filtering_proj", "sink-logit", "combo2"))
 ARMS = ("baseline", "sink-logit", "off-by-one", "combo", "combo2")

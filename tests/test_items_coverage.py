@@ -11,6 +11,8 @@ import pytest
 
 from ablate.analysis.items import crossed_interval, crossed_intervals
 
+pytestmark = pytest.mark.unit
+
 MIXES = [  # (seed sd, item sd, residual sd) of Δ_si = μ + a_s + b_i + e_si
     (0.01, 0.001, 0.05), (0.001, 0.01, 0.05), (0.005, 0.005, 0.05), (0.01, 0.0, 0.2), (0.0, 0.02, 0.2),
     (0.003, 0.003, 0.3), (0.001, 0.05, 0.05), (0.0, 0.1, 0.1),  # these two: the items dominate

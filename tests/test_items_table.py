@@ -101,6 +101,7 @@ def row_of(store, metric="hellaswag/gold_logprob", **kwargs):
     return table.frame.row(0, named=True), table
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("metric", ["gold_logprob", "acc_norm", "acc"])
 def test_the_by_item_row_equals_an_independent_computation_from_the_item_files(store, metric):
     row, _ = row_of(store, f"hellaswag/{metric}")
@@ -112,6 +113,7 @@ def test_the_by_item_row_equals_an_independent_computation_from_the_item_files(s
     assert row["re_low"] < row["mean"] < row["re_high"] and row["re_df"] >= 2
 
 
+@pytest.mark.unit
 def test_the_crossed_interval_counts_the_items_and_the_seeds():
     by_seed = {0: {0: 1.0, 1: 3.0}, 1: {0: 1.0, 1: 3.0}}  # equal seeds: only the items spread (MS_I = 4, 1 df)
     row = crossed_interval(by_seed, [0, 1])
@@ -121,6 +123,7 @@ def test_the_crossed_interval_counts_the_items_and_the_seeds():
     assert row["re_df"] == pytest.approx(1.0) and row["re_high"] - 3.0 == pytest.approx(12.7062047 * 2.0, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_json_rows_carry_the_statistics_and_positive_means_the_arm_is_better(store, capsys):
     assert main(["table", str(store), "--metric", "hellaswag/gold_logprob", "--by-item", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -134,6 +137,7 @@ def test_json_rows_carry_the_statistics_and_positive_means_the_arm_is_better(sto
     assert "| 10M | sink-logit | 3 | 40 |" in text and "crossed 95%" in text
 
 
+@pytest.mark.unit
 def test_a_differing_hash_is_refused_naming_the_task_and_the_item(store, capsys):
     folder = store / "10M" / "sink-logit" / "seed1"
     rows = list(read_lines(store, "sink-logit", 1).values())
@@ -147,6 +151,7 @@ def test_a_differing_hash_is_refused_naming_the_task_and_the_item(store, capsys)
     assert len(err.splitlines()) == 1 and "hellaswag item 5" in err and "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_one_seed_gives_the_item_level_interval_marked_as_item_variance_only(tmp_path):
     store = make_store(tmp_path, seeds=1)
     row, table = row_of(store)
@@ -165,6 +170,7 @@ def test_one_seed_gives_the_item_level_interval_marked_as_item_variance_only(tmp
     assert "(1 seed: over items)" in text and "they cover the variance over items, not over training seeds" in text
 
 
+@pytest.mark.unit
 def test_a_run_whose_weights_changed_after_evaluation_is_not_paired(store):
     summary_path = store / "10M" / "sink-logit" / "seed2" / "summary.json"
     summary = json.loads(summary_path.read_text())
@@ -176,6 +182,7 @@ def test_a_run_whose_weights_changed_after_evaluation_is_not_paired(store):
     assert any("10M/sink-logit/seed2" in w and "other weights" in w for w in table.warnings)
 
 
+@pytest.mark.unit
 def test_an_item_file_copied_from_another_run_is_not_used(store):
     source = store / "10M" / "sink-logit" / "seed0" / "eval_items" / "hellaswag.jsonl"
     shutil.copy(source, store / "10M" / "sink-logit" / "seed1" / "eval_items" / "hellaswag.jsonl")
@@ -184,6 +191,7 @@ def test_an_item_file_copied_from_another_run_is_not_used(store):
     assert any("10M/sink-logit/seed1" in w and "not the item file its eval.json recorded" in w for w in table.warnings)
 
 
+@pytest.mark.unit
 def test_bad_requests_are_one_line_naming_the_way_out(store, capsys):
     cases = [(["--by-item"], "give --metric TASK/METRIC"),
              (["--by-item", "--metric", "hellaswag/acc", "--kind", "increments"], "paired table only"),
@@ -196,6 +204,7 @@ def test_bad_requests_are_one_line_naming_the_way_out(store, capsys):
         assert len(err.splitlines()) == 1 and expected in err, err
 
 
+@pytest.mark.unit
 def test_other_eval_settings_in_one_tier_are_refused(store):
     path = store / "10M" / "baseline" / "seed2" / "eval.json"
     data = json.loads(path.read_text())
@@ -205,6 +214,7 @@ def test_other_eval_settings_in_one_tier_are_refused(store):
         row_of(store)
 
 
+@pytest.mark.unit
 def test_the_report_pairs_by_item_and_adds_gold_logprob(store):
     folder = write_report(store)
     text = (folder / "downstream.md").read_text()
@@ -213,6 +223,7 @@ def test_the_report_pairs_by_item_and_adds_gold_logprob(store):
     assert f"{expected['mean']:+.4f} ± {expected['sd']:.4f}" in text
 
 
+@pytest.mark.system
 def test_the_by_item_table_loads_no_torch(store):
     code = (f"from ablate.cli import main\nassert main(['table', {str(store)!r}, '--metric', 'hellaswag/acc', "
             "'--by-item', '--format', 'json']) == 0\nimport sys\nprint(sorted(m for m in ('torch', 'lm_eval') "

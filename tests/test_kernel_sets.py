@@ -41,11 +41,13 @@ def replays(sample_data, tmp_path_factory):
     return {kernel_set: replay_in_subprocess(kernel_set, sample_data, work) for kernel_set in kernel_sets_offered()}
 
 
+@pytest.mark.unit
 def test_this_machine_offers_default_and_avx2():
     if platform.machine() in ("x86_64", "AMD64"):  # every x86-64 CPU torch supports has AVX2
         assert {"default", "avx2"} <= set(kernel_sets_offered())
 
 
+@pytest.mark.system
 def test_cpu_results_are_bitwise_those_of_the_recorded_run(replays):
     """The loop reads losses back in batches now (for GPUs); on the CPU every number must stay as recorded: each
     kernel set's replay that the record holds for this machine kind (the machine's own, what a run gets with no
@@ -63,6 +65,7 @@ def test_cpu_results_are_bitwise_those_of_the_recorded_run(replays):
             assert {k: replays[kernel_set]["runs"][arm][k] for k in expected} == expected, (kernel_set, arm)
 
 
+@pytest.mark.unit
 @pytest.mark.slow
 def test_every_kernel_set_replays_the_record_within_the_bound(replays):
     recorded = json.loads((REPO / "tests" / "recorded_smoke_run.json").read_text())

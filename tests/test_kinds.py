@@ -45,12 +45,14 @@ def test_kind():
     KINDS.pop("final-losses")
 
 
+@pytest.mark.unit
 def test_every_kind_has_its_builder_once_build_table_is_importable():
     assert all(kind.builder is not None and kind.renderer is not None for kind in KINDS.values())
     assert KINDS["paired"].renderer is render and KINDS["scale"].renderer.__name__ == "render_scale"
     assert KINDS["lr"].renderer.__name__ == "render_lr"
 
 
+@pytest.mark.unit
 def test_a_builder_registers_itself_for_its_kind(csv, test_kind, capsys):
     runs = load_runs(csv)
     assert build_table(runs, get_kind("final-losses")).kind == "final-losses"  # built from a losses table
@@ -58,6 +60,7 @@ def test_a_builder_registers_itself_for_its_kind(csv, test_kind, capsys):
     assert capsys.readouterr().out.startswith("tier,arm,")
 
 
+@pytest.mark.unit
 def test_a_builder_for_an_undeclared_kind_or_a_second_builder_is_refused(test_kind):
     with pytest.raises(AblateError, match=r"^unknown kind 'no-such'; valid kinds: paired, .*final-losses$"):
         builds("no-such", render)
@@ -66,6 +69,7 @@ def test_a_builder_for_an_undeclared_kind_or_a_second_builder_is_refused(test_ki
     builds("final-losses", render)(build_losses)  # the same builder again (its module loaded twice) is no clash
 
 
+@pytest.mark.unit
 def test_a_kind_without_a_builder_is_refused_in_one_line(csv, test_kind):
     register_kind(test_kind)  # the kind as declared, before its builder attached
     with pytest.raises(AblateError, match=r"^table kind 'final-losses' has no builder: decorate one with "
@@ -73,6 +77,7 @@ def test_a_kind_without_a_builder_is_refused_in_one_line(csv, test_kind):
         build_table(load_runs(csv), "final-losses")
 
 
+@pytest.mark.unit
 def test_the_commands_ask_the_kind_not_its_name(csv, test_kind, capsys):
     """A kind registered in a test is refused --metric because it says so, and each option's error names the kinds
     that take it (read from the registry, the test's kind among them where it qualifies)."""
@@ -114,6 +119,7 @@ def best_kind():
     KINDS.pop("best")
 
 
+@pytest.mark.unit
 def test_a_kind_registered_in_one_place_renders_in_every_format_and_the_report(csv, best_kind, tmp_path, capsys):
     """`ablate table --kind best` used to fail with KeyError 'ci_low' (render.py laid out every kind but "losses" and
     "budgets" as differences); its layout is now its shape, in markdown, CSV, LaTeX, JSON and the report."""
@@ -134,6 +140,7 @@ def test_a_kind_registered_in_one_place_renders_in_every_format_and_the_report(c
     assert "[best.md](best.md) ([csv](best.csv)): 1 rows" in (ctx.out_dir / "summary.md").read_text()
 
 
+@pytest.mark.unit
 def test_a_kind_s_shape_is_checked_and_a_table_shape_needs_a_table(csv):
     with pytest.raises(AblateError, match=r"^unknown shape 'wide'; valid shapes: difference, absolute, by-budget, "
                                           r"own$"):
@@ -143,6 +150,7 @@ def test_a_kind_s_shape_is_checked_and_a_table_shape_needs_a_table(csv):
         render(dataclasses.replace(build_table(load_runs(csv), get_kind("losses")), kind="scale"), "md")
 
 
+@pytest.mark.unit
 def test_the_renderers_and_the_report_ask_a_kind_s_attributes_never_its_name():
     """No comparison of a kind's name (`table.kind == "losses"`) and no table looked up by a kind's name
     (`ctx.tables["paired"]`) in the modules that lay out and write the tables, and build_table is handed the kind
@@ -165,6 +173,7 @@ def test_the_renderers_and_the_report_ask_a_kind_s_attributes_never_its_name():
                     f"{path.name}:{node.lineno} hands build_table a kind's name"
 
 
+@pytest.mark.unit
 def test_the_table_handler_resolves_source_once_for_all_its_paths():
     """`ablate table`: SOURCE's experiment and folder are resolved in one place (table_command), whichever path then
     makes the table (by item, the LR sweep's or the tuned one, the kind's own); each path used to resolve them."""
@@ -175,6 +184,7 @@ def test_the_table_handler_resolves_source_once_for_all_its_paths():
     assert calls.count("named_experiment") == 1 and calls.count("results_of") == 1, calls
 
 
+@pytest.mark.unit
 def test_what_the_report_asks_is_in_the_kind():
     assert report_kinds(False) == ("paired", "increments", "overlap", "losses")
     assert report_kinds(True) == ("paired", "increments", "overlap", "losses", "declared")
@@ -186,6 +196,7 @@ def test_what_the_report_asks_is_in_the_kind():
                      "overlap": "10M norm overlap (norm-gate with combo)"}
 
 
+@pytest.mark.unit
 def test_kinds_imports_no_builder_by_name_or_by_string():
     """Words only: kinds.py imports the standard library, the errors and the increments, and calls no importer
     (a builder named as "module:function" and imported on use was a circle with build.py no linter saw)."""
@@ -199,6 +210,7 @@ def test_kinds_imports_no_builder_by_name_or_by_string():
     assert not [s for s in kinds.__dict__.values() if isinstance(s, str) and ":" in s and s.startswith("ablate.")]
 
 
+@pytest.mark.unit
 def test_the_kinds_stay_below_their_builders_in_the_import_contract():
     import tomllib
 
@@ -219,6 +231,7 @@ COLOURS_TODAY = {
 }
 
 
+@pytest.mark.unit
 def test_the_built_in_arms_are_read_from_their_registrations():
     from ablate.arms import get_arm, list_arms  # reason: registering the built-ins loads torch
 
@@ -227,6 +240,7 @@ def test_the_built_in_arms_are_read_from_their_registrations():
     assert {arm: s["color"] for arm, s in arm_styles(list(BUILTIN_ARMS)).items()} == COLOURS_TODAY
 
 
+@pytest.mark.unit
 def test_a_new_built_in_arm_gets_its_order_and_style_with_no_other_edit(monkeypatch, tmp_path):
     """The one edit: a registered class appended to builtin.py. Its name follows the others, its style is its own,
     and no other arm's style moves; a custom arm still follows the built-ins."""
@@ -246,11 +260,13 @@ def test_a_new_built_in_arm_gets_its_order_and_style_with_no_other_edit(monkeypa
     assert load_runs(table).arm_order == ["baseline", "new-arm", "my-own"]  # the tables' order reads the same names
 
 
+@pytest.mark.unit
 def test_an_arm_registered_under_a_computed_name_is_refused_naming_its_line():
     with pytest.raises(TypeError, match=r"builtin.py:3: a built-in arm is registered with a literal name"):
         registered_names('NAME = "x"\n\n@register_arm(NAME)\nclass X(Arm):\n    pass\n', "builtin.py")
 
 
+@pytest.mark.system
 def test_the_built_in_names_load_no_torch():
     code = "import ablate.arms.names, sys\nprint(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -37,6 +37,7 @@ def _snapshot(path):
     return "file", path.read_text()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["directory", "pid 10^12", "dangling symlink"])
 def test_a_damaged_lock_is_one_line_naming_it_and_the_way_out(tmp_path, kind):
     path = tmp_path / ".seed0.lock"
@@ -50,6 +51,7 @@ def test_a_damaged_lock_is_one_line_naming_it_and_the_way_out(tmp_path, kind):
     assert _snapshot(path) == before  # never judged or removed
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("kind", ["directory", "pid 10^12", "dangling symlink"])
 def test_ablate_run_on_a_damaged_lock_is_one_line_and_touches_nothing(tmp_path, kind):
     lock = run_lock_path(run_dir(tmp_path, "adhoc", "smoke", "baseline", 0))
@@ -64,6 +66,7 @@ def test_ablate_run_on_a_damaged_lock_is_one_line_and_touches_nothing(tmp_path, 
     assert not (lock.parent / "seed0").exists()
 
 
+@pytest.mark.unit
 def test_an_old_torn_lock_is_taken_over_and_a_young_one_is_not(tmp_path):
     path = tmp_path / ".seed0.lock"
     path.write_text('{"host": "no')  # cut short while it was written
@@ -76,6 +79,7 @@ def test_an_old_torn_lock_is_taken_over_and_a_young_one_is_not(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.unit
 def test_two_takers_of_the_same_torn_lock_do_not_both_get_it(tmp_path, monkeypatch):
     """A takes over the dead torn lock and writes its own slowly (0.5 s, a slow network filesystem); B judged
     the dead lock just before and breaks it just after: it must not remove A's lock that is being written."""
@@ -129,6 +133,7 @@ def test_two_takers_of_the_same_torn_lock_do_not_both_get_it(tmp_path, monkeypat
 CHECK = "import sys; from ablate.lock import held_by_parent; print(held_by_parent(sys.argv[1]))"
 
 
+@pytest.mark.system
 def test_only_a_child_of_the_holder_with_its_token_is_taken_for_a_child(tmp_path):
     path = tmp_path / ".seed0.lock"
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
@@ -152,6 +157,7 @@ def test_only_a_child_of_the_holder_with_its_token_is_taken_for_a_child(tmp_path
     assert ask(extra={TOKEN_ENV: lock.token}) == "False"  # released: nobody holds it
 
 
+@pytest.mark.unit
 def test_another_hosts_lock_is_dead_only_when_unchanged_over_the_contenders_own_clock(tmp_path, monkeypatch):
     """Item 11: a contender whose clock runs 600 s ahead of a live holder's called its lock dead. Staleness is
     the lock file unchanged over 300 s of the contender's own clock, never the file's mtime against it."""

@@ -42,6 +42,7 @@ def files_of(folder) -> dict:
             if path.is_file()}
 
 
+@pytest.mark.unit
 def test_a_taken_over_lock_is_not_refreshed_and_its_holder_is_told_in_one_line(tmp_path):
     lock = FileLock(tmp_path / ".seed0.lock", what="run x", refresh_s=0.02).acquire()
     assert lock.held()
@@ -70,6 +71,7 @@ def stop_and_take_over_at(monkeypatch, module, name: str, at_step: int, folder, 
     return taken
 
 
+@pytest.mark.run
 def test_a_task_run_taken_over_mid_way_writes_nothing_more(tmp_path, monkeypatch):
     spec = RunSpec("lockx", "filter-norm", "baseline", 0, {"max_steps": 6})
     folder = spec.folder(tmp_path)
@@ -80,6 +82,7 @@ def test_a_task_run_taken_over_mid_way_writes_nothing_more(tmp_path, monkeypatch
     assert read_lock(run_lock_path(folder))[0] == OTHER
 
 
+@pytest.mark.run
 def test_a_corpus_run_taken_over_mid_way_writes_no_checkpoint_metrics_or_summary(tmp_path, monkeypatch,
                                                                                  sample_data):
     spec = RunSpec("lockx", "smoke", "baseline", 0, {"max_steps": 3, "checkpoint_interval": 1})

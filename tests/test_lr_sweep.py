@@ -26,6 +26,7 @@ def sweep_experiment(**sweep):
                       lr_sweep=LRSweep(**{"factors": (0.5, 1, 2), "tiers": ("smoke",), **sweep}))
 
 
+@pytest.mark.unit
 def test_the_sweep_grid_is_arms_by_factors_by_its_seeds_and_differs_only_in_lr():
     experiment = sweep_experiment(factors=(2, 0.5, 1), seeds=2)
     specs = experiment.sweep_runs()
@@ -44,6 +45,7 @@ def test_the_sweep_grid_is_arms_by_factors_by_its_seeds_and_differs_only_in_lr()
     assert {s.seed for s in specs} == {1000, 1001}
 
 
+@pytest.mark.unit
 def test_sweep_declarations_are_checked():
     with pytest.raises(AblateError, match="first seed 1 is one of the grid's seeds"):
         sweep_experiment(first_seed=1)
@@ -55,6 +57,7 @@ def test_sweep_declarations_are_checked():
         Experiment(name="plain", tiers=("smoke",), arms=("baseline",), seeds=1).sweep_runs()
 
 
+@pytest.mark.unit
 def test_confirmatory_runs_use_the_grid_seeds_which_the_sweep_did_not():
     experiment = sweep_experiment(seeds=2)
     confirm = experiment.confirmatory_runs({"smoke": {"baseline": 1.0, "sink-logit": 2.0}})
@@ -95,6 +98,7 @@ def write_sweep(root, experiment, losses: dict):
             write_run(root, spec, loss=value[0] + 0.001 * (spec.seed - 1000), val=value[1])
 
 
+@pytest.mark.unit
 def test_the_best_lr_is_chosen_on_the_selection_split_not_the_validation_split(tmp_path):
     experiment = sweep_experiment(seeds=1)
     # selection and validation disagree: selection is lowest at ×2, validation at ×0.5
@@ -109,6 +113,7 @@ def test_the_best_lr_is_chosen_on_the_selection_split_not_the_validation_split(t
     assert not list(iter_run_dirs(tmp_path / "lrx"))  # the grid's readers never count a sweep run
 
 
+@pytest.mark.unit
 def test_a_sweep_run_of_another_batch_size_is_refused(tmp_path):
     experiment = sweep_experiment(seeds=1)
     write_sweep(tmp_path, experiment,
@@ -119,6 +124,7 @@ def test_a_sweep_run_of_another_batch_size_is_refused(tmp_path):
         lr_table(tmp_path / "lrx")
 
 
+@pytest.mark.unit
 def test_a_hand_edited_sweep_or_confirmatory_config_is_refused(tmp_path):
     """The LR table and the tuned pairs read config.json (lr, the selection split): each checks it against the
     fingerprint the run trained with, as every table does."""
@@ -140,6 +146,7 @@ def test_a_hand_edited_sweep_or_confirmatory_config_is_refused(tmp_path):
         tuned_tables(tmp_path / "lrx", best)
 
 
+@pytest.mark.unit
 def test_a_diverged_top_lr_sets_the_largest_stable_lr_below_it(tmp_path):
     experiment = sweep_experiment(factors=(0.5, 1, 2, 4), seeds=1)
     losses = {("baseline", 0.5): (5.0, 5.0), ("baseline", 1.0): (4.9, 4.9), ("baseline", 2.0): (4.93, 4.9),
@@ -156,6 +163,7 @@ def test_a_diverged_top_lr_sets_the_largest_stable_lr_below_it(tmp_path):
     assert best["sink-logit"]["range_width_log2"] == pytest.approx(3.0)  # ×0.5 … ×4 all within δ
 
 
+@pytest.mark.unit
 def test_the_quadratic_vertex_is_numpy_polyfit_s_over_the_best_lr_and_its_neighbours(tmp_path):
     experiment = sweep_experiment(factors=(0.25, 0.5, 1, 2, 4), seeds=2)
     rng = np.random.default_rng(3)
@@ -172,6 +180,7 @@ def test_the_quadratic_vertex_is_numpy_polyfit_s_over_the_best_lr_and_its_neighb
     assert table.curvature[("smoke", "baseline")] == pytest.approx(2 * a, rel=1e-9)
 
 
+@pytest.mark.unit
 def test_table_tuned_reads_the_folder_once(tmp_path, monkeypatch, capsys):
     """`ablate table FOLDER --tuned`: the run folders listed once each (the grid's, the sweep's) and every run's
     summary.json and config.json read once, though the LR table, the grid's table and the tuned table all read
@@ -197,6 +206,7 @@ def test_table_tuned_reads_the_folder_once(tmp_path, monkeypatch, capsys):
     assert sorted(p for p in listings if "seed*" in p) == ["*/*/lr*/seed*/summary.json", "*/*/seed*/summary.json"]
 
 
+@pytest.mark.unit
 def test_tuned_pairs_each_arm_at_its_own_best_lr(tmp_path):
     experiment = sweep_experiment(seeds=1)
     # the sweep: baseline is best at ×1, sink-logit at ×2
@@ -234,6 +244,7 @@ def test_tuned_pairs_each_arm_at_its_own_best_lr(tmp_path):
     assert "- smoke sink-logit vs baseline: no test (0 sweep seed(s) with a vertex at both arms" in summary
 
 
+@pytest.mark.unit
 def test_the_optimum_test_is_the_paired_t_of_the_sweep_seeds_parabola_vertices(tmp_path):
     """Issue 57 item 4: per sweep seed, the vertex of the parabola through its losses at the arm's best LR and its
     neighbours (numpy's polyfit here), the shift against the baseline's on the same seed, the t over the seeds."""
@@ -274,6 +285,7 @@ def test_the_optimum_test_is_the_paired_t_of_the_sweep_seeds_parabola_vertices(t
 
 
 # ---------------------------------------------------------------------------------------------- real runs
+@pytest.mark.unit
 def test_the_selection_split_is_held_out_after_the_validation_windows(sample_data):
     from ablate.data import selection_windows, validation_windows
 
@@ -295,6 +307,7 @@ EXPERIMENT = Experiment(name="diverging", tiers=("smoke",), arms=("baseline",), 
 """
 
 
+@pytest.mark.system
 def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp_path, sample_data):
     (tmp_path / "diverging.py").write_text(SWEEP_FILE)
     common = ["--results", tmp_path / "res"]
@@ -319,6 +332,7 @@ def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp
 
 
 # ---------------------------------------------------------------------------------------------- docs/lr-sweeps.md
+@pytest.mark.unit
 def test_the_lr_page_s_costs_are_those_plan_computes():
     from ablate.experiment import load_experiment
     from ablate.plan import sweep_plan
@@ -331,6 +345,7 @@ def test_the_lr_page_s_costs_are_those_plan_computes():
     assert plan["factors"] == [0.25, 0.5, 1, 2, 4, 8] and plan["seeds"] == [1000, 1001]  # 2 seeds: an interval
 
 
+@pytest.mark.system
 def test_the_lr_page_s_sweep_example_runs_as_written(tmp_path, sample_data):
     import re
     import subprocess
@@ -361,6 +376,7 @@ EXPERIMENT = Experiment(name="lrx", tiers=("smoke",), arms=("baseline", "sink-lo
 """
 
 
+@pytest.mark.unit
 def test_submit_tuned_queues_the_grid_seeds_at_each_arm_s_best_lr_once_the_sweep_chose_it(tmp_path, sample_data):
     (tmp_path / "lrx.py").write_text(LRX_FILE)
     tuned = ["submit", tmp_path / "lrx.py", "--tuned", "--dry-run", "--data", sample_data, "--results", tmp_path]

@@ -11,6 +11,8 @@ from ablate.analysis.tuned import tuned_tables
 from ablate.errors import AblateError
 from test_lr_sweep import BASE_LR, sweep_experiment, write_run, write_sweep
 
+pytestmark = pytest.mark.unit
+
 ARMS = ("baseline", "sink-logit")
 
 

@@ -6,6 +6,8 @@ arm trains through `submit` and `testbed --arm`; `testbed --document-mask` is re
 import argparse
 import json
 
+import pytest
+
 from ablate.cli import main
 from ablate.cli.hints import Selection
 from ablate.status import StatusRow
@@ -41,6 +43,7 @@ def trained_config(results, name, arm) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
+@pytest.mark.system
 def test_submit_trains_a_window_arm_and_document_masked_runs(tmp_path, sample_data):
     results = tmp_path / "results"
     option = experiment_file(tmp_path, "option_smoke", ("sliding-window",), document_mask=True)
@@ -61,6 +64,7 @@ def test_submit_trains_a_window_arm_and_document_masked_runs(tmp_path, sample_da
         assert "seed0 (with it)" in refused.stderr and "nothing was queued" in refused.stderr
 
 
+@pytest.mark.unit
 def test_the_resume_hints_repeat_document_mask(tmp_path):
     from ablate.cli.status import resume_commands
 
@@ -78,6 +82,7 @@ def test_the_resume_hints_repeat_document_mask(tmp_path):
         "ablate submit e --arms diff --executor local"]
 
 
+@pytest.mark.system
 def test_a_window_arm_of_ones_own_trains_through_the_testbed(tmp_path, capsys):
     (tmp_path / "window.py").write_text(WINDOW_ARM)
     assert main(["testbed", "--arm", "my-window", "--arm-file", str(tmp_path / "window.py"), "--tier",
@@ -89,6 +94,7 @@ def test_a_window_arm_of_ones_own_trains_through_the_testbed(tmp_path, capsys):
     assert summary["status"] == "completed"
 
 
+@pytest.mark.unit
 def test_the_testbed_refuses_document_mask_in_one_line(tmp_path):
     refused = ablate_cli("testbed", "--arm", "sliding-window", "--document-mask", "--results", tmp_path / "r",
                          check=False)

@@ -8,6 +8,8 @@ from ablate.losses import chunked_cross_entropy
 from ablate.model import GPT, common_fingerprint, fingerprint_parameters, shared_shapes
 from ablate.sizing import model_config
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 # The smoke baseline's init fingerprint for seed 0, recorded by the code before parameter matching existed.
 SMOKE_BASELINE_SEED0 = "1c50e1d059ebc036b201ead134f4fb7c821b1424e71494a7cab0ed0b786bd97d"

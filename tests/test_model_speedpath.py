@@ -8,6 +8,8 @@ import torch
 from ablate.arms.names import BUILTIN_ARMS
 from ablate.model import GPT, GPTConfig, apply_rope, rope_tables
 
+pytestmark = pytest.mark.unit
+
 
 def small_model(arm="baseline", **kw):
     cfg = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=48, arm=arm)

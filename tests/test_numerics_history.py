@@ -7,6 +7,9 @@ from ablate.analysis.build import build_table
 from ablate.analysis.load import load_runs
 from ablate.store_summary import RunSummary, numerics_history
 from analysis_fixtures import write_store
+import pytest
+
+pytestmark = pytest.mark.unit
 
 AVX2, AVX512 = {"cpu_capability": "AVX2"}, {"cpu_capability": "AVX512"}
 

@@ -51,6 +51,7 @@ class NoWholeLogits:
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", list_arms())
 def test_chunked_evaluation_equals_the_whole_one_for_every_arm(arm):
     model = small_model(arm)
@@ -62,6 +63,7 @@ def test_chunked_evaluation_equals_the_whole_one_for_every_arm(arm):
     assert model.training  # left in training mode, as before
 
 
+@pytest.mark.run
 def test_a_run_evaluates_with_its_loss_chunk_and_the_cpu_default_stays_whole(monkeypatch, tmp_path, sample_data):
     import ablate.train as train
     from ablate.experiment import RunSpec
@@ -87,6 +89,7 @@ def test_a_run_evaluates_with_its_loss_chunk_and_the_cpu_default_stays_whole(mon
 
 
 # ---------------------------------------------------------------------------------------------- probes
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", ["baseline", "sink-logit", "g1-elementwise"])
 def test_the_injection_probe_chunked_equals_whole(arm):
     from ablate.probes.injection import inject_model
@@ -102,6 +105,7 @@ def test_the_injection_probe_chunked_equals_whole(arm):
         assert (a["junk"], a["eps"]) == (b["junk"], b["eps"]) and b["loss"] == pytest.approx(a["loss"], rel=2e-6)
 
 
+@pytest.mark.unit
 def test_the_diagnostics_probe_makes_no_logits():
     from ablate.probes.diagnostics import probe_model
 
@@ -112,6 +116,7 @@ def test_the_diagnostics_probe_makes_no_logits():
 
 
 # ---------------------------------------------------------------------------------------------- ablate eval
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", list_arms())
 def test_ablate_eval_scores_chunked_equal_whole_for_every_arm(arm):
     from ablate.evals.lm import AblateLM
@@ -136,6 +141,7 @@ def test_ablate_eval_scores_chunked_equal_whole_for_every_arm(arm):
 
 
 # ---------------------------------------------------------------------------------------------- the plan
+@pytest.mark.unit
 def test_every_phase_is_estimated_and_the_micro_batch_fits_them_all():
     phases = memory_phases_gb("10M", 128, loss_chunk=LOSS_CHUNK)
     assert set(phases) == set(PHASES) and memory_estimate_gb("10M", 128, loss_chunk=LOSS_CHUNK) == max(phases.values())
@@ -152,6 +158,7 @@ def test_every_phase_is_estimated_and_the_micro_batch_fits_them_all():
         micro_batch_for("10M", 40, loss_chunk=0, eval_batch=4096)
 
 
+@pytest.mark.system
 @pytest.mark.benchmark
 def test_the_estimate_bounds_the_measured_cpu_peak_of_every_phase_within_2x():
     """benchmarks/phase_memory.py measures each phase's peak resident memory (VmHWM, reset through
@@ -166,6 +173,7 @@ def test_the_estimate_bounds_the_measured_cpu_peak_of_every_phase_within_2x():
         assert row["measured_mb"] <= row["estimate_mb"] <= 2 * row["measured_mb"], row
 
 
+@pytest.mark.unit
 def test_plan_submit_and_run_agree_on_the_micro_batch_and_the_loss_chunk(tmp_path):
     """One rule (`ablate.sizing.run_micro_batch`): `ablate plan` prints the micro-batch `ablate submit` gives the
     runs on a profile's GPU, and the run sizes its loss with the chunk that micro-batch was sized for; an

@@ -10,6 +10,8 @@ from ablate.errors import AblateError
 from ablate.plan import ASSUMED_MFU, plan_grid, throughput
 from ablate.tiers import get_gpu
 
+pytestmark = pytest.mark.unit
+
 CUSTOM = textwrap.dedent("""
     import torch
     from torch import nn

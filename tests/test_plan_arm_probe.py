@@ -7,6 +7,9 @@ import json
 from ablate.arms import get_arm
 from ablate.arms.kernel import blocked_rows
 from ablate.cli import main
+import pytest
+
+pytestmark = pytest.mark.unit
 
 USER_ARMS = '''import torch
 

@@ -12,6 +12,8 @@ from ablate.cli import main
 from ablate.plan import EVAL_MIN_SEEDS, EVAL_WIDTH
 from test_items_coverage import ITEMS, MIXES
 
+pytestmark = pytest.mark.unit
+
 STUDIES = 400
 
 

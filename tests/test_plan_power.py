@@ -19,6 +19,8 @@ from ablate.plan import plan_grid, power_plan
 from ablate.power import power_rows
 from analysis_fixtures import reference_losses, write_store
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"tier", "comparison", "sd", "effect", "alpha", "family_size", "target_power", "seeds",
           "seeds_conservative", "sd_source", "pilot_seeds"}  # GPU-hours are the tier's, not a row's

@@ -7,6 +7,8 @@ import pytest
 from ablate.cli import main
 from analysis_fixtures import reference_losses, write_store
 
+pytestmark = pytest.mark.unit
+
 
 def refused(capsys, *args) -> str:
     assert main(list(map(str, args))) == 2

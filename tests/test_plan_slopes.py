@@ -17,6 +17,8 @@ from ablate.plan import slope_powers
 from ablate.power import slope_power
 from ablate.tiers import tier_rank
 
+pytestmark = pytest.mark.unit
+
 TIERS = ("10M", "50M", "124M", "350M")
 SIZES = np.log10([tier_rank(t) for t in TIERS])
 SEEDS = np.array([3, 3, 3, 1])

@@ -15,6 +15,9 @@ from ablate.experiment import load_experiment
 from ablate.probes.diagnostics import plot_first_key_mass
 from ablate.config import resolve_config
 from analysis_fixtures import reference_losses, write_store
+import pytest
+
+pytestmark = pytest.mark.unit
 
 CUSTOM = ["my-gate", "my-bias", "my-norm"]
 

@@ -21,6 +21,8 @@ from ablate.family import Family
 from ablate.power import (Pilot, look_seeds, obrien_fleming_spent, pilot_sd, pilot_warning, power_rows,
                           sd_upper_limit, seeds_needed, sequential_decision, sequential_design)
 
+pytestmark = pytest.mark.unit
+
 ROW_FIELDS = {"tier", "comparison", "sd", "effect", "alpha", "family_size", "target_power", "seeds",
               "seeds_conservative", "gpu_hours"}
 

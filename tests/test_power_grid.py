@@ -14,6 +14,8 @@ from scipy import stats
 
 from ablate.power import seeds_needed, smallest_seeds
 
+pytestmark = pytest.mark.unit
+
 GRID = np.round(np.arange(50, 6001) / 100, 2)  # δ = effect/sd from 0.5 to 60 in steps of 0.01
 TARGET = 0.8
 

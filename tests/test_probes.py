@@ -20,6 +20,8 @@ from ablate.probes.injection import (
     structural_sources,
 )
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 VOCAB, T = 50, 12
 

@@ -18,6 +18,8 @@ from ablate.probes.injection import INJECT_FILE, Sweep, inject_run
 from ablate.data.synthetic import SYNTHETIC_KEY, SyntheticTask
 from ablate.store import atomic_write_json
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 TASK = SyntheticTask()
 

@@ -15,6 +15,7 @@ from datafix import REPO, ablate_cli
 PROFILE = Profile("mycluster", partition="debug", gpus_per_run=0, cpus_per_run=1, mem_gb=2, time_min=20)
 
 
+@pytest.mark.unit
 def test_sinfo_lines_give_each_partition_s_most_per_node():
     text = ("debug*|(null)|20480|4|infinite\n"
             "gpu|gpu:a100:4(S:0-1),shard:8|512000|64|2-00:00:00\n"
@@ -29,6 +30,7 @@ def test_sinfo_lines_give_each_partition_s_most_per_node():
             for t in ("45", "2:00:00", "1-12", "1-00:30:00", "UNLIMITED")] == [45, 120, 2160, 1470, None]
 
 
+@pytest.mark.unit
 def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
     debug = parse_sinfo("debug*|(null)|20480|4|1:00:00\n")
     assert profile_misfits(PROFILE, debug) == []
@@ -44,6 +46,7 @@ def test_each_setting_the_partition_cannot_give_is_one_line_naming_it():
         "partition = 'gpu': no such partition; partitions: debug"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("said, setting", [
     ("sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification", "gpus_per_run = 1"),
     ("sbatch: error: Batch job submission failed: Invalid partition name specified", "partition = 'gpu'"),
@@ -72,6 +75,7 @@ def _gpu_profile(tmp_path):
     return path
 
 
+@pytest.mark.system
 @pytest.mark.slurm
 def test_a_gpu_profile_on_the_cpu_only_partition_is_refused_in_one_line_before_anything_is_queued(
         tmp_path, sample_data, slurm_cluster):
@@ -90,6 +94,7 @@ def test_a_gpu_profile_on_the_cpu_only_partition_is_refused_in_one_line_before_a
     assert "a real submit refuses it: gpus_per_run = 1: partition 'debug' has no GPUs" in preview.stdout
 
 
+@pytest.mark.system
 @pytest.mark.slurm
 def test_sbatch_s_own_refusal_is_one_line_naming_the_setting(tmp_path, slurm_cluster):
     """Past the sinfo check (a partition may change between the check and sbatch): the real sbatch refusal."""
@@ -102,6 +107,7 @@ def test_sbatch_s_own_refusal_is_one_line_naming_the_setting(tmp_path, slurm_clu
     assert "\n" not in line and "gres" in line and "check gpus_per_run = 1 in profile 'cpuonly'" in line
 
 
+@pytest.mark.unit
 def test_a_toml_syntax_error_in_a_profile_is_one_line_naming_the_file_line_and_column(tmp_path):
     (tmp_path / "slurm").mkdir()
     profile = tmp_path / "slurm" / "half.toml"

@@ -19,6 +19,9 @@ from ablate.analysis.tables import losses_table
 from ablate.experiment import results_of
 from ablate.provenance import build_libraries, versions
 from datafix import ablate_cli
+import pytest
+
+pytestmark = pytest.mark.unit
 
 SHOW = """PyTorch built with:
   - GCC 11.2

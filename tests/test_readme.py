@@ -48,6 +48,7 @@ def readme_example() -> str:
     return match.group(1)
 
 
+@pytest.mark.unit
 def test_the_readme_is_short_and_leads_with_the_three_jobs_then_one_line_per_topic():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 250
@@ -62,6 +63,7 @@ def test_the_readme_is_short_and_leads_with_the_three_jobs_then_one_line_per_top
         assert f"<!-- example: {block}" in text
 
 
+@pytest.mark.unit
 def test_every_command_in_the_readme_and_docs_parses_as_written():
     """Every `ablate` line of a bash block parses with the real parser, no argument left over, and the experiment
     it names exists; every other line names a make target, a file, a command or an extra that exists."""
@@ -101,6 +103,7 @@ def test_every_command_in_the_readme_and_docs_parses_as_written():
     assert checked >= 40
 
 
+@pytest.mark.unit
 def test_the_plan_commands_of_the_readme_and_docs_run_as_written(capsys):
     """`ablate plan` needs no data and no run: each such line (but a pilot's, which reads a results folder of
     one's own) runs as written and exits 0."""
@@ -114,12 +117,14 @@ def test_the_plan_commands_of_the_readme_and_docs_run_as_written(capsys):
         capsys.readouterr()
 
 
+@pytest.mark.unit
 def test_readme_shows_the_two_commands_first():
     text = (REPO / "README.md").read_text()
     first_block = text.split("```bash", 1)[1].split("```", 1)[0]
     assert "make demo" in first_block and "make test" in first_block
 
 
+@pytest.mark.system
 def test_custom_arm_example_runs_as_written(tmp_path, sample_data):
     code = readme_example()
     assert len(code.strip().splitlines()) <= 30
@@ -140,6 +145,7 @@ def readme_block(name: str) -> str:
     return example_block(name)
 
 
+@pytest.mark.unit
 def test_what_make_demo_installs_covers_the_readme_s_tensorboard_logger():
     makefile = (REPO / "Makefile").read_text()
     base = re.search(r"^\$\(BASE\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
@@ -151,6 +157,7 @@ def test_what_make_demo_installs_covers_the_readme_s_tensorboard_logger():
     assert "--logger tensorboard" in bash_commands(REPO / "docs" / "run-options.md")[0]
 
 
+@pytest.mark.unit
 def test_the_readme_s_task_data_example_has_the_columns_ablate_eval_reads():
     from ablate.evals.tasks import TASKS
 
@@ -163,6 +170,7 @@ def test_the_readme_s_task_data_example_has_the_columns_ablate_eval_reads():
     assert "--task-data tasks" in block and "--tasks lambada_openai wikitext" in block
 
 
+@pytest.mark.system
 def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copied(tmp_path, sample_data):
     lines = [line.split("  #", 1)[0].strip() for line in readme_block("submit").strip().splitlines()]
     assert lines[0] == "cp slurm/example.toml slurm/mycluster.toml" and "--data data/sample" in lines[2]
@@ -186,6 +194,7 @@ def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copie
     assert refused.returncode != 0 and "ablate data prepare" in refused.stderr
 
 
+@pytest.mark.unit
 def test_the_readme_says_how_to_reach_ablate_where_its_first_command_appears():
     """After `make demo` the command lives in .venv/bin, not on PATH: said once, before the first `ablate` line."""
     text = (REPO / "README.md").read_text()
@@ -197,6 +206,7 @@ def test_the_readme_says_how_to_reach_ablate_where_its_first_command_appears():
     assert text.count(". .venv/bin/activate") == 1
 
 
+@pytest.mark.unit
 def test_the_readme_s_eval_example_scores_a_pair_the_table_can_show():
     from ablate.cli import build_parser
     from ablate.experiment import load_experiment
@@ -211,6 +221,7 @@ def test_the_readme_s_eval_example_scores_a_pair_the_table_can_show():
     assert table.metric.split("/")[0] in evaluated.tasks
 
 
+@pytest.mark.unit
 def test_the_readme_s_gpu_section_is_short_and_says_what_the_code_does():
     """"On a GPU" (≤ 25 lines, details in docs/gpu.md): the command, the defaults on CUDA, each arm's path there, the
     plan's assumed MFU, and what has not run on a GPU; each claim read against the code that decides it."""

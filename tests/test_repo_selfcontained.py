@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,6 +43,7 @@ def relative_links(text: str) -> list[str]:
     return targets
 
 
+@pytest.mark.system
 def test_no_tracked_file_refers_outside_the_repository():
     offenders = []
     for name in tracked_files():
@@ -53,6 +55,7 @@ def test_no_tracked_file_refers_outside_the_repository():
     assert not offenders, "tracked files refer to files outside the repository:\n" + "\n".join(offenders)
 
 
+@pytest.mark.system
 def test_readme_and_docs_links_point_to_tracked_files():
     tracked = set(tracked_files())
     folders = {parent.as_posix() for name in tracked for parent in Path(name).parents}
@@ -70,12 +73,14 @@ def test_readme_and_docs_links_point_to_tracked_files():
     assert not broken, "links to files that a clone does not have:\n" + "\n".join(broken)
 
 
+@pytest.mark.unit
 def test_the_link_check_would_catch_a_broken_link():
     text = "See [the method](docs/method.md#arms), [web](https://example.org), `[code](nowhere.md)`,\n" \
            "```\n[fenced](nowhere.md)\n```\n![figure](img/missing.png) and [anchor](#top)."
     assert relative_links(text) == ["docs/method.md", "img/missing.png"]
 
 
+@pytest.mark.unit
 def test_the_run_options_page_lists_exactly_the_run_options_resolve_config_accepts():
     """docs/run-options.md's "Run options" section names every key `ablate.train.resolve_config` accepts, and no
     other."""

@@ -10,6 +10,8 @@ from ablate.arms.names import BUILTIN_ARMS
 from tests.analysis_fixtures import write_run
 from tests.datafix import ablate_cli
 
+pytestmark = pytest.mark.unit
+
 
 def _summary(results, experiment: str) -> str:
     ablate_cli("report", experiment, "--results", results)

@@ -10,6 +10,8 @@ from ablate.errors import AblateError
 from ablate.experiment import Experiment
 from ablate.ranks import prepare_run_dir
 
+pytestmark = pytest.mark.unit
+
 
 def a_started_run(tmp_path, **edits):
     spec = Experiment(name="old", tiers=("smoke",), arms=("baseline",), seeds=1).runs()[0]

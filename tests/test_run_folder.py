@@ -49,6 +49,7 @@ def recorded_configs() -> list[dict]:
     return found
 
 
+@pytest.mark.unit
 def test_the_model_shape_is_gpt_configs_fields_but_its_length():
     gpt = {f.name: str(f.type).replace(" | None", "") for f in dataclasses.fields(GPTConfig)}
     shape = {f.name: str(f.type).replace(" | None", "") for f in dataclasses.fields(ModelShape)}
@@ -59,6 +60,7 @@ def test_the_model_shape_is_gpt_configs_fields_but_its_length():
         config.model.d_model = 128  # frozen, as the run's config
 
 
+@pytest.mark.unit
 def test_recorded_configs_read_and_write_back_unchanged():
     """The golden artefacts' configs (and an older one, without keys added since) read as RunConfig and write back
     the same config.json, with the same fingerprint."""
@@ -71,6 +73,7 @@ def test_recorded_configs_read_and_write_back_unchanged():
     assert config_fingerprint(RunConfig.from_dict(older)) == config_fingerprint(older)
 
 
+@pytest.mark.unit
 def test_the_length_is_stored_once():
     config = resolve_config(RunSpec("e", "smoke", "baseline", 0, {"seq_len": 32}), data_dir="data/sample")
     assert "max_seq_len" not in {f.name for f in dataclasses.fields(config.model)}
@@ -86,6 +89,7 @@ def test_the_length_is_stored_once():
         RunConfig.from_dict({**stored, "model": {**stored["model"], "width": 3}})
 
 
+@pytest.mark.unit
 def test_run_options_are_every_settable_option_typed_and_travel_to_the_worker():
     assert [f.name for f in dataclasses.fields(RunOptions)] == [n for n in (f.name for f in dataclasses.fields(
         RunConfig)) if n in settable_options()]  # a new option of RunConfig is a RunOptions field too
@@ -108,6 +112,7 @@ def a_started_run(tmp_path, **edits):
     return folder, config
 
 
+@pytest.mark.unit
 def test_the_holder_and_a_child_ask_the_one_resume_check(tmp_path, monkeypatch):
     folder, config = a_started_run(tmp_path, steps=7)
     with pytest.raises(ConfigDiffers, match=r"differs in: steps\); use another --results folder or --force"):
@@ -137,6 +142,7 @@ RUN_FOLDER_OWNED = {"update_summary", "write_summary", "MetricsLog", "FileLock",
 
 
 @pytest.mark.parametrize("module", ["train.py", "taskrun.py"])
+@pytest.mark.unit
 def test_a_run_folders_life_has_one_owner(module):
     """The run modules reach the folder's lock, child and resume checks, summary and metrics writes only through
     `ablate.ranks.RunFolder`: none of what it owns is called there but as the folder's method."""

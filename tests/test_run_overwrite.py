@@ -50,6 +50,7 @@ def _without_token():
     return {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("variable", ["LOCAL_RANK", "RANK"])
 def test_a_claimed_rank_on_a_completed_run_is_a_no_op_like_rank_0(completed, sample_data, variable):
     results, folder = completed
@@ -65,6 +66,7 @@ def test_a_claimed_rank_on_a_completed_run_is_a_no_op_like_rank_0(completed, sam
     assert _snapshot(folder) == before  # bitwise untouched, not one mtime changed
 
 
+@pytest.mark.system
 def test_a_claimed_rank_with_a_copied_token_is_refused_while_another_process_holds_the_run(completed, sample_data):
     results, folder = completed
     lock = run_lock_path(folder)
@@ -98,6 +100,7 @@ def _forge_lock(lock, pid: int, token: str) -> None:
                                 "token": token, "token_sha256": token_digest(token), "id": "forged"}))
 
 
+@pytest.mark.system
 def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, tmp_path):
     """The lock file names the shell (the parent of `ablate run`) and a chosen token: the run is refused
     and stays as it was, byte for byte, mtime for mtime."""
@@ -122,6 +125,7 @@ def test_a_forged_child_never_retrains_a_completed_run(completed, sample_data, t
     assert _snapshot(folder) == before  # bitwise untouched, not one mtime changed
 
 
+@pytest.mark.run
 def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(tmp_path, sample_data,
                                                                                    finished_runs):
     folder = _completed(tmp_path, finished_runs)
@@ -138,6 +142,7 @@ def test_a_run_folder_with_results_but_no_config_is_refused_naming_it_and_force(
     assert len(aside) == 1 and (aside[0] / "summary.json").exists()  # the damaged run kept, not lost
 
 
+@pytest.mark.run
 def test_a_mistyped_data_folder_is_one_line_and_the_corrected_command_runs(tmp_path, sample_data):
     wrong = tmp_path / "smaple"
     out = ablate_cli(*_args(tmp_path / "r", wrong), check=False, timeout=300)
@@ -149,6 +154,7 @@ def test_a_mistyped_data_folder_is_one_line_and_the_corrected_command_runs(tmp_p
     assert json.loads(fixed.stdout)["status"] == "completed"
 
 
+@pytest.mark.run
 def test_a_run_that_never_took_a_step_starts_again_with_other_settings(tmp_path, sample_data):
     broken = tmp_path / "broken"
     shutil.copytree(sample_data, broken)

@@ -31,6 +31,7 @@ def _resolve(**overrides):
     return resolve_config(RunSpec("e", "smoke", "baseline", 0, overrides), "/tmp/data").to_dict()
 
 
+@pytest.mark.unit
 def test_the_valid_options_are_the_settable_fields():
     assert valid_options() == sorted(OLD_VALID)
     with pytest.raises(AblateError, match=r"^unknown run option 'learning_rate'; valid options: betas, checkpoint_"):
@@ -40,6 +41,7 @@ def test_the_valid_options_are_the_settable_fields():
             _resolve(**{not_settable: 1})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("key", OLD_POSITIVE)
 def test_a_positive_option_is_refused_at_zero_because_its_field_says_so(key):
     assert FIELDS[key].metadata["positive"]
@@ -50,12 +52,14 @@ def test_a_positive_option_is_refused_at_zero_because_its_field_says_so(key):
         resolve_config(RunSpec("e", "smoke", "baseline", 0), "/tmp/data", **{key: True})
 
 
+@pytest.mark.unit
 def test_only_the_declared_options_are_checked_for_a_positive_integer():
     positive = {name for name, f in FIELDS.items() if f.metadata["positive"]}
     assert positive == set(OLD_POSITIVE)
     assert _resolve(lr=-1.0, eps=0)["lr"] == -1.0  # not positive integers: not checked as such
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("key", "valid"), OLD_CHOICES.items())
 def test_the_choices_of_an_option_come_from_its_field(key, valid):
     assert {name: f.metadata["choices"] for name, f in FIELDS.items() if f.metadata["choices"]} == OLD_CHOICES
@@ -65,6 +69,7 @@ def test_the_choices_of_an_option_come_from_its_field(key, valid):
         assert _resolve(**{key: value})[key] == value
 
 
+@pytest.mark.unit
 def test_the_device_defaults_are_the_fields():
     assert device_defaults(cuda=True) == {"precision": "bf16-mixed", "host_sync": "log"}
     assert device_defaults(cuda=False) == {"precision": "32-true", "host_sync": "step"}
@@ -73,6 +78,7 @@ def test_the_device_defaults_are_the_fields():
     assert with_device_defaults(config, cuda=True)["precision"] == "bf16-mixed"
 
 
+@pytest.mark.unit
 def test_the_identity_key_tuples_are_read_from_the_fields():
     assert set(identity.IDENTITY_KEYS) == {"experiment", "arm"} == set(keys_with("name"))
     assert set(identity.WATCH_KEYS) == {"progress", "logger", "threads", "val_interval", "checkpoint_interval",
@@ -83,6 +89,7 @@ def test_the_identity_key_tuples_are_read_from_the_fields():
     assert identity.IMPLIED == {"precision": "32-true", "document_mask": False}
 
 
+@pytest.mark.unit
 def test_config_json_keeps_its_keys():
     config = _resolve(max_steps=3)
     assert list(config) == ["experiment", "tier", "arm", "seed", "data_seed", "data_dir", "model", "steps",
@@ -97,6 +104,7 @@ def test_config_json_keeps_its_keys():
     assert RunConfig.from_dict(config).to_dict() == config
 
 
+@pytest.mark.unit
 def test_an_old_config_json_without_the_device_options_reads():
     config = with_device_defaults(_resolve(), cuda=False)
     old = {k: v for k, v in config.items() if k not in ("precision", "host_sync")}
@@ -109,6 +117,7 @@ def test_an_old_config_json_without_the_device_options_reads():
         RunConfig.from_dict({**old, "learning_rate": 1})
 
 
+@pytest.mark.unit
 def test_an_unknown_summary_field_is_refused(tmp_path):
     with pytest.raises(AblateError, match="^unknown summary field 'val_los'; valid fields: tier, arm, seed,"):
         update_summary(tmp_path, status="running", val_los=1.0)
@@ -117,6 +126,7 @@ def test_an_unknown_summary_field_is_refused(tmp_path):
     assert not (tmp_path / SUMMARY).exists()  # nothing written
 
 
+@pytest.mark.unit
 def test_update_summary_sets_its_fields_and_keeps_the_others(tmp_path):
     write_summary(tmp_path, {"tier": "smoke", "status": "running", "val_loss": None})
     update_summary(tmp_path, status="completed", val_loss=2.5, weights_sha256="ab")
@@ -124,6 +134,7 @@ def test_update_summary_sets_its_fields_and_keeps_the_others(tmp_path):
                                              "weights_sha256": "ab"}
 
 
+@pytest.mark.unit
 def test_an_old_summary_without_the_newer_fields_reads(tmp_path):
     atomic_write_json(tmp_path / SUMMARY, {"status": "completed", "val_loss": 3.0, "steps": 4})
     summary = RunSummary.from_dict(read_json(tmp_path / SUMMARY))
@@ -132,6 +143,7 @@ def test_an_old_summary_without_the_newer_fields_reads(tmp_path):
                                                             "weights_sha256": "cd"}
 
 
+@pytest.mark.run
 def test_a_trained_run_writes_only_declared_summary_fields(tmp_path):
     from ablate.train import run
 

@@ -18,6 +18,8 @@ from scipy.special import stdtrit
 from ablate.analysis.scale import fit_lines, lack_mean_square, law_interval, slope_interval
 from ablate.tiers import tier_rank
 
+pytestmark = pytest.mark.unit
+
 TIERS = ("10M", "50M", "124M", "350M")
 LOG_SIZES = np.log10([tier_rank(t) for t in TIERS])
 STUDIES, SLOPE, SEED_SD = 20000, -0.01, 1.0

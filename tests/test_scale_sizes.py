@@ -19,6 +19,8 @@ from ablate.cli import main
 from ablate.tiers import tier_rank
 from analysis_fixtures import write_csv, write_run
 
+pytestmark = pytest.mark.unit
+
 STUDY = (("zero_option", "baseline", "sink-logit"), ("filtering_norm", "sink-logit", "combo"),
          ("filtering_proj", "sink-logit", "combo2"))
 TIERS = ("10M", "50M", "124M")

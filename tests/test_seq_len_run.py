@@ -18,6 +18,7 @@ def _args(results, data, *extra):
             "--threads", "1", "--results", results, *extra]
 
 
+@pytest.mark.run
 def test_a_swept_length_is_its_own_run_trained_at_that_length(tmp_path, sample_data):
     for length in (32, 64):  # 64 is the smoke tier's own length: the tier's run
         out = ablate_cli(*_args(tmp_path, sample_data, "--seq-len", length), timeout=300)
@@ -32,6 +33,7 @@ def test_a_swept_length_is_its_own_run_trained_at_that_length(tmp_path, sample_d
         "adhoc/smoke/baseline/T32/seed0", "adhoc/smoke/baseline/seed0"]
 
 
+@pytest.mark.unit
 def test_the_length_folder_reads_back_and_stays_out_of_the_grid(tmp_path):
     folder = run_dir(tmp_path, "study", "10M", "softcap", 2, seq_len=4096)
     assert folder.relative_to(tmp_path).as_posix() == "study/10M/softcap/T4096/seed2"
@@ -47,6 +49,7 @@ def test_the_length_folder_reads_back_and_stays_out_of_the_grid(tmp_path):
     assert list(iter_run_dirs(tmp_path / "study")) == []  # a swept length is not a seed of the grid
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_bad_length_is_one_line(tmp_path, bad):
     with pytest.raises(AblateError, match="sequence length"):

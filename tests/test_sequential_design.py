@@ -28,6 +28,8 @@ from ablate.sequential import SequentialDesign, recorded_design
 from ablate.store import LEDGER, record_ledger
 from analysis_fixtures import write_run
 
+pytestmark = pytest.mark.unit
+
 ZERO = ("zero_option", "baseline", "sink-logit")
 EXPERIMENT = '''
 from ablate.experiment import Comparison, Experiment

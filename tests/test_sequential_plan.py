@@ -12,6 +12,8 @@ from scipy import stats
 
 from ablate.cli import main
 
+pytestmark = pytest.mark.unit
+
 
 def independent(design: dict, d: float, paths: int = 20_000) -> tuple[float, float]:
     """Another generator, whole-path mean and sd per look (not running sums)."""

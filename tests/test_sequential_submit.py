@@ -16,6 +16,8 @@ from ablate.sequential import SEQUENTIAL, recorded_design
 from ablate.store import read_ledger, record_ledger
 from analysis_fixtures import write_run
 
+pytestmark = pytest.mark.unit
+
 ZERO = (("zero_option", "baseline", "sink-logit"),)
 DESIGN = sequential_design(0.05, 1, looks=2, max_seeds=6)  # looks at 3 and 6 seeds
 

@@ -18,7 +18,7 @@ import cloudpickle
 import pytest
 import submitit
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.system, pytest.mark.slurm, pytest.mark.timeout(300)]
 
 # The functions below live in this test module, which the job cannot import on the node
 # (tests/ is not a package): ship them by value.

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from ablate.store import read_json, read_metrics, run_dir
 from datafix import REPO, ablate_cli
+import pytest
+
+pytestmark = pytest.mark.system
 
 
 def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[int, str]:

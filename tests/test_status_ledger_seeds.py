@@ -46,6 +46,7 @@ def _sequential_store(tmp_path, data):
     return file, results
 
 
+@pytest.mark.system
 def test_status_clean_eval_and_the_hint_count_the_seeds_a_sequential_design_queued(tmp_path, sample_data, capsys):
     file, results = _sequential_store(tmp_path, sample_data)
     rows = json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]
@@ -69,6 +70,7 @@ def test_status_clean_eval_and_the_hint_count_the_seeds_a_sequential_design_queu
     assert listed == ["smoke/sink-logit/seed3"], preview.stdout
 
 
+@pytest.mark.unit
 def test_a_mid_run_val_loss_is_marked_and_a_final_one_is_not(tmp_path, sample_data):
     file, results = _sequential_store(tmp_path, sample_data)
     rows = {(r["arm"], r["seed"]): r for r in json.loads(
@@ -81,6 +83,7 @@ def test_a_mid_run_val_loss_is_marked_and_a_final_one_is_not(tmp_path, sample_da
     assert any(line.startswith("~ a mid-run val_loss") for line in lines)
 
 
+@pytest.mark.unit
 def test_the_results_and_data_defaults_are_the_checkout_s_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("ABLATE_RESULTS", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -95,6 +98,7 @@ def test_the_results_and_data_defaults_are_the_checkout_s_from_any_folder(tmp_pa
         assert f"has no runs under {str((REPO / 'results').resolve())!r}" in here.stderr
 
 
+@pytest.mark.unit
 def test_a_results_folder_without_the_experiment_says_which_folder_it_read(tmp_path):
     typo = tmp_path / "reslts"
     typo.mkdir()
@@ -104,6 +108,7 @@ def test_a_results_folder_without_the_experiment_says_which_folder_it_read(tmp_p
     assert "--results" in shown.stderr and "$ABLATE_RESULTS" in shown.stderr
 
 
+@pytest.mark.system
 def test_own_cluster_profiles_are_ignored_by_git_and_the_shipped_examples_are_not():
     def ignored(path):
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0

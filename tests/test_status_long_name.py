@@ -2,6 +2,9 @@
 `OSError: File name too long`."""
 
 from ablate.cli import main
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 def test_status_with_an_over_long_experiment_name_is_one_line(tmp_path, capsys):

@@ -17,7 +17,7 @@ from ablate.experiment import load_experiment
 from ablate.store import LEDGER, atomic_write_json, read_json, read_metrics, run_dir
 from datafix import ablate_cli
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.system, pytest.mark.slurm, pytest.mark.timeout(900)]
 
 
 def held_profile(folder: Path, cluster) -> Path:

@@ -14,12 +14,14 @@ from ablate.status import SlurmView, parse_sacct, parse_squeue, progress_of, run
 from ablate.store import Ledger, LedgerEntry, atomic_write_json, run_dir, run_lock_path
 from ablate.store_summary import RunSummary
 from ablate.tiers import get_tier
+import pytest
 
 OLD = (dt.datetime.now() - dt.timedelta(hours=1)).isoformat(timespec="seconds")
 ENTRY = LedgerEntry("slurm", "54_1", "/nowhere/%j", submitted=OLD)
 EMPTY_LEDGER = Ledger({}, ())
 
 
+@pytest.mark.unit
 def test_sacct_and_squeue_text_is_read_per_task():
     assert parse_sacct("54_[0-3%4]|PENDING\n") == {f"54_{i}": "PENDING" for i in range(4)}
     assert parse_sacct("18_19|CANCELLED by 0\n18_2|COMPLETED\n") == {"18_19": "CANCELLED", "18_2": "COMPLETED"}
@@ -27,6 +29,7 @@ def test_sacct_and_squeue_text_is_read_per_task():
         "54_0": ("PENDING", "JobHeldUser"), "54_1": ("RUNNING", "None")}
 
 
+@pytest.mark.unit
 def test_the_queue_decides_first_and_silent_accounting_is_unknown_never_failed():
     def state(queue, accounting, entry=ENTRY, errors=None):
         return slurm_job_state(entry, SlurmView(queue=queue, accounting=accounting, errors=errors or {}))
@@ -54,6 +57,7 @@ def test_the_queue_decides_first_and_silent_accounting_is_unknown_never_failed()
     assert SlurmView(queue=None).holds("54_1") and not SlurmView(queue={}).holds("54_1")
 
 
+@pytest.mark.unit
 def test_a_runaway_job_is_unknown_and_resubmittable_never_queued_forever(tmp_path):
     """Accounting says RUNNING (or SUSPENDED) but squeue, which answered, does not hold the job."""
     for told in ("RUNNING", "SUSPENDED"):
@@ -72,6 +76,7 @@ def test_a_runaway_job_is_unknown_and_resubmittable_never_queued_forever(tmp_pat
     assert slurm_job_state(fresh, SlurmView(queue={}, accounting={"54_1": "RUNNING"}))[0] == "running"
 
 
+@pytest.mark.unit
 def test_elapsed_counts_training_time_once_and_eta_only_from_this_attempt():
     now = time.time()
     # an earlier attempt a day ago at 1 step/s; this attempt (from `since`) at 0.1 step/s
@@ -97,6 +102,7 @@ def _grid(tmp_path, summary=None, metrics=None):
     return spec, folder
 
 
+@pytest.mark.system
 def test_a_run_whose_lock_holder_is_dead_is_not_running(tmp_path):
     now = time.time()
     spec, folder = _grid(tmp_path, {"status": "running", "steps": 5, "total_steps": 50, "wall_seconds": 60.0},
@@ -115,6 +121,7 @@ def test_a_run_whose_lock_holder_is_dead_is_not_running(tmp_path):
     assert row.state == "running" and row.eta_s is not None and 60.0 <= row.elapsed_s < 70.0
 
 
+@pytest.mark.unit
 def test_contradictory_folders_are_damaged_not_not_submitted(tmp_path):
     cases = [({"status": "completed", "val_loss": math.nan, "steps": 3, "total_steps": 3}, None, "val_loss nan"),
              ({"status": "completed", "val_loss": 4.2, "steps": 5, "total_steps": 3}, None, "step 5 is past"),
@@ -127,6 +134,7 @@ def test_contradictory_folders_are_damaged_not_not_submitted(tmp_path):
         assert row.state == "damaged" and why in row.error and "--force" in row.error, (summary, row)
 
 
+@pytest.mark.unit
 def test_submit_leaves_a_damaged_run_alone(tmp_path):
     from ablate.dispatch import _plan_submission
 

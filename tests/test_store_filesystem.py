@@ -41,6 +41,7 @@ def _replace_weights(folder: Path, seed: int) -> None:
     save_model(other, folder / "checkpoints" / "model.pt")
 
 
+@pytest.mark.unit
 def test_probe_and_inject_record_the_weights_and_readers_leave_stale_files_out(tmp_path):
     folder = make_run(tmp_path, "sink-logit", 0)
     probe_run(folder, **SMALL)
@@ -61,6 +62,7 @@ def test_probe_and_inject_record_the_weights_and_readers_leave_stale_files_out(t
     assert "Left out: 1 probe.json" in summarise_probes(tmp_path)
 
 
+@pytest.mark.unit
 def test_probe_and_inject_hold_the_run_lock_while_they_work(tmp_path):
     folder = make_run(tmp_path, "baseline", 0)
     with FileLock(run_lock_path(folder), what="run (training)"):  # e.g. `ablate run --force` replacing it
@@ -86,6 +88,7 @@ def test_probe_and_inject_hold_the_run_lock_while_they_work(tmp_path):
     assert seen == [True] and not run_lock_path(folder).exists()
 
 
+@pytest.mark.unit
 def test_damaged_foreign_or_replaced_weights_are_one_line(tmp_path, capsys):
     folder = make_run(tmp_path, "baseline", 0)
     args = ["--batches", "1", "--batch-size", "4", "--device", "cpu"]
@@ -113,6 +116,7 @@ def test_damaged_foreign_or_replaced_weights_are_one_line(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ 8. a results folder that is a dangling link
+@pytest.mark.unit
 def test_a_results_folder_that_is_a_dangling_link_is_one_line_in_run_submit_and_status(tmp_path, sample_data,
                                                                                      capsys):
     link = tmp_path / "scratch"
@@ -142,6 +146,7 @@ def _fsync_failing_for(fragment: str):
     return fsync
 
 
+@pytest.mark.unit
 def test_a_full_disk_is_one_line_naming_the_file_and_nothing_is_lost(tmp_path, monkeypatch):
     target = tmp_path / "summary.json"
     atomic_write_json(target, {"before": 1})
@@ -159,6 +164,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_nothing_is_lost(tmp_path, m
     assert not (tmp_path / ".seed0.lock").exists()
 
 
+@pytest.mark.run
 def test_a_full_disk_during_a_run_is_one_line_and_the_same_command_then_completes(tmp_path, sample_data, capsys,
                                                                                    monkeypatch):
     argv = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "2", "--data", str(sample_data),
@@ -173,6 +179,7 @@ def test_a_full_disk_during_a_run_is_one_line_and_the_same_command_then_complete
 
 
 # ------------------------------------------------------------------ 10. names bounded by the filesystem
+@pytest.mark.unit
 def test_names_are_bounded_by_the_filesystems_limit_with_room_for_what_ablate_adds(tmp_path, capsys):
     longest = name_max() - NAME_ROOM
     assert check_name("tier", "t" * longest) == "t" * longest

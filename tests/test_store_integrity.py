@@ -22,6 +22,7 @@ from ablate.experiment import Experiment, RunSpec
 from ablate.lock import FileLock, LockHeld
 from ablate.store import SUBMIT_LOCK, read_json, read_metrics, run_dir, run_lock_path
 from ablate.train import run
+from conftest import STRAIGHT_ARM, STRAIGHT_STEPS
 from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
@@ -33,8 +34,9 @@ def train(results, arm="baseline", seed=0, steps=4, experiment="study", data=Non
 
 
 # ---------------------------------------------------------------------------------------------- 1. matching
-def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sample_data):
-    train(tmp_path, "baseline", data=sample_data, overrides={"lr": 0.003, "weight_decay": 0.1})
+@pytest.mark.run
+def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sample_data, finished_runs):
+    finished_runs(tmp_path, ("baseline", 0))  # the smoke tier's own lr 0.003 and weight decay 0.1
     train(tmp_path, "sink-logit", data=sample_data, overrides={"lr": 0.05, "weight_decay": 0.5})
     result = ablate_cli("table", tmp_path / "study", check=False)
     assert result.returncode == 2, result.stdout
@@ -44,6 +46,7 @@ def test_runs_differing_in_lr_are_not_paired_and_the_keys_are_named(tmp_path, sa
             and "weight_decay: 0.1 vs 0.5" in message)
 
 
+@pytest.mark.run
 def test_matched_runs_share_every_fingerprint_and_pair(tmp_path, sample_data, finished_runs):
     a = read_json(run_dir(finished_runs(tmp_path, ("baseline", 0)), "study", "smoke", "baseline", 0) / "summary.json")
     b = train(tmp_path, "combo", data=sample_data, micro_batch=2, checkpoint_interval=2)  # execution-only keys
@@ -69,6 +72,7 @@ def _one_token_changed(sample_data, out):
     return out
 
 
+@pytest.mark.run
 def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_data, finished_runs):
     other = _one_token_changed(sample_data, tmp_path / "other-data")
     a = read_json(run_dir(finished_runs(tmp_path / "res", ("baseline", 0)), "study", "smoke", "baseline", 0)
@@ -79,6 +83,7 @@ def test_a_validation_set_differing_in_one_token_is_refused(tmp_path, sample_dat
         load_runs(tmp_path / "res" / "study")
 
 
+@pytest.mark.run
 def test_an_older_run_without_fingerprints_needs_allow_unverified_and_is_named(tmp_path, finished_runs):
     finished_runs(tmp_path, ("baseline", 0), ("sink-logit", 0))
     path = run_dir(tmp_path, "study", "smoke", "sink-logit", 0) / "summary.json"
@@ -91,6 +96,7 @@ def test_an_older_run_without_fingerprints_needs_allow_unverified_and_is_named(t
     assert "pairing NOT verified for smoke/sink-logit/seed0" in allowed
 
 
+@pytest.mark.system
 def test_a_csv_table_says_pairing_was_not_verified(tmp_path):
     path = tmp_path / "losses.csv"
     path.write_text("tier,arm,seed,val_loss\n10M,baseline,0,4.0\n10M,sink-logit,0,3.9\n")
@@ -98,6 +104,7 @@ def test_a_csv_table_says_pairing_was_not_verified(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- 2. the store
+@pytest.mark.run
 def test_a_forced_rerun_is_counted_once_and_a_copied_folder_is_an_error(tmp_path, sample_data, finished_runs):
     finished_runs(tmp_path, ("baseline", 0), ("sink-logit", 0))
     train(tmp_path, "sink-logit", data=sample_data, force=True)
@@ -110,6 +117,7 @@ def test_a_forced_rerun_is_counted_once_and_a_copied_folder_is_an_error(tmp_path
         load_runs(tmp_path / "study")
 
 
+@pytest.mark.run
 def test_a_damaged_summary_is_named_with_the_way_out(tmp_path, sample_data, finished_runs):
     finished_runs(tmp_path, ("baseline", 0))
     path = run_dir(tmp_path, "study", "smoke", "baseline", 0) / "summary.json"
@@ -122,6 +130,7 @@ def test_a_damaged_summary_is_named_with_the_way_out(tmp_path, sample_data, fini
 
 
 # ---------------------------------------------------------------------------------------------- 3. one writer
+@pytest.mark.system
 def test_a_second_process_on_a_running_run_is_refused_and_touches_nothing(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "40", "--data", sample_data,
             "--no-progress", "--threads", "1", "--results", tmp_path]
@@ -145,6 +154,7 @@ def test_a_second_process_on_a_running_run_is_refused_and_touches_nothing(tmp_pa
     assert not run_lock_path(folder).exists()  # released at the end
 
 
+@pytest.mark.system
 def test_a_dead_holders_lock_is_taken_over_and_a_live_one_is_not(tmp_path, monkeypatch):
     path = tmp_path / ".seed0.lock"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -168,6 +178,7 @@ def test_a_dead_holders_lock_is_taken_over_and_a_live_one_is_not(tmp_path, monke
         assert lock.held()
 
 
+@pytest.mark.system
 def test_two_submits_at_once_do_not_both_queue_and_duplicate_arms_are_one_run(tmp_path, sample_data):
     experiment = tmp_path / "dup.py"
     experiment.write_text(
@@ -188,8 +199,11 @@ def test_two_submits_at_once_do_not_both_queue_and_duplicate_arms_are_one_run(tm
 
 
 # ---------------------------------------------------------------------------------------------- 4. the last step
-def test_an_interruption_during_the_final_writes_resumes_to_the_same_val_loss(tmp_path, sample_data, monkeypatch):
-    straight = train(tmp_path / "a", data=sample_data, steps=6)
+@pytest.mark.run
+def test_an_interruption_during_the_final_writes_resumes_to_the_same_val_loss(tmp_path, sample_data, monkeypatch,
+                                                                           straight_run):
+    """Killed after its final checkpoint, before model.pt and the summary: the rerun ends where the session's
+    straight run of the same settings (tests/conftest.py) ended, bit for bit."""
     import ablate.modelio
 
     def killed(*args, **kwargs):
@@ -197,19 +211,20 @@ def test_an_interruption_during_the_final_writes_resumes_to_the_same_val_loss(tm
 
     monkeypatch.setattr(ablate.modelio, "save_model", killed)
     with pytest.raises(SystemExit):
-        train(tmp_path / "b", data=sample_data, steps=6)
-    folder = run_dir(tmp_path / "b", "study", "smoke", "baseline", 0)
+        train(tmp_path / "b", STRAIGHT_ARM, data=sample_data, steps=STRAIGHT_STEPS, threads=1)
+    folder = run_dir(tmp_path / "b", "study", "smoke", STRAIGHT_ARM, 0)
     assert read_json(folder / "summary.json")["status"] == "running"
     assert (folder / "checkpoints" / "state.pt").exists()
     (folder / ".summary.json.x.tmp").write_text("torn")  # an interrupted atomic write
     monkeypatch.undo()
-    resumed = train(tmp_path / "b", data=sample_data, steps=6)
-    assert resumed.status == "completed" and resumed.val_loss == straight.val_loss  # bit for bit
-    assert resumed.val_fingerprint == straight.val_fingerprint
+    resumed = train(tmp_path / "b", STRAIGHT_ARM, data=sample_data, steps=STRAIGHT_STEPS, threads=1)
+    assert resumed.status == "completed" and resumed.val_loss == straight_run["val_loss"]  # bit for bit
+    assert resumed.val_fingerprint == straight_run["val_fingerprint"]
     assert not (folder / ".summary.json.x.tmp").exists()
     assert not (folder / "checkpoints" / "state.pt").exists() and (folder / "checkpoints" / "model.pt").exists()
 
 
+@pytest.mark.unit
 def test_an_interrupted_prepare_that_left_only_a_temporary_file_resumes(tmp_path):
     from ablate.data import prepare
 
@@ -231,6 +246,7 @@ def unfinished_run(results, finished_runs):
     return folder
 
 
+@pytest.mark.run
 def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data, finished_runs):
     folder = unfinished_run(tmp_path, finished_runs)
     marker = tmp_path / "pwned"
@@ -246,6 +262,7 @@ def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path, sample_data, fin
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_names_that_would_leave_the_results_folder_are_refused(tmp_path):
     for name in ("../evil", "a/b", "..", ".hidden"):
         with pytest.raises(AblateError, match="invalid experiment name"):
@@ -255,6 +272,7 @@ def test_names_that_would_leave_the_results_folder_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- 6. bad input
+@pytest.mark.unit
 @pytest.mark.parametrize("option,value", [("--max-steps", "0"), ("--checkpoint-interval", "-1"), ("--devices", "0")])
 def test_non_positive_run_options_are_one_line_errors(tmp_path, sample_data, option, value):
     result = ablate_cli("run", "--tier", "smoke", "--arm", "baseline", option, value, "--data", sample_data,
@@ -263,6 +281,7 @@ def test_non_positive_run_options_are_one_line_errors(tmp_path, sample_data, opt
     assert len(result.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
 
 
+@pytest.mark.unit
 def test_bad_grids_and_tables_are_refused(tmp_path):
     with pytest.raises(AblateError, match="seed counts must be positive integers, not 0"):
         Experiment(name="x", tiers=["smoke"], arms=["baseline"], seeds={"smoke": 0})
@@ -278,6 +297,7 @@ def test_bad_grids_and_tables_are_refused(tmp_path):
             load_runs(path)
 
 
+@pytest.mark.unit
 def test_a_tier_without_the_reference_arm_is_named(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("tier,arm,seed,val_loss\n10M,baseline,0,4.0\n10M,combo,0,3.9\n50M,combo,0,3.5\n50M,combo2,0,3.4\n")
@@ -285,6 +305,7 @@ def test_a_tier_without_the_reference_arm_is_named(tmp_path):
     assert "tier 50M has no completed baseline run: its arms (combo, combo2)" in out
 
 
+@pytest.mark.run
 def test_a_damaged_checkpoint_or_ledger_is_named(tmp_path, sample_data, finished_runs):
     folder = unfinished_run(tmp_path, finished_runs)
     (folder / "checkpoints" / "state.pt").write_bytes(b"not a checkpoint")
@@ -298,6 +319,7 @@ def test_a_damaged_checkpoint_or_ledger_is_named(tmp_path, sample_data, finished
     assert result.returncode == 2 and "ledger.json is damaged" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.unit
 def test_submit_checks_data_and_overrides_before_queuing(tmp_path, sample_data):
     experiment = tmp_path / "bad.py"
     experiment.write_text("from ablate.experiment import Experiment\n"
@@ -313,6 +335,7 @@ def test_submit_checks_data_and_overrides_before_queuing(tmp_path, sample_data):
 
 
 # ---------------------------------------------------------------------------------------------- parameter matching
+@pytest.mark.run
 def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path, sample_data):
     base = train(tmp_path, "baseline", data=sample_data, overrides={"match_params": True})
     gated = train(tmp_path, "g2-value", data=sample_data, overrides={"match_params": True})

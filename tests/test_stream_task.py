@@ -16,6 +16,8 @@ from ablate.sizing import model_config
 from ablate.taskmodel import StrictCausalAttention, task_model
 from ablate.tiers import TASKS, TIERS
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_window_is_pairs_only_and_each_answer_is_the_key_s_previous_value():
     task = StreamTask()

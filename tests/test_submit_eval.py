@@ -4,6 +4,9 @@ import json
 
 from datafix import ablate_cli
 from test_eval import write_task_data
+import pytest
+
+pytestmark = pytest.mark.system
 
 
 def test_local_submit_with_eval_trains_then_evaluates_and_status_shows_it(tmp_path, sample_data):

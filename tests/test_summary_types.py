@@ -12,6 +12,8 @@ from ablate.errors import AblateError
 from ablate.store_summary import read_summary
 from analysis_fixtures import write_run
 
+pytestmark = pytest.mark.unit
+
 MISTYPED = [("data_id", {"a": 1}), ("status", ["completed"]), ("numerics_history", 5), ("versions", "x"),
             ("val_loss", "3.49"), ("steps", "40"), ("seed", True), ("match_params", 1)]
 

@@ -20,6 +20,8 @@ from ablate.analysis.tables import losses_table
 from ablate.errors import AblateError
 from ablate.analysis.probes import summarise_injections, summarise_probes
 
+pytestmark = pytest.mark.unit
+
 CELL_SPLIT = re.compile(r"(?<!\\)\|")  # a pipe that is not escaped ends a markdown cell
 
 

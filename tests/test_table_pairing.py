@@ -21,6 +21,7 @@ def _pair(results, seed, **options):
         write_run(results, "study", "10M", arm, seed, loss, curve_points=2, **options)
 
 
+@pytest.mark.unit
 def test_seeds_trained_for_other_step_counts_are_not_averaged_into_one_row(tmp_path):
     _pair(tmp_path, 0)
     _pair(tmp_path, 1)
@@ -37,12 +38,14 @@ def test_seeds_trained_for_other_step_counts_are_not_averaged_into_one_row(tmp_p
         load_runs(tmp_path / "study", allow_unverified=True)
 
 
+@pytest.mark.unit
 def test_the_seeds_themselves_may_differ(tmp_path):
     _pair(tmp_path, 0)
     _pair(tmp_path, 1, settings={"data_seed": 7})  # the seed of the batch order is a seed too
     assert build_table(load_runs(tmp_path / "study"), "paired").frame["n"].to_list() == [2]
 
 
+@pytest.mark.unit
 def test_a_run_without_config_json_is_unverified(tmp_path):
     _pair(tmp_path, 0)
     (tmp_path / "study" / "10M" / "sink-logit" / "seed0" / "config.json").unlink()
@@ -52,6 +55,7 @@ def test_a_run_without_config_json_is_unverified(tmp_path):
     assert any("pairing NOT verified for 10M/sink-logit/seed0" in n for n in runs.notes_for(["sink-logit"]))
 
 
+@pytest.mark.unit
 def test_a_row_of_other_validation_tokens_across_seeds_is_refused(tmp_path):
     _pair(tmp_path, 0)
     _pair(tmp_path, 1, val_fingerprint="1" * 16)
@@ -65,6 +69,7 @@ def _train(results, data, arm, seed, steps, **options):
     return run(spec, results, data_dir=str(data), progress=False, **options)
 
 
+@pytest.mark.run
 def test_real_runs_name_the_step_count_within_and_across_seeds(tmp_path, sample_data):
     for arm in ("baseline", "sink-logit"):
         _train(tmp_path, sample_data, arm, 0, 2)

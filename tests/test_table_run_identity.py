@@ -25,6 +25,8 @@ from ablate.errors import AblateError
 from ablate.status import folder_runs, status
 from analysis_fixtures import write_run
 
+pytestmark = pytest.mark.unit
+
 
 def other_prepared_folder(source, target):
     """A copy of a prepared folder whose train tokens are reversed (a consistent manifest: other content)."""

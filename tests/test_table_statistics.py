@@ -11,6 +11,9 @@ from ablate.analysis.load import load_runs
 from ablate.analysis.report import write_report
 from ablate.analysis.build import build_table
 from ablate.analysis.tables import Table
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 def _csv(tmp_path, rows) -> pl.DataFrame:

@@ -7,6 +7,9 @@ from ablate.analysis.load import load_runs
 from ablate.experiment import Experiment
 from ablate.status import status
 from ablate.train import run
+import pytest
+
+pytestmark = pytest.mark.run
 
 
 def test_a_diverging_task_run_ends_diverged_with_its_step(tmp_path, monkeypatch):

@@ -14,6 +14,9 @@ from ablate.runconfig import RunConfig
 from ablate.store_summary import read_summary
 from ablate.taskmodel import task_model
 from ablate.train import run
+import pytest
+
+pytestmark = pytest.mark.run
 
 
 def test_task_runs_at_two_learning_rates_record_the_common_fingerprint_of_their_initial_weights(tmp_path):

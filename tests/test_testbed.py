@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import json
 import re
-import os
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from ablate.analysis.hypotheses import Declared, declared_table, fixed_decision
-from ablate.analysis.load import load_runs
 from ablate.analysis.tables import is_pipeline_check
 from ablate.cli import main
 from ablate.data.synthetic import SyntheticTask
-from ablate.experiment import load_experiment
 from ablate.tiers import TASKS, TIERS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "experiments" / "testbed.py"
 
 
+@pytest.mark.unit
 def test_the_task_tier_has_its_tasks_sizes_and_counts_as_evidence():
     task = SyntheticTask(**TASKS["abstain"])
     tier = TIERS["synthetic"]
@@ -33,15 +28,18 @@ def test_the_task_tier_has_its_tasks_sizes_and_counts_as_evidence():
     assert not is_pipeline_check("synthetic") and is_pipeline_check("smoke")
 
 
-def small_testbed(folder: Path, steps: int) -> Path:
-    """The testbed with fewer seeds and steps: the same arms, tier and declared comparisons."""
-    text = re.sub(r"seeds=(\d+|\{[^}]*\}),", f'seeds=2, overrides={{"steps": {steps}, "val_interval": 10}},',
+def small_testbed(folder: Path, steps: int | None) -> Path:
+    """The testbed with 2 seeds and `steps` (None: its default budget): the same arms, tiers and declared
+    comparisons."""
+    budget = "" if steps is None else f' overrides={{"steps": {steps}, "val_interval": 10}},'
+    text = re.sub(r"seeds=(\d+|\{[^}]*\}),", f"seeds=2,{budget}",
                   TESTBED.read_text().replace('name="testbed"', 'name="tb_small"'))
     path = folder / "tb_small.py"
     path.write_text(text)
     return path
 
 
+@pytest.mark.system
 def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     experiment = small_testbed(tmp_path, steps=30)
     results = tmp_path / "results"
@@ -71,56 +69,44 @@ def test_testbed_runs_through_submit_tables_and_report(tmp_path, capsys):
     assert (run / "summary.json").read_bytes() == before
 
 
-def decisions(folder: Path, tiers=("abstain-stream",)) -> dict[str, str]:
-    """The declared decisions at `tiers` (a comparison at another tier of the testbed is "not run" there)."""
-    experiment = load_experiment(TESTBED)
-    table = declared_table(load_runs(folder), Declared.of(experiment.hypotheses))
-    return {row["comparison"]: fixed_decision(row) for row in table.frame.iter_rows(named=True) if row["tier"] in tiers}
+def kernels_benchmark():
+    """benchmarks/testbed_kernels.py, the whole grid's comparison under kernel sets, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("testbed_kernels", REPO / "benchmarks" / "testbed_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-SUBSET = {"abstain-stream": ("baseline", "sink-token", "sink-logit"),
-          "value-junk-direction": ("baseline", "oracle-gate", "proj-gate")}
-
-
-def decisions_under(capability: str | None, results: Path) -> tuple[str, dict[str, str]]:
-    """A subset of the testbed at the default budget under one kernel set (None: the machine's own): the demo's
-    arms, the positive control's and the headline prediction's, every seed; and value-junk-direction's control and
-    proj-gate. Returns the kernel set every run recorded and the declared decisions at those tiers."""
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    if capability:
-        env["ATEN_CPU_CAPABILITY"] = capability.lower()
-    arms = dict.fromkeys(arm for tier_arms in SUBSET.values() for arm in tier_arms)  # a tier runs the arms it has
-    subprocess.run([sys.executable, "-m", "ablate.cli", "submit", str(TESTBED), "--tier", *SUBSET, "--arms", *arms,
-                    "--executor", "local", "--parallel", "2", "--results", str(results)],
-                   env=env, check=True, capture_output=True)
-    folder = results / "testbed"
-    summaries = [json.loads(p.read_text()) for p in folder.glob("*/*/seed*/summary.json")]
-    testbed = load_experiment(TESTBED)
-    assert len(summaries) == sum(len(arms) * testbed.seed_count(tier) for tier, arms in SUBSET.items())
-    assert all(s["status"] == "completed" for s in summaries)
-    kernels = {s["versions"]["numerics"]["cpu_capability"] for s in summaries}
-    assert len(kernels) == 1 and (capability is None or kernels == {capability})
-    return kernels.pop(), decisions(folder, tiers=tuple(SUBSET))
-
-
+@pytest.mark.system
 @pytest.mark.slow
-def test_declared_decisions_are_the_same_under_avx2_and_native_kernels(tmp_path):
-    """The declared decisions are the same under the machine's own kernels and AVX2; where the machine's own are
-    AVX2 (no AVX-512), under AVX2 and the scalar DEFAULT set, so two kernel sets are always compared. The kernel
-    set is what each run recorded. The demo's subset (the control and the headline prediction) and value-junk's;
-    `benchmarks/testbed_kernels.py` compares every prediction over the whole grid. (Whether every seed learned is
-    reported by the report's testbed section, not asserted here; see docs/method.md.)"""
-    native, native_decisions = decisions_under(None, tmp_path / "native")
-    other = "DEFAULT" if native == "AVX2" else "AVX2"
-    kernels, other_decisions = decisions_under(other, tmp_path / other)
-    assert kernels != native, f"both runs used the same kernel set: {native}"
-    assert native_decisions == other_decisions
-    ran = {name for name, decision in native_decisions.items() if decision != "not run"}
-    assert ran == {"control_park_position", "stream_sink_logit", "control_junk_oracle", "junk_direction_proj_gate"}
-    not_run = {name for name in native_decisions if name not in ran}  # each counts in m, "not run"
-    assert not_run == {"stream_off_by_one", "junk_direction_proj_over_norm"}
+@pytest.mark.benchmark
+def test_a_declared_decision_is_the_same_under_two_kernel_sets(tmp_path):
+    """docs/method.md ("Numerics"): across kernel sets a run's last bits differ, its declared decision does not.
+    stream_sink_logit (baseline − sink-logit at abstain-stream), 2 seeds of each at the default budget, under the
+    machine's own kernels and AVX2 (AVX2 and the scalar DEFAULT set where the machine's own are AVX2): the kernel
+    set each run recorded differs, each seed learns under both or under neither, and the decision is the same.
+    Run through benchmarks/testbed_kernels.py, which compares every prediction over the whole grid."""
+    bench, experiment, arms = kernels_benchmark(), str(small_testbed(tmp_path, steps=None)), ["baseline", "sink-logit"]
+
+    def under(kernels: str) -> tuple[set[str], dict, list[dict]]:
+        bench._grid(kernels, tmp_path / kernels, 2, ["abstain-stream"], experiment, arms)
+        return bench._read(tmp_path / kernels / "tb_small", experiment)  # kernel sets, seeds learned, declared rows
+
+    native, learned, rows = under("native")
+    other = "DEFAULT" if native == {"AVX2"} else "AVX2"
+    recorded, other_learned, other_rows = under(other)
+    assert len(native) == 1 and recorded == {other} != native  # each grid ran under one kernel set, not the same
+    assert learned == other_learned and set(learned) == {("abstain-stream", arm) for arm in arms}
+    decided = {row["comparison"]: row["decision"] for row in rows if row["tier"] == "abstain-stream"}
+    assert decided == {row["comparison"]: row["decision"] for row in other_rows if row["tier"] == "abstain-stream"}
+    assert decided["stream_sink_logit"] not in ("not run", "not final")  # both seeds paired, decided
+    assert {name for name, decision in decided.items() if decision == "not run"} == {
+        "control_park_position", "stream_off_by_one"}  # their arms did not run
 
 
+@pytest.mark.system
 def test_the_testbed_page_s_own_arm_recipe_runs_as_written(tmp_path, capsys):
     """docs/testbed.md's recipe: an experiment file of one's own, the testbed with one's arm (the README's) beside
     the baseline."""
@@ -148,6 +134,7 @@ class MySink(SinkLogit):
 '''
 
 
+@pytest.mark.system
 def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsys, monkeypatch):
     """`ablate testbed --arm NAME --arm-file FILE.py`: the arm file is loaded like an experiment file, here and in
     each worker process, so its arm trains beside the baseline; then the tables and the testbed's section. Its runs,
@@ -174,6 +161,7 @@ def test_the_testbed_command_runs_an_arm_from_a_file_of_ones_own(tmp_path, capsy
     assert "a quick look at 20 steps: the testbed's predictions are declared at its budget of" in out  # exploratory
 
 
+@pytest.mark.unit
 def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("")
     assert main(["testbed", "--arm", "x", "--arm-file", str(tmp_path / "notes.txt")]) == 2
@@ -187,6 +175,7 @@ def test_the_testbed_command_refuses_a_bad_arm_file_or_arm(tmp_path, capsys):
     assert not (tmp_path / "r").exists()  # refused before anything ran
 
 
+@pytest.mark.unit
 @pytest.mark.benchmark
 def test_the_design_benchmark_trains_the_tier_it_names_with_the_fields_it_sets(monkeypatch):
     """benchmarks/testbed_design.py builds each task tier's baseline configs with the design's fields replaced

@@ -19,6 +19,8 @@ from ablate.experiment import load_experiment
 from ablate.tiers import CONTENT_DOSES, STREAM_DOSES, TASKS, TIERS, stream_absent_share, task_ceiling
 from testbed_figures import artefact, declared_rows, kernel_sets
 
+pytestmark = pytest.mark.unit
+
 EXPERIMENT = "testbed_dose"
 
 

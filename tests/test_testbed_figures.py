@@ -24,6 +24,7 @@ EXPECTED = {"testbed declared abstain-stream", "testbed declared value-junk-norm
             "testbed_dose dose"}
 
 
+@pytest.mark.unit
 def test_every_testbed_table_in_the_docs_is_the_recorded_grid_s():
     """Each block as written equals its rendering from the record: a figure pasted by hand, or left behind when
     the record changed, fails here (docs once quoted +0.0931 ± 0.0226 where the code gave +0.0924 ± 0.0214)."""
@@ -37,6 +38,7 @@ def test_every_testbed_table_in_the_docs_is_the_recorded_grid_s():
     assert "+0.0931 ± 0.0226" not in "".join(page.read_text() for page in DOCS)
 
 
+@pytest.mark.unit
 def test_the_record_holds_the_whole_grid_and_every_declared_tier_under_each_kernel_set():
     """The widest kernel set recorded holds the experiment's whole grid (what the tables render); any other holds at
     least every run at the declared tiers (what its decisions are compared on)."""
@@ -75,6 +77,7 @@ def _recorded(experiment: str, kernel_set: str, tier: str, arm: str) -> float | 
     return {(r["tier"], r["arm"], r["seed"]): r["val_loss"] for r in entry["runs"]}.get((tier, arm, 0))
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("experiment, tier, arm", REPLAYED)
 def test_the_record_is_what_the_current_code_computes(tmp_path, experiment, tier, arm):
     """Seed 0 of one run of each record, trained now under this machine's own kernels, gives the recorded loss bit
@@ -86,6 +89,7 @@ def test_the_record_is_what_the_current_code_computes(tmp_path, experiment, tier
     assert _submit_one(experiment, tier, arm, tmp_path) == recorded
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_every_other_recorded_kernel_set_is_the_current_code_s(tmp_path):
     """The same under each other kernel set the record holds for this machine kind, each in a process of its own."""

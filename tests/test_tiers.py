@@ -13,6 +13,8 @@ from ablate.sizing import (MATCH_TOLERANCE, _meta_counts, matched_mlp_hidden, me
                            model_config)
 from ablate.tiers import GPUS, TIER_ORDER, TIERS, get_gpu, gpu_key_for
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 
 

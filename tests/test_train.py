@@ -20,6 +20,7 @@ from ablate.config import lr_at
 from ablate.runconfig import RunConfig
 from ablate.store_summary import RunSummary
 from ablate.train import run
+from conftest import STRAIGHT_ARM, STRAIGHT_STEPS
 from datafix import REPO, ablate_cli
 
 torch.set_num_threads(1)
@@ -30,6 +31,7 @@ def train(results, arm="baseline", seed=0, steps=12, experiment="adhoc", data=No
     return run(spec, results, data_dir=str(data), progress=False, **options)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name,budget,seeds", [("10M", 0.2e9, 3), ("50M", 0.95e9, 3), ("124M", 1.6e9, 3),
                                                 ("350M", 5.8e9, 1)])
 def test_tier_ladder_matches_spec(name, budget, seeds):
@@ -41,6 +43,7 @@ def test_tier_ladder_matches_spec(name, budget, seeds):
     assert plan["total_gpu_hours"] > 0 and plan["runs"][0]["train_flops"] > 6 * non_embedding * budget
 
 
+@pytest.mark.unit
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     config = RunConfig(lr=1e-3, warmup_steps=10, steps=110, min_lr_ratio=0.1)
     assert lr_at(0, config) == pytest.approx(1e-4)
@@ -51,6 +54,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lr_at(110, config) == pytest.approx(1e-4)
 
 
+@pytest.mark.system
 def test_plan_command_json():
     plan = ablate_cli("plan", "--tier", "124M", "--arms", "baseline", "combo2", "--json", process=True)
     out = json.loads(plan.stdout)
@@ -59,6 +63,7 @@ def test_plan_command_json():
     assert "TFLOP/s" in out["assumption"] and out["total_runs"] == 6
 
 
+@pytest.mark.unit
 def test_unknown_tier_or_arm_names_the_valid_ones(tmp_path, sample_data):
     with pytest.raises(AblateError, match="unknown tier 'huge'; valid tiers: smoke, 10M"):
         run(RunSpec("adhoc", "huge", "baseline", 0), tmp_path)
@@ -66,6 +71,7 @@ def test_unknown_tier_or_arm_names_the_valid_ones(tmp_path, sample_data):
     assert result.returncode == 2 and "unknown arm 'nope'" in result.stderr and "combo2" in result.stderr
 
 
+@pytest.mark.run
 def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_data):
     a = train(tmp_path, "baseline", data=sample_data)
     b = train(tmp_path, "combo2", data=sample_data)
@@ -89,6 +95,7 @@ def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_da
     assert (folder / "checkpoints" / "model.pt").is_file()
 
 
+@pytest.mark.run
 def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, sample_data, finished_runs):
     finished_runs(tmp_path, ("baseline", 0), experiment="adhoc", steps=3)  # what train(steps=3) made
     folder = run_dir(tmp_path, "adhoc", "smoke", "baseline", 0)
@@ -105,6 +112,7 @@ def test_completed_rerun_is_a_noop_and_force_keeps_the_old_folder(tmp_path, samp
     assert len(kept) == 1 and read_json(kept[0] / "summary.json") == first
 
 
+@pytest.mark.unit
 def test_data_of_another_tokenizer_is_refused(tmp_path, sample_data):
     import shutil
 
@@ -117,6 +125,7 @@ def test_data_of_another_tokenizer_is_refused(tmp_path, sample_data):
         train(tmp_path / "res", data=other)
 
 
+@pytest.mark.run
 def test_non_finite_loss_ends_the_run_as_diverged(tmp_path, sample_data):
     summary = train(tmp_path, data=sample_data, steps=40, overrides={"lr": 1e6, "grad_clip": 1e30, "warmup_steps": 1})
     assert summary.status == "diverged" and 1 <= summary.diverged_step <= 40
@@ -150,6 +159,7 @@ def halfgate():
     _REGISTRY.pop("test-halfgate", None)
 
 
+@pytest.mark.run
 def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data, halfgate):
     summary = train(tmp_path, halfgate, data=sample_data, steps=8)
     assert summary.status == "completed" and summary.params_arm_extra == 2 * 2
@@ -171,28 +181,32 @@ def _wait_for_step(metrics_path, step, process, timeout=300):
     raise AssertionError("timed out waiting for training progress")
 
 
-def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_data):
-    args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "24", "--checkpoint-interval", "6",
-            "--data", sample_data, "--no-progress", "--threads", "1"]
+@pytest.mark.system
+def test_sigkill_then_rerun_resumes_to_the_bitwise_same_result(tmp_path, sample_data, straight_run):
+    """Killed past its checkpoint at step 12, the same command resumes and ends where the session's straight run
+    of the same settings (tests/conftest.py) ended, bit for bit."""
+    args = ["run", "--tier", "smoke", "--arm", STRAIGHT_ARM, "--max-steps", STRAIGHT_STEPS, "--checkpoint-interval",
+            "6", "--data", sample_data, "--no-progress", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "ablate.cli", *map(str, args), "--results", tmp_path / "b"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    folder = run_dir(tmp_path / "b", "adhoc", "smoke", "sink-logit", 0)
+    folder = run_dir(tmp_path / "b", "adhoc", "smoke", STRAIGHT_ARM, 0)
     _wait_for_step(folder / "metrics.jsonl", 14, process)  # past the checkpoint at step 12
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert read_json(folder / "summary.json")["status"] == "running"
-    # the killed process is the boundary this test is about; the straight run and the resume are the same command
-    # in this process (tests/datafix.py), which gives what a fresh process gives
-    straight = ablate_cli(*args, "--results", tmp_path / "a")
+    # the killed process is the boundary this test is about; the resume is the same command in this process
+    # (tests/datafix.py), which gives what a fresh process gives
     resumed = ablate_cli(*args, "--results", tmp_path / "b")
     assert "resuming at step 12" in resumed.stderr or "resuming at step 18" in resumed.stderr
-    a, b = json.loads(straight.stdout), json.loads(resumed.stdout)
+    a, b = straight_run, json.loads(resumed.stdout)
     assert a["val_loss"] == b["val_loss"] and a["data_fingerprint"] == b["data_fingerprint"]  # bitwise
+    assert a["val_fingerprint"] == b["val_fingerprint"] and b["steps"] == STRAIGHT_STEPS
     steps = [r["step"] for r in read_metrics(folder / "metrics.jsonl") if "train_loss" in r]
-    assert steps == list(range(1, 25))  # no step logged twice after the resume
+    assert steps == list(range(1, STRAIGHT_STEPS + 1))  # no step logged twice after the resume
 
 
+@pytest.mark.system
 def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "400", "--data", sample_data,
             "--no-progress", "--threads", "1", "--results", tmp_path]
@@ -210,10 +224,11 @@ def test_sigusr1_checkpoints_on_request(tmp_path, sample_data):
     assert 3 <= steps < 25  # before the first interval checkpoint: the signal made it
 
 
+@pytest.mark.system
 def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     args = ["run", "--tier", "smoke", "--arm", "combo", "--max-steps", "8", "--data", sample_data,
             "--no-progress", "--threads", "1"]
-    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one", process=True).stdout)
+    one = json.loads(ablate_cli(*args, "--results", tmp_path / "one").stdout)  # in this process, as in a fresh one
     two = json.loads(ablate_cli(*args, "--devices", "2", "--results", tmp_path / "two", process=True).stdout)
     assert one["data_fingerprint"] == two["data_fingerprint"]
     # the same validation windows whatever the number of processes (and the same config: devices is execution)
@@ -222,6 +237,7 @@ def test_two_process_data_parallel_matches_one_process(tmp_path, sample_data):
     assert abs(one["val_loss"] - two["val_loss"]) < 1e-4
 
 
+@pytest.mark.run
 def test_tensorboard_logger_keeps_one_run_id_per_run_folder(tmp_path, sample_data):
     from ablate.ranks import RunFolder
     from ablate.train import Trainer

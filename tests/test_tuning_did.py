@@ -20,6 +20,8 @@ from ablate.analysis.tuned import CHANGED, NO_CHANGE, did_statistics, judge_tuni
 from ablate.analysis.lr_optimum import MOVED, NO_TEST, best_index, decision, optimum_shift
 from analysis_fixtures import reference_losses, write_store
 
+pytestmark = pytest.mark.unit
+
 ALPHA = 0.05
 STUDIES = 20000
 BOUND = ALPHA + 3 * np.sqrt(ALPHA * (1 - ALPHA) / STUDIES)  # 0.0546

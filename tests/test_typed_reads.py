@@ -21,6 +21,8 @@ from ablate.store import Status, run_dir, run_of
 from ablate.store_summary import SUMMARY_FIELDS, RunSummary, read_summary
 from run_artefacts import GOLDEN, make_runs, portable, without_clocks
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "ablate"
 OPTIONS = {f.name for f in dataclasses.fields(RunConfig)}

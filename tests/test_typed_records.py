@@ -52,6 +52,7 @@ def keyed_reads(path: Path):
                 yield node.lineno, record, receiver, key
 
 
+@pytest.mark.unit
 def test_no_keyed_read_of_a_status_row_a_ledger_entry_or_a_profile_outside_its_owner():
     found = [f"{where}:{line}: {record}: {receiver}[{key!r}]" for path in sorted(PACKAGE.rglob("*.py"))
              for line, record, receiver, key in keyed_reads(path)
@@ -59,6 +60,7 @@ def test_no_keyed_read_of_a_status_row_a_ledger_entry_or_a_profile_outside_its_o
     assert found == [], "keyed reads of a typed record (read its attributes):\n" + "\n".join(found)
 
 
+@pytest.mark.unit
 def test_the_scan_sees_what_it_is_meant_to_see(tmp_path):
     path = tmp_path / "m.py"
     path.write_text('a = row["state"]\nb = r["queued"]\nc = ledger["runs"].get(k)\nd = entry.get("job_id")\n'
@@ -93,6 +95,7 @@ LIFE = [LedgerEntry("local", submission="abc", submitted="2026-01-01T10:00:00"),
         LedgerEntry(job_id="local-7", pid=7)]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("what", list(WRITTEN))
 def test_each_entry_is_written_as_the_ledger_always_held_it_and_reads_back(tmp_path, what):
     """The same fields (a None written where it was written), so the same bytes: ledger.json sorts its keys."""
@@ -104,6 +107,7 @@ def test_each_entry_is_written_as_the_ledger_always_held_it_and_reads_back(tmp_p
         assert (tmp_path / LEDGER).read_bytes() == (tmp_path / "before.json").read_bytes()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("end, what", [(LedgerEntry(exit_code=0, error=None), "a local run, ended"),
                                        (LedgerEntry(exit_code=130, error="Ctrl-C", interrupted=True),
                                         "a local run, stopped")])
@@ -118,6 +122,7 @@ def test_a_local_run_s_merges_make_the_bytes_they_made(tmp_path, end, what):
     assert (tmp_path / LEDGER).read_bytes() == (tmp_path / "before.json").read_bytes()
 
 
+@pytest.mark.unit
 def test_an_older_ledger_reads_typed(tmp_path):
     """An entry without the fields of later versions, and with one this version does not know."""
     (tmp_path / LEDGER).write_text(json.dumps({"runs": {"k": {"executor": "local", "exit_code": 1, "retired": 3}},
@@ -130,6 +135,7 @@ def test_an_older_ledger_reads_typed(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- rows and profiles
+@pytest.mark.unit
 def test_a_status_row_is_written_as_status_json_wrote_it():
     row = StatusRow("smoke", "baseline", 0, "running", None, "54_1", 3, 10, 5.0, 7.0, 4.5, None, True, False)
     assert list(row.to_dict()) == ["tier", "arm", "seed", "state", "job_id", "steps", "total_steps", "elapsed_s",
@@ -138,6 +144,7 @@ def test_a_status_row_is_written_as_status_json_wrote_it():
     assert list(swept)[3:5] == ["state", "lr_factor"] and swept["lr_factor"] == 0.5
 
 
+@pytest.mark.unit
 def test_a_profile_shows_what_the_dry_run_showed():
     """The shipped profile, as `submit --dry-run` printed it from the profile's dict."""
     shown = {"partition": "debug", "account": "", "qos": "", "gpus_per_run": 0, "cpus_per_run": 1, "mem_gb": 2,
@@ -166,6 +173,7 @@ def _count_calls(monkeypatch, module_names: list[str], name: str) -> list[str]:
     return callers
 
 
+@pytest.mark.unit
 def test_the_submit_trip_resolves_each_tier_once_and_the_tier_travels(tmp_path, monkeypatch, sample_data):
     import ablate.config  # noqa: F401  (every module that asks for a tier by its name)
     import ablate.plan  # noqa: F401
@@ -182,6 +190,7 @@ def test_the_submit_trip_resolves_each_tier_once_and_the_tier_travels(tmp_path, 
     assert sorted(callers) == [once, once, checked, checked], callers
 
 
+@pytest.mark.run
 def test_submit_asks_status_once_and_evaluates_the_runs_it_said_completed(tmp_path, monkeypatch, finished_runs,
                                                                            sample_data):
     from ablate.evals.run import EvalJob

@@ -23,6 +23,7 @@ from ablate.tiers import TASKS, TIERS
 TIERS_JUNK = ("value-junk-norm", "value-junk-direction")
 
 
+@pytest.mark.unit
 def test_a_sequence_is_a_pair_twice_then_its_query():
     task = ValueJunkTask()
     inputs, targets = value_junk_batch(task, 256, seed=3)
@@ -36,6 +37,7 @@ def test_a_sequence_is_a_pair_twice_then_its_query():
     assert len(set(targets[:, 2].tolist())) == task.n_values and len(set(inputs[:, 2].tolist())) == task.n_keys
 
 
+@pytest.mark.unit
 def test_the_junk_is_one_copy_drawn_from_the_batch_not_from_any_token():
     """One of the two copies is junk, either about as often; its decoy has the key and another value; the plan is
     a pure function of the batch (the same token is junk at position 0 in one sequence and 1 in another)."""
@@ -60,6 +62,7 @@ def test_the_junk_is_one_copy_drawn_from_the_batch_not_from_any_token():
     assert not torch.equal(fixed_directions(3, 2, 32), fixed_directions(4, 2, 32))
 
 
+@pytest.mark.unit
 def test_the_tiers_are_the_task_s_one_layer_attention_only_model():
     for name in TIERS_JUNK:
         task = task_from_fields(TASKS[name])
@@ -99,6 +102,7 @@ def _projected(model, inputs):
     return seen["qkv"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("tier", (*TIERS_JUNK, "junk-content-e050"))
 def test_junk_changes_the_junk_reads_only_and_never_a_query_or_key(tier):
     """Against the same model without junk (dose 0 and no decoy: the plain strict-causal model), queries and keys
@@ -117,6 +121,7 @@ def test_junk_changes_the_junk_reads_only_and_never_a_query_or_key(tier):
     assert torch.equal(differs, mask)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("tier", (*TIERS_JUNK, "junk-content-e050"))
 def test_the_marker_is_dose_times_the_head_s_median_read_norm_so_rescaling_w_v_cannot_escape_it(tier):
     """junk read − decoy's read = ε · median_h ‖v‖ · unit direction, the median over the batch's clean reads of
@@ -155,6 +160,7 @@ def test_the_marker_is_dose_times_the_head_s_median_read_norm_so_rescaling_w_v_c
     assert torch.allclose(scaled_median, 10 * median) and torch.allclose(scaled, 10 * marker)
 
 
+@pytest.mark.unit
 def test_the_plan_and_the_fixed_direction_are_the_same_for_every_arm_of_a_seed():
     """Two arms of one seed: the same junk mask, the same decoy reads at init (the shared weights), the same
     fixed direction; the oracle's gate is 0 exactly at junk reads."""
@@ -168,6 +174,7 @@ def test_the_plan_and_the_fixed_direction_are_the_same_for_every_arm_of_a_seed()
     assert torch.equal(record.value_gate[..., 0] == 0, mask[:, None].expand(-1, 2, -1))
 
 
+@pytest.mark.unit
 def test_fused_equals_reference_and_the_oracle_refuses_outside_the_task():
     task, model = _model("value-junk-norm", "oracle-gate")
     inputs = value_junk_batch(task, 8, seed=0)[0]
@@ -179,6 +186,7 @@ def test_fused_equals_reference_and_the_oracle_refuses_outside_the_task():
         plain(torch.zeros(1, 4, dtype=torch.long))
 
 
+@pytest.mark.unit
 def test_the_signature_sees_the_baseline_read_junk_and_the_oracle_drop_it():
     """At init both arms put about half the matched mass on the junk copy; the oracle's junk weight is 0."""
     task, baseline = _model("value-junk-norm", "baseline")
@@ -190,6 +198,7 @@ def test_the_signature_sees_the_baseline_read_junk_and_the_oracle_drop_it():
     assert abs(gated["junk_mass"] - base["junk_mass"]) < 1e-12  # the oracle filters in the value slot, not routing
 
 
+@pytest.mark.unit
 def test_the_stream_and_corpus_models_are_unchanged():
     """The abstain-stream model is the plain strict-causal one, the corpus GPT the plain GPT: no junk anywhere."""
     model = task_model(model_config(TIERS["abstain-stream"], "baseline"), StreamTask())
@@ -202,6 +211,7 @@ def test_the_stream_and_corpus_models_are_unchanged():
     assert torch.equal(model(inputs).logits, again(inputs).logits)
 
 
+@pytest.mark.unit
 def test_bad_fields_are_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="junk='loud'.*norm, direction"):
         ValueJunkTask(junk="loud")
@@ -209,6 +219,7 @@ def test_bad_fields_are_refused_naming_the_valid_ones():
         ValueJunkGPT(model_config(TIERS["smoke"], "baseline"), ValueJunkTask())
 
 
+@pytest.mark.unit
 def test_the_testbed_figure_shows_the_loss_per_seed_and_the_gate_on_junk_against_clean_reads(monkeypatch, tmp_path):
     """The report's figure for a value-junk tier: the declared quantity per seed, then Filter's panels, among them
     the value gate at junk reads beside clean reads, each seed a dot."""
@@ -230,6 +241,7 @@ def test_the_testbed_figure_shows_the_loss_per_seed_and_the_gate_on_junk_against
     assert "gate_junk" in testbed.testbed_markdown("value-junk-norm", by_arm)
 
 
+@pytest.mark.unit
 def test_a_sink_token_is_never_junk_and_the_junk_moves_with_the_tokens():
     """A sequence arm's prepended token shifts the positions by one: the junk read is the same copy, one later."""
     task, model = _model("value-junk-norm", "sink-token")
@@ -246,6 +258,7 @@ def test_a_sink_token_is_never_junk_and_the_junk_moves_with_the_tokens():
     assert record.weights.shape[-2:] == (3, 3)
 
 
+@pytest.mark.unit
 def test_saved_weights_of_a_value_junk_run_load_as_the_strict_causal_model(tmp_path):
     """The junk is the task's, not the weights': a run's saved weights load as the plain strict-causal GPT with the
     same parameters (what probes of a run see is its model without the task's junk)."""
@@ -271,6 +284,7 @@ class PeekingGate(Arm):
         return (~self.junk_mask[:, None, : v.shape[2], None]).to(v.dtype)
 
 
+@pytest.mark.unit
 def test_only_the_oracle_class_receives_the_junk_mask(monkeypatch):
     """An arm with a `junk_mask` attribute is not handed the task's answer, nor is a subclass of the oracle; the
     oracle control's own class is."""
@@ -298,6 +312,7 @@ def test_only_the_oracle_class_receives_the_junk_mask(monkeypatch):
     assert torch.equal(oracle.blocks[0].attn.arm.junk_mask, junk_plan(task, inputs, 2, 32).mask)
 
 
+@pytest.mark.run
 def test_a_run_of_the_oracle_is_marked_as_having_received_the_mask(tmp_path):
     """`received_junk_mask` in the summary: True for the oracle's run, absent for any other arm's."""
     import ablate.arms.testbed  # noqa: F401
@@ -313,6 +328,7 @@ def test_a_run_of_the_oracle_is_marked_as_having_received_the_mask(tmp_path):
     assert marks == {"oracle-gate": True, "baseline": None}
 
 
+@pytest.mark.run
 def test_the_oracle_off_its_task_is_refused_before_a_run_folder(tmp_path, sample_data, capsys):
     """`ablate run --tier smoke --arm oracle-gate`: one line naming the arm, the tier and the valid tiers; no folder."""
     import ablate.arms.testbed  # noqa: F401

@@ -22,6 +22,9 @@ from wandb.proto.wandb_internal_pb2 import Record
 
 from ablate.store import read_json, read_metrics, run_dir
 from datafix import REPO
+import pytest
+
+pytestmark = pytest.mark.system
 
 BLOCK, HEADER = 32768, 7  # the log's block size; the file header (":W&B", magic, version) and a record header
 
