@@ -109,7 +109,7 @@ def refuse_other_document_mask(specs: list[RunSpec], results: Path, options: Run
         folder = spec.folder(results)
         if (folder / CONFIG).is_file() and read_summary(folder).done:
             trained = bool(read_json_file(folder / CONFIG, "use `ablate run --force`").get("document_mask"))
-            if trained != bool(chosen_options(spec.overrides, options.given()).get("document_mask")):
+            if trained != bool(RunOptions.of(chosen_options(spec.overrides, options.given())).document_mask):
                 other.append(f"{spec.key} ({'with' if trained else 'without'} it)")
     if other:
         raise AblateError(f"{len(other)} finished run(s) trained with another document mask than this submit asks "

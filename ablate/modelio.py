@@ -129,7 +129,7 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     model = load_trained_model(run_dir).to(device)
     model.document_mask = bool(config.document_mask)  # the run's option: evaluated as it trained
     saved = json.loads(json.dumps(dataclasses.asdict(model.config)))
-    recorded = config.to_dict().get("model")  # as its config.json holds it
+    recorded = read_json_file(Path(run_dir) / CONFIG, "use `ablate run --force`").get("model")  # as the file holds it
     if recorded is not None and recorded != saved:
         differ = sorted(k for k in set(saved) | set(recorded) if saved.get(k) != recorded.get(k))
         raise AblateError(f"{Path(run_dir) / CHECKPOINTS / FINAL_WEIGHTS} holds another model than the run's "
