@@ -129,7 +129,8 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     model = load_trained_model(run_dir).to(device)
     model.document_mask = bool(config.document_mask)  # the run's option: evaluated as it trained
     saved = json.loads(json.dumps(dataclasses.asdict(model.config)))
-    recorded = read_json_file(Path(run_dir) / CONFIG, "use `ablate run --force`").get("model")  # as the file holds it
+    file = Path(run_dir) / CONFIG  # its model as the file holds it (none: weights saved by hand, no config.json)
+    recorded = read_json_file(file, "use `ablate run --force`").get("model") if file.is_file() else None
     if recorded is not None and recorded != saved:
         differ = sorted(k for k in set(saved) | set(recorded) if saved.get(k) != recorded.get(k))
         raise AblateError(f"{Path(run_dir) / CHECKPOINTS / FINAL_WEIGHTS} holds another model than the run's "
