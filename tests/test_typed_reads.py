@@ -50,19 +50,22 @@ def _receiver(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+def keyed_accesses(path: Path):
+    """(line, receiver, key) of every `x["key"]` and `x.get("key")` with a constant key in the file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            yield node.lineno, _receiver(node.value), node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            yield node.lineno, _receiver(node.func.value), node.args[0].value
+
+
 def string_key_reads(path: Path):
     """(line, receiver, key) of every `x["key"]` and `x.get("key")` whose receiver is named as a config or a
     summary and whose key is a run option or a summary field."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            receiver, key = _receiver(node.value), node.slice.value
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and node.args and isinstance(node.args[0], ast.Constant)):
-            receiver, key = _receiver(node.func.value), node.args[0].value
-        else:
-            continue
+    for line, receiver, key in keyed_accesses(path):
         if key in KEYS and any(word in receiver.lower() for word in ("config", "summary", "options", "settings")):
-            yield node.lineno, receiver, key
+            yield line, receiver, key
 
 
 def test_no_string_key_read_of_a_run_option_or_a_summary_field_outside_their_reader_and_writer():

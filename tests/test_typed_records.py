@@ -6,7 +6,6 @@ travels) and asks `status()` once."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import sys
@@ -19,7 +18,7 @@ from ablate.experiment import Experiment
 from ablate.profiles import load_profile
 from ablate.status import StatusRow
 from ablate.store import LEDGER, Ledger, LedgerEntry, atomic_write_json, read_ledger, record_ledger
-from test_typed_reads import _receiver
+from test_typed_reads import keyed_accesses
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "ablate"
@@ -38,18 +37,11 @@ RECORDS = {
 def keyed_reads(path: Path):
     """(line, record, receiver, key) of every `x["key"]` and `x.get("key")` whose receiver is named as one of the
     records (`r` is a status row's) and whose key is one of that record's."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            receiver, key = _receiver(node.value), node.slice.value
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and node.args and isinstance(node.args[0], ast.Constant)):
-            receiver, key = _receiver(node.func.value), node.args[0].value
-        else:
-            continue
+    for line, receiver, key in keyed_accesses(path):
         for record, (_, keys, words) in RECORDS.items():
             named = receiver == "r" if record == "a status row" else False
             if key in keys and (named or any(word in receiver.lower() for word in words)):
-                yield node.lineno, record, receiver, key
+                yield line, record, receiver, key
 
 
 @pytest.mark.unit
