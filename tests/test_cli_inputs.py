@@ -126,6 +126,30 @@ def test_every_list_option_takes_space_separated_values():
             "status --seeds", "submit --seeds", "data prepare --source-arg"} <= set(lists)  # the walk saw them
 
 
+def every_parser(parser: argparse.ArgumentParser, path: tuple = ()):
+    """The parser and every subcommand's parser under it, with the words that reach it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from every_parser(sub, path + (name,))
+
+
+@pytest.mark.unit
+def test_every_help_screen_prints(capsys):
+    """`ablate --help` and each command's `--help` print their text and exit 0: a `%` in a help string (argparse
+    expands `%(...)s`) broke the top-level screen once, through the table kinds' words."""
+    seen = []
+    for path, _ in every_parser(build_parser()):
+        with pytest.raises(SystemExit) as stop:
+            main([*path, "--help"])
+        assert stop.value.code == 0, path
+        assert "usage: ablate" in capsys.readouterr().out, path
+        seen.append(" ".join(path))
+    assert {"", "table", "submit", "data prepare"} <= set(seen)
+    assert "25/50/75/100% of the budget" in " ".join(build_parser().format_help().split())
+
+
 # ---------------------------------------------------------------------------------------------- 4. status
 def fake_run(folder: Path, summary: dict | None) -> Path:
     folder.mkdir(parents=True)

@@ -14,7 +14,7 @@ FORMATS = ("md", "csv", "latex", "json")
 def add_commands(subparsers) -> None:
     table = subparsers.add_parser(
         "table",
-        help="tables of the runs: " + "; ".join(kind.help for kind in KINDS.values()),
+        help="tables of the runs: " + "; ".join(kind.help for kind in KINDS.values()).replace("%", "%%"),
         description="Paired-seed tables (paired differences with p and Holm-adjusted p, increments, 2×2 overlap) from "
                     "a run store or a CSV/parquet file with columns tier, arm, seed, "
         "val_loss. Positive numbers mean the arm (or quantity) lowers the validation loss.",
