@@ -175,16 +175,24 @@ def time_arms(arms, tier, batch_size, seq_len, repeats, warmup) -> dict:
 
 
 def memory_worker(argv: list[str]) -> None:
+    """One (arm, T) in this process. Flags after the six fields: "whole-rows" (the whole-row reference path);
+    "held-gradients" (the measured step is a later micro-batch of an accumulated step: the gradients of the one
+    before are held, so the growth leaves them out, as it leaves out the weights)."""
     tier, arm, seq_len, batch_size, threads = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     load_arms(argv[5] if argv[5] != "-" else None)
     torch.set_num_threads(threads)
-    model = build(tier, arm, seq_len, whole_rows=argv[6:] == ["whole-rows"])
+    model = build(tier, arm, seq_len, whole_rows="whole-rows" in argv[6:])
+    held = "held-gradients" in argv[6:]
     idx, targets = batch(batch_size, seq_len, TIERS[tier].vocab_size)
     train_step(model, idx, targets)  # warm-up: lazy initialisation, kernel caches
-    model.zero_grad(set_to_none=True)
+    if not held:
+        model.zero_grad(set_to_none=True)
     before = reset_peak()
     start = time.perf_counter()
-    train_step(model, idx, targets)
+    if held:
+        model(idx, targets).loss.backward()  # accumulates into the held gradients
+    else:
+        train_step(model, idx, targets)
     step_s = time.perf_counter() - start
     growth = peak_growth_mib(before)
     print(json.dumps({"arm": arm, "seq_len": seq_len, "peak_growth_mib": growth, "rss_after_setup_mib": before / 1024,
@@ -255,7 +263,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="also profile each arm's ops against baseline")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke check")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
-    parser.add_argument("--memory-worker", nargs="+", help=argparse.SUPPRESS)  # 6 fields, "whole-rows" optional
+    parser.add_argument("--memory-worker", nargs="+", help=argparse.SUPPRESS)  # 6 fields, then flags
     args = parser.parse_args(argv)
     if args.memory_worker:
         memory_worker(args.memory_worker)

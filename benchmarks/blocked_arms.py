@@ -10,14 +10,19 @@ mask); `--whole-rows` adds stick-breaking on today's whole-row reference path (`
 lengths where it fits, for the step-time comparison.
 
 Memory: each (arm, T) runs in a fresh subprocess (benchmarks/arms.py's worker: glibc mmap threshold 64 KiB, heap
-trimmed, the kernel's high-water mark reset after one warm-up step): the peak resident growth of one training step
-(forward + backward, gradients included, no optimiser step). Load-independent. Step time: the same subprocess times
-the measured step (one thread); the machine is shared, so step times are indicative only.
+trimmed, the kernel's high-water mark reset after one warm-up step): the peak resident growth of one forward +
+backward as a later micro-batch of an accumulated step takes it, the gradients of the one before held (every tier
+from 10M up accumulates: its micro-batch is below its batch, so this is the step's peak). Load-independent.
 
 Predicted: the plan's predicted training-step peak for a CPU shape at the same length
 (`ablate.sizing.arm_memory_phases_gb`, device "cpu", float32, no CUDA context, margin 1: the model's estimate, as
-`ablate plan`'s peak GB), less what the measured growth leaves out: the weights and AdamW's two moments (12 bytes
-per parameter of the plan's 16; the gradients, 4, are in the growth).
+`ablate plan`'s peak GB), less what the measured growth leaves out: the weights, their gradients and AdamW's two
+moments (the plan's 16 bytes per parameter, all resident before the measured micro-batch).
+
+Step time: `--paired-rounds N` times, in one process and one thread, the baseline, each arm on the blocked path and
+stick-breaking on today's whole-row path (at the `--whole-rows` lengths) in rotating order for N rounds: the medians
+of the per-round ratios, robust to what else the machine runs. The memory subprocesses' single steps are timed too,
+minutes apart: indicative only.
 
 Largest T under 14 GB: the process's whole footprint (RSS after set-up + the step's peak growth + AdamW's two moments,
 8 bytes per parameter) fitted by the quadratic a + bT + cT² through the three measured lengths and solved for 14 GB;
@@ -29,14 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arms import load_arms, machine, machine_line, run_worker  # noqa: E402
+from arms import batch, build, load_arms, machine, machine_line, run_worker, train_step  # noqa: E402
 
+from ablate.arms import get_arm  # noqa: E402
 from ablate.sizing import OPTIMIZER_BYTES, arm_memory_phases_gb  # noqa: E402
 from ablate.tiers import TIERS  # noqa: E402
 
@@ -47,11 +55,11 @@ WHOLE_ROWS = "stick-breaking (whole rows)"
 
 
 def predicted_gb(tier_name: str, arm: str, seq_len: int, params: int) -> float:
-    """The plan's step estimate on a CPU shape (float32, batch 1), less the weights and AdamW's moments."""
+    """The plan's step estimate on a CPU shape (float32, batch 1), less the weights, gradients and AdamW's moments."""
     tier = replace(TIERS[tier_name], seq_len=seq_len)
     step = arm_memory_phases_gb(tier, 1, arm, device="cpu", precision="32-true", reserved_gb=0.0,
                                 margin=1.0)["train_step"]
-    return step - params * (OPTIMIZER_BYTES - 4) / 1e9
+    return step - params * OPTIMIZER_BYTES / 1e9
 
 
 def largest_t(lengths: list[int], footprints_gb: list[float], limit: float = LIMIT_GB) -> float | None:
@@ -72,9 +80,47 @@ def largest_t(lengths: list[int], footprints_gb: list[float], limit: float = LIM
 def measure(arm: str, tier: str, seq_len: int, threads: int) -> dict:
     whole = arm == WHOLE_ROWS
     name = "stick-breaking" if whole else arm
-    args = ["--memory-worker", tier, name, str(seq_len), "1", str(threads), str(WINDOW_ARM)]
+    args = ["--memory-worker", tier, name, str(seq_len), "1", str(threads), str(WINDOW_ARM), "held-gradients"]
     return run_worker(str(Path(__file__).resolve().parent / "arms.py"), args + (["whole-rows"] if whole else []),
                       threads)
+
+
+def paired_times(tier: str, arms: list[str], seq_len: int, rounds: int, whole_rows: bool) -> dict[str, dict]:
+    """Step times of `arms` (and, with `whole_rows`, each reference-path arm on the whole-row path, "ARM (whole
+    rows)") in this process, batch 1, one warm-up step each, then `rounds` rounds in rotating order: per model the
+    median step and the median of its per-round ratios to the baseline and, for a blocked arm timed beside its
+    whole-row twin, to that twin."""
+    models = {arm: build(tier, arm, seq_len) for arm in arms}
+    if whole_rows:
+        models.update({f"{arm} (whole rows)": build(tier, arm, seq_len, whole_rows=True)
+                       for arm in arms if get_arm(arm).path("cpu") == "reference"})
+    idx, targets = batch(1, seq_len, TIERS[tier].vocab_size)
+    for model in models.values():
+        train_step(model, idx, targets)
+    keys, times = list(models), {key: [] for key in models}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            start = time.perf_counter()
+            train_step(models[key], idx, targets)
+            times[key].append(time.perf_counter() - start)
+        print(f"  T={seq_len} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+
+    def ratio(key: str, other: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[key], times[other]))
+
+    return {key: {"median_s": statistics.median(times[key]), "vs_baseline": ratio(key, "baseline"),
+                  **({"vs_whole_rows": ratio(key, f"{key} (whole rows)")} if f"{key} (whole rows)" in times else {}),
+                  "times_s": [round(t, 3) for t in times[key]]} for key in keys}
+
+
+def paired_table(paired: dict[int, dict[str, dict]]) -> str:
+    lines = ["| T | arm | median step s | × baseline | blocked × whole rows |", "|---:|---|---:|---:|---:|"]
+    for seq_len, rows in paired.items():
+        for key, got in rows.items():
+            whole = got.get("vs_whole_rows")
+            lines.append(f"| {seq_len} | {key} | {got['median_s']:.2f} | {got['vs_baseline']:.2f} | "
+                         f"{'–' if whole is None else f'{whole:.2f}'} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -85,6 +131,9 @@ def main(argv=None) -> int:
     parser.add_argument("--whole-rows", type=int, nargs="*", default=[1024, 2048],
                         help="lengths at which stick-breaking's whole-row path runs too (none to skip)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--paired-rounds", type=int, default=0,
+                        help="time every arm in one process for N rotating rounds at the --whole-rows lengths, each "
+                             "reference-path arm beside its whole-row twin (0: skip)")
     parser.add_argument("--quick", action="store_true", help="smoke tier, T 64 128 256")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
@@ -93,6 +142,20 @@ def main(argv=None) -> int:
     load_arms(str(WINDOW_ARM))
     info = machine()
     print(machine_line(info), flush=True)
+    paired = {seq_len: paired_times(args.tier, args.arms, seq_len, args.paired_rounds, whole_rows=True)
+              for seq_len in (args.whole_rows if args.paired_rounds else [])}
+    if paired:
+        print(paired_table(paired), flush=True)
+    rows = memory_rows(args)
+    print(table(rows, args.seq_lens))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "tier": args.tier, "rows": rows, "paired": paired},
+                                              indent=2))
+    return 0
+
+
+def memory_rows(args) -> dict[str, dict]:
+    """Each (arm, T) in its own subprocess (`measure`), with the plan's prediction and the process's footprint."""
     rows: dict[str, dict] = {}
     for seq_len in args.seq_lens:
         for arm in args.arms + ([WHOLE_ROWS] if seq_len in args.whole_rows else []):
@@ -104,10 +167,7 @@ def main(argv=None) -> int:
             rows.setdefault(arm, {})[seq_len] = got
             print(f"  {arm} T={seq_len}: {got['peak_gb']:.3f} GB (predicted {got.get('predicted_gb', math.nan):.3f}, "
                   f"footprint {got['footprint_gb']:.3f}), {got['step_s']:.1f} s", file=sys.stderr, flush=True)
-    print(table(rows, args.seq_lens))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "tier": args.tier, "rows": rows}, indent=2))
-    return 0
+    return rows
 
 
 def table(rows: dict[str, dict], lengths: list[int]) -> str:
