@@ -155,7 +155,8 @@ def test_the_renderers_and_the_report_ask_a_kind_s_attributes_never_its_name():
     """No comparison of a kind's name (`table.kind == "losses"`) and no table looked up by a kind's name
     (`ctx.tables["paired"]`) in the modules that lay out and write the tables, and build_table is handed the kind
     itself by every caller in the library."""
-    readers = [REPO / "ablate" / "analysis" / f for f in ("render.py", "report.py", "lr_report.py", "tuned.py")]
+    readers = [REPO / "ablate" / "analysis" / f for f in ("render.py", "report.py", "lr_report.py", "tuned.py",
+                                                          "hypotheses.py")]
     for path in [*readers, REPO / "ablate" / "cli" / "analysis.py"]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -171,6 +172,23 @@ def test_the_renderers_and_the_report_ask_a_kind_s_attributes_never_its_name():
                 kind = node.args[1]
                 assert not isinstance(kind, ast.Constant) and getattr(kind, "attr", None) != "name", \
                     f"{path.name}:{node.lineno} hands build_table a kind's name"
+
+
+@pytest.mark.unit
+def test_a_row_s_two_arms_are_read_by_the_kind_s_pairs_attribute():
+    """Holm's family and the diverged-seed count match a row to its two arms by its kind's `pairs`, not its name: a
+    new kind that pairs like the paired table is matched as it is."""
+    from ablate.analysis.hypotheses import row_pair
+    from ablate.analysis.kinds import REFERENCE_ARM, TableKind
+    from ablate.analysis.tables import Table
+
+    mine = TableKind("mine-vs-reference", "t", "e", "h", pairs=REFERENCE_ARM)
+    assert mine.row_pair("baseline", {"arm": "sink-logit"}) == ("baseline", "sink-logit")
+    assert get_kind("increments").row_pair(None, {"quantity": "zero_option"}) == ("baseline", "sink-logit")
+    assert get_kind("declared").row_pair(None, {"minuend": "a", "subtrahend": "b"}) == ("a", "b")
+    assert get_kind("losses").row_pair("baseline", {"arm": "x"}) is None
+    table = Table(kind="paired", key="arm", frame=None, name="x", reference="baseline", missing=None, excluded=None)
+    assert row_pair(table, {"arm": "g1"}) == ("baseline", "g1")
 
 
 @pytest.mark.unit

@@ -26,10 +26,10 @@ from typing import Mapping
 
 import polars as pl
 
+from ablate.analysis.kinds import get_kind
 from ablate.analysis.load import RunFolders
 from ablate.analysis.runs import Runs, sort_runs
 from ablate.analysis.stats import STAT_COLUMNS, holm, paired_differences, summarise
-from ablate.increments import INCREMENTS
 from ablate.design import DesignState, design_state
 from ablate.analysis.tables import (EXPLORATORY, MARK_NOTES, Table, _skip_note, _table, add_mark,
                                     is_pipeline_check)
@@ -327,14 +327,8 @@ def _decision(part: pl.DataFrame, design: dict) -> dict:
 
 
 def row_pair(table: Table, row: dict) -> tuple[str, str] | None:
-    """(minuend, subtrahend) of a row: the reference and the arm, an increment's two arms, or None."""
-    if table.kind == "paired":
-        return table.reference, row["arm"]
-    if table.kind == "increments":
-        return INCREMENTS[row["quantity"]]
-    if table.kind == DECLARED:
-        return row["minuend"], row["subtrahend"]
-    return None
+    """(minuend, subtrahend) of a row, as its kind's rows name them (`TableKind.pairs`), or None."""
+    return get_kind(table.kind).row_pair(table.reference, row)
 
 
 def adjust_over_family(table: Table, family: Table) -> Table:
@@ -389,7 +383,7 @@ def count_diverged(table: Table, runs: Runs) -> Table:
     """Per row the seeds where one of its two arms diverged (column `diverged`, mark and note): dropping them
     must not pass unseen, since it removes the unstable arm's worst seeds from its mean."""
     gone = runs.frame.filter(pl.col("status") == "diverged")
-    if table.kind not in ("paired", "increments", DECLARED) or gone.is_empty():
+    if not get_kind(table.kind).pairs or gone.is_empty():
         return table
     counts, arms_gone, notes = [], [], []
     for row in table.frame.iter_rows(named=True):

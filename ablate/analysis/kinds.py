@@ -44,6 +44,11 @@ SHAPES = {
     OWN: "not a `Table`: its own renderer lays it out (the scale model, the LR sweep)",
 }
 
+# How a row of a kind's table names the two arms it compares (`TableKind.pairs`, read by `TableKind.row_pair`):
+# the table's reference and the row's arm, the row's increment's two arms, the row's minuend and subtrahend; a kind
+# without one ("") has no row that a declared comparison or a diverged arm can be matched to.
+REFERENCE_ARM, INCREMENT, MINUEND_SUBTRAHEND = "reference-arm", "increment", "minuend-subtrahend"
+
 
 @dataclass(frozen=True)
 class TableKind:
@@ -60,6 +65,9 @@ class TableKind:
     lists name one row ({tier}, {key}: the row's arm or quantity, {reference}, {description}), `forest` (its table
     is the report's forest plot, and its reference the one the report's curves and downstream tables pair
     against) and `crossover` (the report finds the crossover on its rows).
+
+    How its rows pair arms: `pairs` (REFERENCE_ARM, INCREMENT, MINUEND_SUBTRAHEND or ""): Holm's family and the
+    diverged-seed count match a row to its two arms by it.
 
     How it is made and written: `shape` (SHAPES: the layout `ablate.analysis.render.render` gives its table),
     `builder` (runs, reference, declared) -> its table and `renderer` (table, fmt) -> text, given here or
@@ -84,6 +92,7 @@ class TableKind:
     forest: bool = False
     crossover: bool = False
     shape: str = DIFFERENCE
+    pairs: str = ""
     builder: Builder | None = field(default=None, compare=False, repr=False)
     renderer: Renderer | None = field(default=None, compare=False, repr=False)
 
@@ -104,6 +113,16 @@ class TableKind:
                               "renderer) in a module that build_table's module imports, or give the kind its "
                               "builder and renderer")
         return kind.builder, kind.renderer
+
+    def row_pair(self, reference: str | None, row: dict) -> tuple[str, str] | None:
+        """(minuend, subtrahend) of one row of this kind's table (`pairs`), or None."""
+        if self.pairs == REFERENCE_ARM:
+            return reference, row["arm"]
+        if self.pairs == INCREMENT:
+            return INCREMENTS[row["quantity"]]
+        if self.pairs == MINUEND_SUBTRAHEND:
+            return row["minuend"], row["subtrahend"]
+        return None
 
     def effect_name(self, row: dict, key: str, reference: str | None) -> str:
         """How the report's lists name one row of this kind's table."""
@@ -209,14 +228,14 @@ register_kind(TableKind(
     "paired differences of every arm against --reference (default baseline)",
     metric_explain="Δ = {gain} per seed; positive: the arm is better", takes_reference=True, paired_seed=True,
     family="the arms of one tier against the reference", tunable=True, by_item=True, in_report=True,
-    effect="{tier} {key} vs {reference}", forest=True))
+    effect="{tier} {key} vs {reference}", forest=True, pairs=REFERENCE_ARM))
 register_kind(TableKind(
     "increments", "Zero-option and filtering increments",
     f"{_INCREMENT_TERMS}; positive: the quantity lowers the loss",
     "the zero-option and filtering increments",
     metric_explain=f"{_INCREMENT_TERMS}, each a difference of m = {{m}}; positive: the quantity improves {{s}}",
     fixed=_INCREMENT_TERMS, paired_seed=True, family="the increments of one tier", tunable=True, in_report=True,
-    effect="{tier} {key} ({description})", crossover=True))
+    effect="{tier} {key} ({description})", crossover=True, pairs=INCREMENT))
 register_kind(TableKind(
     "overlap", "2×2 overlap of sink-logit with each value gate",
     f"overlap = g_sink + g_gate − g_both per seed, gains g against baseline ({_GATE_TERMS}); positive: together "
@@ -239,7 +258,8 @@ register_kind(TableKind(
     "Δ = L_minuend − L_subtrahend per seed for each comparison the experiment declares; positive: the subtrahend "
     "lowers the loss",
     "the experiment's declared comparisons (p_holm over that family)",
-    fixed="the declared comparisons' arms", takes_metric=False, tunable=True, in_report=True, needs_declared=True))
+    fixed="the declared comparisons' arms", takes_metric=False, tunable=True, in_report=True, needs_declared=True,
+    pairs=MINUEND_SUBTRAHEND))
 register_kind(TableKind(
     "scale", "Scale model: slopes per decade of parameters and crossings",
     "slope of each paired difference against log10 of the tier's nominal non-embedding parameters, per decade "
