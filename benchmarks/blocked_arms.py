@@ -126,7 +126,8 @@ def paired_table(paired: dict[int, dict[str, dict]]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", default="10M")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--seq-lens", type=int, nargs="*", default=[1024, 2048, 4096],
+                        help="lengths of the memory rows (none: only the paired step times)")
     parser.add_argument("--arms", nargs="+", default=ARMS)
     parser.add_argument("--whole-rows", type=int, nargs="*", default=[1024, 2048],
                         help="lengths at which stick-breaking's whole-row path runs too (none to skip)")
@@ -147,7 +148,8 @@ def main(argv=None) -> int:
     if paired:
         print(paired_table(paired), flush=True)
     rows = memory_rows(args)
-    print(table(rows, args.seq_lens))
+    if rows:
+        print(table(rows, args.seq_lens))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "tier": args.tier, "rows": rows, "paired": paired},
                                               indent=2))
