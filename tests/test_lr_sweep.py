@@ -311,7 +311,8 @@ EXPERIMENT = Experiment(name="diverging", tiers=("smoke",), arms=("baseline",), 
 def test_a_run_diverging_at_the_top_lr_is_an_outcome_shown_and_never_retried(tmp_path, sample_data):
     (tmp_path / "diverging.py").write_text(SWEEP_FILE)
     common = ["--results", tmp_path / "res"]
-    submit = ["submit", tmp_path / "diverging.py", "--sweep", "--executor", "local", "--data", sample_data, *common]
+    submit = ["submit", tmp_path / "diverging.py", "--sweep", "--executor", "local", "--parallel", "1",  # one worker
+              "--data", sample_data, *common]
     ablate_cli(*submit, check=False)
     status = json.loads(ablate_cli("status", tmp_path / "diverging.py", "--sweep", "--json", *common).stdout)
     states = {r["lr_factor"]: r["state"] for r in status["runs"]}
