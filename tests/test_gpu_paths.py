@@ -62,8 +62,9 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     copies = []
     monkeypatch.setattr(train_module, "copy_in", lambda batch, device: copies.append(batch.shape) or batch)
     watched = {"log_interval": 5, "checkpoint_interval": 7}  # boundaries that fall apart from the steps
-    every = train(tmp_path / "step", data=sample_data, host_sync="step", **watched)
-    batched = train(tmp_path / "log", data=sample_data, host_sync="log", **watched)
+    short = {"final_val_tokens": 512}  # the same shorter final evaluation in both runs
+    every = train(tmp_path / "step", data=sample_data, overrides=short, host_sync="step", **watched)
+    batched = train(tmp_path / "log", data=sample_data, overrides=short, host_sync="log", **watched)
     assert every.status == batched.status == "completed"
     assert (every.loss_read_every, batched.loss_read_every) == (1, 5)
     assert rows_of(tmp_path / "step") == rows_of(tmp_path / "log")  # every train_loss, grad_norm, lr, val_loss
