@@ -2,7 +2,8 @@
 `ATEN_CPU_CAPABILITY` chose before torch loaded; print or record what it gives.
 
 Why a script: torch picks its CPU kernel set once, at import, so each kernel set needs its own process
-(`tests/test_kernel_sets.py` starts one per set). Usage (from the repository root):
+(`tests/test_kernel_sets.py` replays the machine's own set in the test's process, `replay_here`, and starts one
+per other set). Usage (from the repository root):
 
     ATEN_CPU_CAPABILITY=avx2 .venv/bin/python tests/kernel_replay.py DATA_DIR OUT.json   # one replay
     .venv/bin/python tests/kernel_replay.py --record DATA_DIR       # re-record every set this CPU offers
@@ -91,10 +92,30 @@ def replay(data_dir: Path, results: Path) -> dict:
     return out
 
 
+def replay_here(data_dir: Path, workdir: Path) -> dict:
+    """`replay` in this process, on one thread, under the kernel set this process's torch runs (with no
+    ATEN_CPU_CAPABILITY, the machine's own): its number of threads put back afterwards."""
+    import torch
+
+    threads, saved = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        with tempfile.TemporaryDirectory(dir=workdir) as results:
+            return replay(data_dir, Path(results))
+    finally:
+        torch.set_num_threads(threads)
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
 def replay_in_subprocess(kernel_set: str, data_dir: Path, workdir: Path, threads: int = 1) -> dict:
     """`replay` in a fresh process with ATEN_CPU_CAPABILITY=kernel_set (torch reads it once, at import)."""
     out = workdir / f"{kernel_set}-{threads}.json"
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel_set, "OMP_NUM_THREADS": str(threads)}
+    from ablate.workers import cpu_training_env  # a training process's environment, as a local worker's
+
+    env = {**cpu_training_env(), "ATEN_CPU_CAPABILITY": kernel_set, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run([sys.executable, __file__, str(data_dir), str(out)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     if done.returncode != 0:

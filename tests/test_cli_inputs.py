@@ -75,6 +75,7 @@ def test_a_local_submit_trains_an_arm_from_a_module_beside_the_experiment(tmp_pa
     """The local worker processes re-import the experiment file (as a SLURM task does): the module beside it
     is found there too, from a working folder that is not the experiment's."""
     path = experiments_folder(tmp_path)
+    path.write_text(EXPERIMENT.replace('"max_steps": 2', '"max_steps": 2, "val_tokens": 512, "final_val_tokens": 512'))
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     results = tmp_path / "results"

@@ -17,8 +17,10 @@ EXPERIMENT = '''
 from ablate.experiment import Experiment
 
 EXPERIMENT = Experiment(name="dp_grid", tiers=("smoke",), arms=("baseline",), seeds=2,
-                        overrides={{"max_steps": 3, "devices": 2, "data_dir": {data!r}}})
+                        overrides={{"max_steps": 3, "devices": 2, "data_dir": {data!r}, "val_tokens": 512,
+                                   "final_val_tokens": 512}})
 '''
+EVALUATION = {"val_tokens": 512, "final_val_tokens": 512}  # 8 windows: the one-process loss is evaluated alike
 
 
 def test_a_local_two_process_grid_trains_each_run_once_to_the_one_process_loss(tmp_path, sample_data):
@@ -34,7 +36,7 @@ def test_a_local_two_process_grid_trains_each_run_once_to_the_one_process_loss(t
     assert all(ledger.runs[f"smoke/baseline/seed{k}"].exit_code == 0 for k in (0, 1))
     for seed in (0, 1):
         two = read_json(run_dir(results, "dp_grid", "smoke", "baseline", seed) / "summary.json")
-        one = run(RunSpec("dp_grid", "smoke", "baseline", seed, {"max_steps": 3}), tmp_path / "one",
+        one = run(RunSpec("dp_grid", "smoke", "baseline", seed, {"max_steps": 3, **EVALUATION}), tmp_path / "one",
                   data_dir=str(sample_data), progress=False, threads=1)
         assert two["status"] == "completed" and two["steps"] == 3, json.dumps(two)[:500]
         assert abs(one.val_loss - two["val_loss"]) < 1e-4, (seed, one.val_loss, two["val_loss"])
@@ -85,6 +87,6 @@ def test_a_two_process_run_on_slurm_is_two_tasks_that_lightning_joins(tmp_path, 
     assert read_json(folder / "config.json")["devices"] == 2
     assert "MEMBER: 1/2" in logs and "MEMBER: 2/2" in logs  # two processes of one world, not two runs
     assert "in use by" not in logs
-    one = run(RunSpec("dp_slurm", "smoke", "baseline", 0, {"max_steps": 3}), tmp_path / "one",
+    one = run(RunSpec("dp_slurm", "smoke", "baseline", 0, {"max_steps": 3, **EVALUATION}), tmp_path / "one",
               data_dir=str(sample_data), progress=False, threads=1)
     assert abs(one.val_loss - read_json(folder / "summary.json")["val_loss"]) < 1e-4

@@ -82,33 +82,6 @@ def test_a_bad_mark_is_refused_naming_the_valid_ones():
         replace(FilterTask(), mark="parity")
 
 
-def filter_experiment(folder: Path, steps: int) -> Path:
-    path = folder / "fsmall.py"
-    path.write_text("from ablate.experiment import Experiment\n"
-                    "EXPERIMENT = Experiment(name='fsmall', tiers=('filter-norm', 'filter-direction'), "
-                    f"arms=('baseline', 'norm-gate', 'proj-gate'), seeds=1, overrides={{'steps': {steps}}})\n")
-    return path
-
-
-@pytest.mark.system
-def test_a_filter_run_records_its_signature(tmp_path, capsys):
-    argv = [str(filter_experiment(tmp_path, 12)), "--results", str(tmp_path / "r")]
-    assert main(["submit", *argv, "--tier", "filter-norm", "--arms", "baseline", "norm-gate", "--executor", "local",
-                 "--parallel", "1"]) == 0
-    runs = tmp_path / "r" / "fsmall" / "filter-norm"
-    base, gated = (json.loads((runs / arm / "seed0" / "summary.json").read_text()) for arm in ("baseline", "norm-gate"))
-    assert base["steps"] == 12 and base["absent_accuracy"] is None
-    assert base["signature"]["gate_junk"] is None and base["signature"]["junk_weight"] == base["signature"]["junk_mass"]
-    assert 0 < gated["signature"]["gate_junk"] < 1 and 0 < gated["signature"]["gate_clean"] < 1
-    assert gated["signature"]["junk_weight"] < gated["signature"]["junk_mass"]  # the gate takes its share
-    assert all(0 < s["signature"]["junk_mass"] < 1 and s["signature"]["output_norm"] > 0 for s in (base, gated))
-    evaluated = json.loads((runs / "baseline" / "seed0" / "eval.json").read_text())["tasks"]["filter"]["metrics"]
-    assert "junk_mass" in evaluated and "gate_junk" not in evaluated  # an arm without a gate has none to pair
-    capsys.readouterr()
-    assert main(["table", *argv, "--metric", "filter/junk_weight"]) == 0
-    assert "| filter-norm | norm-gate | 1 |" in capsys.readouterr().out
-
-
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "experiments" / "testbed_v1.py"  # the first testbed, whose tiers these are
 
@@ -164,15 +137,46 @@ def test_the_testbed_runs_each_task_s_arms():
     assert "abstain_sink_logit" in declared["synthetic"] and not declared["synthetic"] & declared["filter-norm"]
 
 
-@pytest.mark.system
-def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def filter_grid(tmp_path_factory) -> tuple[Path, Path]:
+    """(experiment file, results folder) of the first testbed's filter-norm grid, every arm there (baseline, norm-gate,
+    proj-gate) × 2 seeds at STEPS steps, submitted once (`--executor local`, one worker) for the tests below."""
+    folder = tmp_path_factory.mktemp("tb_filter")
     text = TESTBED.read_text().replace('name="testbed_v1"', 'name="tb_filter"').replace(
-        "seeds=5,", 'seeds=2, overrides={"steps": 15, "val_interval": 5},')
-    (tmp_path / "tb_filter.py").write_text(text)
-    argv = [str(tmp_path / "tb_filter.py"), "--results", str(tmp_path / "r")]
-    assert main(["submit", *argv, "--tier", "filter-norm", "--executor", "local", "--parallel", "1"]) == 0
-    summaries = sorted((tmp_path / "r" / "tb_filter").glob("*/*/seed*/summary.json"))
-    assert [p.relative_to(tmp_path / "r" / "tb_filter").parts[:2] for p in summaries[::2]] == [
+        "seeds=5,", f'seeds=2, overrides={{"steps": {STEPS}, "val_interval": 5}},')
+    (folder / "tb_filter.py").write_text(text)
+    results = folder / "r"
+    assert main(["submit", str(folder / "tb_filter.py"), "--results", str(results), "--tier", "filter-norm",
+                 "--executor", "local", "--parallel", "1"]) == 0
+    return folder / "tb_filter.py", results
+
+
+@pytest.mark.system
+def test_a_filter_run_records_its_signature(filter_grid, capsys):
+    experiment, results = filter_grid
+    runs = results / "tb_filter" / "filter-norm"
+    base, gated = (json.loads((runs / arm / "seed0" / "summary.json").read_text()) for arm in ("baseline", "norm-gate"))
+    assert base["steps"] == STEPS and base["absent_accuracy"] is None
+    assert base["signature"]["gate_junk"] is None and base["signature"]["junk_weight"] == base["signature"]["junk_mass"]
+    assert 0 < gated["signature"]["gate_junk"] < 1 and 0 < gated["signature"]["gate_clean"] < 1
+    assert gated["signature"]["junk_weight"] < gated["signature"]["junk_mass"]  # the gate takes its share
+    assert all(0 < s["signature"]["junk_mass"] < 1 and s["signature"]["output_norm"] > 0 for s in (base, gated))
+    evaluated = json.loads((runs / "baseline" / "seed0" / "eval.json").read_text())["tasks"]["filter"]["metrics"]
+    assert "junk_mass" in evaluated and "gate_junk" not in evaluated  # an arm without a gate has none to pair
+    capsys.readouterr()
+    assert main(["table", str(experiment), "--results", str(results), "--metric", "filter/junk_weight"]) == 0
+    assert "| filter-norm | norm-gate | 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.system
+def test_a_filter_tier_trains_end_to_end_through_the_testbed(filter_grid, capsys):
+    experiment, results = filter_grid
+    argv = [str(experiment), "--results", str(results)]
+    summaries = sorted((results / "tb_filter").glob("*/*/seed*/summary.json"))
+    assert [p.relative_to(results / "tb_filter").parts[:2] for p in summaries[::2]] == [
         ("filter-norm", arm) for arm in ("baseline", "norm-gate", "proj-gate")] and len(summaries) == 6
     capsys.readouterr()
     assert main(["table", *argv, "--kind", "declared"]) == 0
@@ -182,9 +186,9 @@ def test_a_filter_tier_trains_end_to_end_through_the_testbed(tmp_path, capsys):
     assert main(["table", *argv, "--metric", "filter/gate_junk", "--reference", "norm-gate"]) == 0
     assert "| filter-norm | proj-gate | 2 |" in capsys.readouterr().out  # the gates pair with each other
     assert main(["report", *argv]) == 0
-    text = (tmp_path / "r" / "tb_filter" / "report" / "summary.md").read_text().split("## Mechanism testbed")[1]
+    text = (results / "tb_filter" / "report" / "summary.md").read_text().split("## Mechanism testbed")[1]
     assert "Task filter-norm" in text and "| proj-gate | " in text and "gate_junk" in text
-    assert (tmp_path / "r" / "tb_filter" / "report" / "testbed_filter-norm.png").stat().st_size > 10_000
+    assert (results / "tb_filter" / "report" / "testbed_filter-norm.png").stat().st_size > 10_000
 
 
 @pytest.mark.unit

@@ -62,8 +62,9 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     copies = []
     monkeypatch.setattr(train_module, "copy_in", lambda batch, device: copies.append(batch.shape) or batch)
     watched = {"log_interval": 5, "checkpoint_interval": 7}  # boundaries that fall apart from the steps
-    every = train(tmp_path / "step", data=sample_data, host_sync="step", **watched)
-    batched = train(tmp_path / "log", data=sample_data, host_sync="log", **watched)
+    short = {"final_val_tokens": 512}  # the same shorter final evaluation in both runs
+    every = train(tmp_path / "step", data=sample_data, overrides=short, host_sync="step", **watched)
+    batched = train(tmp_path / "log", data=sample_data, overrides=short, host_sync="log", **watched)
     assert every.status == batched.status == "completed"
     assert (every.loss_read_every, batched.loss_read_every) == (1, 5)
     assert rows_of(tmp_path / "step") == rows_of(tmp_path / "log")  # every train_loss, grad_norm, lr, val_loss
@@ -220,8 +221,9 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
 
 @pytest.mark.run
 def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, sample_data):
-    half = train(tmp_path / "bf16", "combo", steps=6, data=sample_data, precision="bf16-mixed")
-    full = train(tmp_path / "fp32", "combo", steps=6, data=sample_data)
+    short = {"final_val_tokens": 512}  # the final val_loss over 512 tokens: a bf16 evaluation on a CPU is slow
+    half = train(tmp_path / "bf16", "combo", steps=6, data=sample_data, overrides=short, precision="bf16-mixed")
+    full = train(tmp_path / "fp32", "combo", steps=6, data=sample_data, overrides=short)
     assert half.status == full.status == "completed"
     assert half.config_fingerprint != full.config_fingerprint
     losses = [[r["train_loss"] for r in rows_of(tmp_path / p, "combo") if "train_loss" in r] for p in ("bf16", "fp32")]

@@ -1,4 +1,6 @@
-"""The recorded smoke run replayed under every CPU kernel set this machine offers, each in its own process.
+"""The recorded smoke run replayed under every CPU kernel set this machine offers, each in a process of its own:
+the machine's own set in the test's process (what a run gets with no ATEN_CPU_CAPABILITY), every other set in a
+fresh one (torch reads ATEN_CPU_CAPABILITY once, at import).
 
 A bitwise claim holds within one kernel set on one machine kind: the machine's own set replays the record bit
 for bit (`test_cpu_results_are_bitwise_those_of_the_recorded_run`). Across kernel sets the same run rounds
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from datafix import REPO
-from kernel_replay import (FINGERPRINTS, kernel_sets_offered, machine_kind, recorded_numbers,
+from kernel_replay import (FINGERPRINTS, kernel_sets_offered, machine_kind, recorded_numbers, replay_here,
                            replay_in_subprocess)
 
 # Max |Δ loss| over the 30 recorded steps and the final validation loss, between any two kernel sets or
@@ -37,8 +39,12 @@ def max_difference(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def replays(sample_data, tmp_path_factory):
+    """Per kernel set offered, the replay's numbers: this process's own set replayed here (starting Python and torch
+    again would cost seconds and give the same numbers), each other set in a process of its own."""
     work = tmp_path_factory.mktemp("replays")
-    return {kernel_set: replay_in_subprocess(kernel_set, sample_data, work) for kernel_set in kernel_sets_offered()}
+    here = torch.backends.cpu.get_cpu_capability().lower()
+    return {kernel_set: replay_here(sample_data, work) if kernel_set == here else
+            replay_in_subprocess(kernel_set, sample_data, work) for kernel_set in kernel_sets_offered()}
 
 
 @pytest.mark.unit

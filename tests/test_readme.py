@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from datafix import REPO, ablate_on_path
+from datafix import REPO, ablate_cli, ablate_on_path
 
 PAGES = ("cluster", "trust", "power", "lr-sweeps", "testbed", "probes", "evals", "run-options", "gpu", "results",
          "architecture")  # the README's topics, one docs/ page each (docs/method.md beside them)
@@ -183,14 +183,17 @@ def test_the_readme_s_submit_preview_runs_as_written_and_needs_the_profile_copie
     def sh(line):
         return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
-    before = sh(lines[2])  # without the copied profile: refused, one line naming the profiles there are
+    def here(line):  # the same `ablate` command in this process (the preview itself runs as typed, below)
+        return ablate_cli(*shlex.split(line)[1:], cwd=tmp_path, check=False)
+
+    before = here(lines[2])  # without the copied profile: refused, one line naming the profiles there are
     assert (before.returncode != 0 and "unknown profile 'mycluster'" in before.stderr
             and "Traceback" not in before.stderr)
     for line in lines[:3]:
-        result = sh(line)
+        result = here(line) if line.startswith("ablate plan") else sh(line)
         assert result.returncode == 0, (line, result.stderr[-2000:])
     assert "27 of 27 runs would be submitted" in result.stdout and "124M/combo2/seed2" in result.stdout
-    refused = sh(lines[4])  # the real dry run: refused until FineWeb-Edu is prepared
+    refused = here(lines[4])  # the real dry run: refused until FineWeb-Edu is prepared
     assert refused.returncode != 0 and "ablate data prepare" in refused.stderr
 
 

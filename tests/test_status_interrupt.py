@@ -43,20 +43,28 @@ def ctrl_c_after_first_step(args, folder, release: Path | None = None) -> tuple[
     return process.returncode, err
 
 
-def held_arm_file(folder, run_folder, release) -> str:
-    """A file registering `held-baseline`: the baseline, held once the run in `run_folder` has written its first
+STEPS = 8  # the held arm below makes Ctrl-C land before the last step: a few steps are enough
+
+
+def held_arm_source(run_folder, release) -> str:
+    """Python registering `held-baseline`: the baseline, held once the run in `run_folder` has written its first
     step's row until `ctrl_c_after_first_step` has sent Ctrl-C and created `release`, so that Ctrl-C lands
     before the last step however loaded the machine is; once `release` exists, the plain baseline."""
+    return ("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
+            f"RUN, RELEASE = Path({str(run_folder)!r}), Path({str(release)!r})\n\n\n"
+            "@register_arm('held-baseline')\nclass HeldBaseline(Arm):\n"
+            "    def output_gate(self, o, x):\n"
+            "        metrics, deadline = RUN / 'metrics.jsonl', time.time() + 120\n"
+            "        while (not RELEASE.exists() and metrics.exists()\n"
+            "               and 'train_loss' in metrics.read_text() and time.time() < deadline):\n"
+            "            time.sleep(0.01)\n"
+            "        return o\n")
+
+
+def held_arm_file(folder, run_folder, release) -> str:
+    """A file registering `held-baseline` (`held_arm_source`)."""
     file = folder / "slow_arm.py"
-    file.write_text("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
-                    f"RUN, RELEASE = Path({str(run_folder)!r}), Path({str(release)!r})\n\n\n"
-                    "@register_arm('held-baseline')\nclass HeldBaseline(Arm):\n"
-                    "    def output_gate(self, o, x):\n"
-                    "        metrics, deadline = RUN / 'metrics.jsonl', time.time() + 120\n"
-                    "        while (not RELEASE.exists() and metrics.exists()\n"
-                    "               and 'train_loss' in metrics.read_text() and time.time() < deadline):\n"
-                    "            time.sleep(0.01)\n"
-                    "        return o\n")
+    file.write_text(held_arm_source(run_folder, release))
     return str(file)
 
 
@@ -71,43 +79,43 @@ def dry_run_of_hint(line: str) -> tuple[list[str], str]:
 def test_ctrl_c_stops_a_local_grid_with_a_checkpoint_and_the_next_submit_resumes_it(tmp_path, sample_data):
     """…and each hint printed on the way (by the interrupted submit, by status) resumes exactly the runs the
     interrupted submit chose (--arms), where it ran them (--executor local), nothing else."""
-    file = tmp_path / "stopme.py"
+    results, file, release = tmp_path / "results", tmp_path / "stopme.py", tmp_path / "ctrl-c-sent"
+    first, second = (run_dir(results, "stopme", "smoke", arm, 0) for arm in ("held-baseline", "sink-logit"))
     file.write_text(
-        "from ablate.experiment import Experiment\n"
-        "EXPERIMENT = Experiment(name='stopme', tiers=['smoke'], arms=['baseline', 'sink-logit', 'off-by-one'],\n"
-        "    seeds=1,\n"
-        f"    overrides={{'max_steps': 40, 'data_dir': {str(sample_data)!r}}})\n")
-    results = tmp_path / "results"
-    first, second = (run_dir(results, "stopme", "smoke", arm, 0) for arm in ("baseline", "sink-logit"))
-    chosen = ["--arms", "baseline", "sink-logit"]
+        held_arm_source(first, release) +
+        "\nfrom ablate.experiment import Experiment\n"
+        "EXPERIMENT = Experiment(name='stopme', tiers=['smoke'], arms=['held-baseline', 'sink-logit', 'off-by-one'],\n"
+        "    seeds=1, overrides={'max_steps': %d, 'data_dir': %r, 'val_tokens': 512, 'final_val_tokens': 512})\n"
+        % (STEPS, str(sample_data)))
+    chosen = ["--arms", "held-baseline", "sink-logit"]
     code, err = ctrl_c_after_first_step(["submit", file, "--executor", "local", *chosen, "--parallel", "1",
-                                         "--results", results], first)
+                                         "--results", results], first, release)
     assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
     assert len(told) == 1 and told[0].startswith("ablate: interrupted: 1 run(s) stopped at a step boundary"), err
-    assert "smoke/baseline/seed0" in told[0] and "resumes" in told[0]
+    assert "smoke/held-baseline/seed0" in told[0] and "resumes" in told[0]
     listed, preview = dry_run_of_hint(told[0])  # the stopped run and the one not started, not off-by-one
-    assert listed == ["smoke/baseline/seed0", "smoke/sink-logit/seed0"] and "resources per run" not in preview
+    assert listed == ["smoke/held-baseline/seed0", "smoke/sink-logit/seed0"] and "resources per run" not in preview
     # the interrupted run stopped at a step boundary with a checkpoint; the other run never started
     summary = read_json(first / "summary.json")
-    assert (first / "checkpoints" / "state.pt").exists() and 1 <= summary["steps"] < 40
+    assert (first / "checkpoints" / "state.pt").exists() and 1 <= summary["steps"] < STEPS
     assert "checkpointed at step" in (first / "run.log").read_text()
     assert not (second / "config.json").exists() and not (second / "metrics.jsonl").exists()
     rows = {r["arm"]: r for r in json.loads(ablate_cli("status", file, "--results", results, "--json").stdout)["runs"]}
-    assert rows["baseline"]["state"] == "cancelled" and "ablate submit" in rows["baseline"]["error"]
-    assert rows["baseline"]["eta_s"] is None and rows["sink-logit"]["state"] == "not-submitted"
+    assert rows["held-baseline"]["state"] == "cancelled" and "ablate submit" in rows["held-baseline"]["error"]
+    assert rows["held-baseline"]["eta_s"] is None and rows["sink-logit"]["state"] == "not-submitted"
     shown = ablate_cli("status", file, "--results", results).stdout
     assert "cancelled: 1" in shown and "resume from their last checkpoint" in shown
     hint = next(line for line in shown.splitlines() if line.startswith("cancelled runs resume"))
     listed, preview = dry_run_of_hint(hint)  # the cancelled run, run here again (a SLURM dry run lists resources)
-    assert listed == ["smoke/baseline/seed0"] and "resources per run" not in preview, hint
+    assert listed == ["smoke/held-baseline/seed0"] and "resources per run" not in preview, hint
     # the next submit resumes the interrupted run from its checkpoint and runs the rest
     again = ablate_cli("submit", file, "--executor", "local", *chosen, "--parallel", "1", "--results", results)
     assert "ran 2 runs here, 0 failed" in again.stdout
-    assert f"resuming at step {summary['steps']} of 40" in (first / "run.log").read_text()
+    assert f"resuming at step {summary['steps']} of {STEPS}" in (first / "run.log").read_text()
     rows = json.loads(ablate_cli("status", file, *chosen, "--results", results, "--json").stdout)["runs"]
-    assert [r["state"] for r in rows] == ["completed", "completed"] and all(r["steps"] == 40 for r in rows)
+    assert [r["state"] for r in rows] == ["completed", "completed"] and all(r["steps"] == STEPS for r in rows)
 
 
 def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sample_data):
@@ -116,7 +124,7 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     results = tmp_path / "results"
     folder, release = run_dir(results, "adhoc", "smoke", "held-baseline", 0), tmp_path / "ctrl-c-sent"
     arm_file = held_arm_file(tmp_path, folder, release)
-    command = ["run", "--tier", "smoke", "--arm", "held-baseline", "--arm-file", arm_file, "--max-steps", "40",
+    command = ["run", "--tier", "smoke", "--arm", "held-baseline", "--arm-file", arm_file, "--max-steps", STEPS,
                "--data", sample_data, "--no-progress", "--threads", "1", "--results", results]
     code, err = ctrl_c_after_first_step(command, folder, release)
     assert code == 130, err[-3000:]
@@ -124,10 +132,10 @@ def test_ctrl_c_on_ablate_run_checkpoints_and_exits_130_in_one_line(tmp_path, sa
     told = [line for line in err.splitlines() if line.startswith("ablate:")]
     assert told == ["ablate: interrupted"], err[-3000:]
     steps = read_json(folder / "summary.json")["steps"]
-    assert (folder / "checkpoints" / "state.pt").exists() and 1 <= steps < 40
+    assert (folder / "checkpoints" / "state.pt").exists() and 1 <= steps < STEPS
     again = ablate_cli(*command)
     assert json.loads(again.stdout)["status"] == "completed"
-    assert f"resuming at step {steps} of 40" in (folder / "run.log").read_text()
+    assert f"resuming at step {steps} of {STEPS}" in (folder / "run.log").read_text()
 
 
 def test_ctrl_c_after_the_last_run_ended_exits_0_completed(tmp_path, sample_data, capsys, monkeypatch, caplog):
@@ -140,7 +148,8 @@ def test_ctrl_c_after_the_last_run_ended_exits_0_completed(tmp_path, sample_data
     file = tmp_path / "late.py"
     file.write_text("from ablate.experiment import Experiment\n"
                     "EXPERIMENT = Experiment(name='late', tiers=['smoke'], arms=['baseline'], seeds=1,\n"
-                    f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
+                    f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}, 'val_tokens': 512,\n"
+                    "    'final_val_tokens': 512})\n")
     recorded = _LocalGrid.finished_run
 
     def then_ctrl_c(self, bar, key, code, error, **extra):

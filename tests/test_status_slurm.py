@@ -102,37 +102,54 @@ def test_a_pending_array_is_queued_and_never_submitted_twice_whatever_sacct_says
         subprocess.run(["scancel", array], check=False)
 
 
+def held_arm(metrics: Path, release: Path) -> str:
+    """Python registering the arm `held`: the baseline, held from its third step (once `metrics` holds two steps'
+    rows) until `release` exists, so that a task cancelled after two steps is cancelled before its last one however
+    loaded the machine is; once `release` exists, the plain baseline."""
+    return ("import time\nfrom pathlib import Path\n\nfrom ablate.arms import Arm, register_arm\n\n"
+            f"METRICS, RELEASE = Path({str(metrics)!r}), Path({str(release)!r})\n\n\n"
+            "@register_arm('held', replace=True)\nclass Held(Arm):\n"
+            "    def output_gate(self, o, x):\n"
+            "        deadline = time.time() + 120\n"
+            "        while (not RELEASE.exists() and METRICS.exists()\n"
+            "               and METRICS.read_text().count('train_loss') >= 2 and time.time() < deadline):\n"
+            "            time.sleep(0.01)\n"
+            "        return o\n\n\n")
+
+
 def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resumes_it(
         tmp_path, sample_data, slurm_cluster, monkeypatch):
-    file = tmp_path / "cancel.py"
-    file.write_text(
-        "from ablate.experiment import Experiment\n"
-        "EXPERIMENT = Experiment(name='cancel', tiers=['smoke'], arms=['baseline', 'sink-logit'], seeds=1,\n"
-        f"    overrides={{'max_steps': 60, 'data_dir': {str(sample_data)!r}}})\n")
-    experiment, results = load_experiment(file), tmp_path / "results"
+    file, results, release = tmp_path / "cancel.py", tmp_path / "results", tmp_path / "scancel-sent"
+    metrics = run_dir(results, "cancel", "smoke", "held", 0) / "metrics.jsonl"
+    file.write_text(held_arm(metrics, release) +
+                    "from ablate.experiment import Experiment\n"
+                    "EXPERIMENT = Experiment(name='cancel', tiers=['smoke'], arms=['baseline', 'held'], seeds=1,\n"
+                    f"    overrides={{'max_steps': 8, 'data_dir': {str(sample_data)!r}, 'val_tokens': 512,\n"
+                    "    'final_val_tokens': 512})\n")
+    experiment = load_experiment(file)
     held = str(held_profile(tmp_path, slurm_cluster))
     report = submit(experiment, str(file), Submission(results=results, executor="slurm", profile=held))
-    task = report["jobs"]["smoke/sink-logit/seed0"]
+    task = report["jobs"]["smoke/held/seed0"]
     array = task.split("_")[0]
-    metrics = run_dir(results, "cancel", "smoke", "sink-logit", 0) / "metrics.jsonl"
     try:
         backdate(results, "cancel")
         subprocess.run(["scontrol", "release", task], check=True)  # this task runs; the other stays held
         poll(lambda: {r.arm: r.state for r in status(experiment, results)},
-             lambda s: s["sink-logit"] == "running" and [r for r in read_metrics(metrics) if r.get("step", 0) >= 2],
+             lambda s: s["held"] == "running" and [r for r in read_metrics(metrics) if r.get("step", 0) >= 2],
              every=0.5)
-        running = {r.arm: r for r in status(experiment, results)}["sink-logit"]
+        running = {r.arm: r for r in status(experiment, results)}["held"]
         assert running.elapsed_s is not None and running.elapsed_s < 600
         subprocess.run(["scancel", task], check=True)
+        release.touch()  # the held step ends: the run stops at its boundary, before its last step
         poll(lambda: sacct(array).stdout, lambda out: f"{task}|CANCELLED" in out, timeout=120)
         # running while its process still holds the run lock (it checkpoints on SIGTERM), then cancelled
-        stopped = poll(lambda: {r.arm: r for r in status(experiment, results)}["sink-logit"],
+        stopped = poll(lambda: {r.arm: r for r in status(experiment, results)}["held"],
                        lambda r: r.state != "running", timeout=120, every=0.5)
         assert stopped.state == "cancelled", stopped
         poll(lambda: subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", array], capture_output=True,
                                     text=True).stdout.split(), lambda ids: task not in ids, timeout=120)
         rows = {r.arm: r for r in status(experiment, results)}
-        cancelled = rows["sink-logit"]
+        cancelled = rows["held"]
         assert cancelled.state == "cancelled" and cancelled.job_id == task, cancelled
         assert task in cancelled.error and "StepId" not in cancelled.error and cancelled.eta_s is None
         assert rows["baseline"].state == "queued"
@@ -141,17 +158,17 @@ def test_a_cancelled_task_is_cancelled_under_its_array_id_and_resubmitting_resum
 
         # accounting down and the job gone from the queue: unknown, with the reason; never failed
         monkeypatch.setenv("SLURM_CONF", str(broken_accounting(tmp_path)))
-        lost = {r.arm: r for r in status(experiment, results)}["sink-logit"]
+        lost = {r.arm: r for r in status(experiment, results)}["held"]
         assert lost.state == "unknown" and "Connection refused" in lost.error and task in lost.error, lost
         monkeypatch.delenv("SLURM_CONF")
 
         # resubmitting queues the cancelled run alone and it resumes from its checkpoint
         again = submit(experiment, str(file), Submission(results=results, executor="slurm", profile="local"))
-        assert again["to_submit"] == ["smoke/sink-logit/seed0"]
+        assert again["to_submit"] == ["smoke/held/seed0"]
         done = poll(lambda: {r.arm: r for r in status(experiment, results)},
-                    lambda s: s["sink-logit"].state in ("completed", "failed", "diverged", "unknown"), timeout=600)
-        assert done["sink-logit"].state == "completed", done
-        log = (run_dir(results, "cancel", "smoke", "sink-logit", 0) / "run.log").read_text()
+                    lambda s: s["held"].state in ("completed", "failed", "diverged", "unknown"), timeout=600)
+        assert done["held"].state == "completed", done
+        log = (run_dir(results, "cancel", "smoke", "held", 0) / "run.log").read_text()
         assert "resuming at step" in log
     finally:
         subprocess.run(["scancel", array], check=False)

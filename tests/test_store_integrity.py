@@ -335,10 +335,11 @@ def test_submit_checks_data_and_overrides_before_queuing(tmp_path, sample_data):
 
 
 # ---------------------------------------------------------------------------------------------- parameter matching
+SHORT = {"final_val_tokens": 512}  # a shorter final evaluation (the same for every run): no claim here is on val_loss
 @pytest.mark.run
 def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path, sample_data):
-    base = train(tmp_path, "baseline", data=sample_data, overrides={"match_params": True})
-    gated = train(tmp_path, "g2-value", data=sample_data, overrides={"match_params": True})
+    base = train(tmp_path, "baseline", data=sample_data, overrides={"match_params": True, **SHORT})
+    gated = train(tmp_path, "g2-value", data=sample_data, overrides={"match_params": True, **SHORT})
     assert gated.mlp_hidden < base.mlp_hidden
     assert abs(gated.params_non_embedding / base.params_non_embedding - 1) <= 0.005
     assert gated.init_fingerprint != base.init_fingerprint  # the MLP matrices differ in shape
@@ -347,9 +348,9 @@ def test_a_parameter_matched_arm_pairs_with_its_baseline_and_is_marked(tmp_path,
     table = build_table(load_runs(tmp_path / "study"), "paired")
     assert "parameter-matched" in table.frame.row(0, named=True)["marks"].split(",")
     assert any("narrowed (match_params)" in w for w in table.warnings)
-    unmatched = train(tmp_path, "g2-value", seed=1, data=sample_data)
-    train(tmp_path, "baseline", seed=1, data=sample_data)
+    unmatched = train(tmp_path, "g2-value", seed=1, data=sample_data, overrides=SHORT)
+    train(tmp_path, "baseline", seed=1, data=sample_data, overrides=SHORT)
     assert unmatched.params_non_embedding > base.params_non_embedding * 1.05
     with pytest.raises(AblateError, match="their settings differ.*match_params: True vs False"):
-        train(tmp_path, "baseline", seed=1, data=sample_data, force=True, overrides={"match_params": True})
+        train(tmp_path, "baseline", seed=1, data=sample_data, force=True, overrides={"match_params": True, **SHORT})
         load_runs(tmp_path / "study")

@@ -14,7 +14,8 @@ def test_local_submit_with_eval_trains_then_evaluates_and_status_shows_it(tmp_pa
     experiment.write_text(
         "from ablate.experiment import Experiment\n"
         "EXPERIMENT = Experiment(name='evalgrid', tiers=['smoke'], arms=['baseline'], seeds=1,\n"
-        f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}}})\n")
+        f"    overrides={{'max_steps': 2, 'data_dir': {str(sample_data)!r}, 'val_tokens': 512,\n"
+        "    'final_val_tokens': 512})\n")
     data = write_task_data(tmp_path / "tasks")
     results = tmp_path / "results"
     out = ablate_cli("submit", experiment, "--executor", "local", "--results", results, "--eval", "hellaswag",

@@ -6,16 +6,13 @@ its recorded loss bit for bit on the machine kind it names)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from ablate.cli import main
 from ablate.experiment import load_experiment
-from testbed_figures import DOCS, artefact, blocks, kernel_sets, render
+from datafix import ablate_cli
+from testbed_figures import DOCS, artefact, blocks, kernel_sets, recorded_loss, render
 from kernel_replay import machine_kind
 
 # The blocks the docs must carry: the testbed's declared tables and arms, the graded testbed's dose–response
@@ -52,41 +49,35 @@ def test_the_record_holds_the_whole_grid_and_every_declared_tier_under_each_kern
             assert {key for key in keys[sets[0]] if key[0] in declared} <= keys[k], (experiment, k)
 
 
-def _submit_one(experiment: str, tier: str, arm: str, results, capability: str | None = None) -> float:
-    """val_loss of seed 0 of (tier, arm), trained now (under `capability`'s kernels in a process of its own)."""
-    argv = ["submit", experiment, "--tier", tier, "--arms", arm, "--seeds", "0", "--executor", "local",
-            "--parallel", "1", "--results", str(results)]
-    if capability is None:
-        assert main(argv) == 0
-    else:
-        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"} | {
-            "ATEN_CPU_CAPABILITY": capability.lower()}
-        subprocess.run([sys.executable, "-m", "ablate.cli", *argv], env=env, check=True, capture_output=True)
+def _train_one(experiment: str, tier: str, arm: str, results, capability: str | None = None) -> float:
+    """val_loss of seed 0 of (tier, arm) of the experiment (its tier's settings: no overrides), trained now with
+    `ablate run`: in this process (this machine's own kernels), or under `capability`'s kernels in a process of its
+    own (torch reads ATEN_CPU_CAPABILITY once, at import)."""
+    argv = ["run", "--tier", tier, "--arm", arm, "--seed", "0", "--experiment", experiment, "--threads", "1",
+            "--no-progress", "--results", results]
+    assert not load_experiment(experiment).overrides  # `ablate run` trains the tier's settings, as the grid did
+    env = None if capability is None else {"ATEN_CPU_CAPABILITY": capability.lower()}
+    ablate_cli(*argv, env=env, process=capability is not None)
     summary = json.loads((results / experiment / tier / arm / "seed0" / "summary.json").read_text())
     assert capability is None or summary["versions"]["numerics"]["cpu_capability"] == capability
     return summary["val_loss"]
 
 
+# One run of each record, replayed: under this machine's own kernels the testbed's are tests/test_testbed.py's (its
+# grid's four runs), the graded testbed's here; under every other kernel set recorded here, both here.
 REPLAYED = [("testbed", "abstain-stream", "baseline"), ("testbed_dose", "junk-content-e020", "proj-gate")]
 
 
-def _recorded(experiment: str, kernel_set: str, tier: str, arm: str) -> float | None:
-    entry = artefact()[experiment].get(kernel_set)
-    if entry is None or entry["machine"] != machine_kind():
-        return None
-    return {(r["tier"], r["arm"], r["seed"]): r["val_loss"] for r in entry["runs"]}.get((tier, arm, 0))
-
-
-@pytest.mark.system
-@pytest.mark.parametrize("experiment, tier, arm", REPLAYED)
+@pytest.mark.run
+@pytest.mark.parametrize("experiment, tier, arm", REPLAYED[1:])
 def test_the_record_is_what_the_current_code_computes(tmp_path, experiment, tier, arm):
-    """Seed 0 of one run of each record, trained now under this machine's own kernels, gives the recorded loss bit
+    """Seed 0 of one run of the record, trained now under this machine's own kernels, gives the recorded loss bit
     for bit (where the record holds this machine kind and kernel set; elsewhere the kernel-set tests bound)."""
     kernel_set = torch.backends.cpu.get_cpu_capability()
-    recorded = _recorded(experiment, kernel_set, tier, arm)
+    recorded = recorded_loss(experiment, kernel_set, tier, arm)
     if recorded is None:
         pytest.skip(f"no record of {experiment} for {kernel_set} on {machine_kind()}")
-    assert _submit_one(experiment, tier, arm, tmp_path) == recorded
+    assert _train_one(experiment, tier, arm, tmp_path) == recorded
 
 
 @pytest.mark.system
@@ -97,10 +88,10 @@ def test_every_other_recorded_kernel_set_is_the_current_code_s(tmp_path):
     replayed = 0
     for experiment, tier, arm in REPLAYED:
         for kernel_set in artefact()[experiment]:
-            recorded = _recorded(experiment, kernel_set, tier, arm)
+            recorded = recorded_loss(experiment, kernel_set, tier, arm)
             if kernel_set != native and recorded is not None:
-                results = tmp_path / kernel_set / experiment
-                assert _submit_one(experiment, tier, arm, results, kernel_set) == recorded, (experiment, kernel_set)
+                results = tmp_path / kernel_set
+                assert _train_one(experiment, tier, arm, results, kernel_set) == recorded, (experiment, kernel_set)
                 replayed += 1
     if not replayed:
         pytest.skip(f"no other kernel set recorded on {machine_kind()}")

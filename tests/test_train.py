@@ -73,9 +73,10 @@ def test_unknown_tier_or_arm_names_the_valid_ones(tmp_path, sample_data):
 
 @pytest.mark.run
 def test_same_seed_matches_across_arms_and_a_run_is_recorded(tmp_path, sample_data):
-    a = train(tmp_path, "baseline", data=sample_data)
-    b = train(tmp_path, "combo2", data=sample_data)
-    c = train(tmp_path, "baseline", seed=1, data=sample_data)
+    short = {"overrides": {"final_val_tokens": 512}}  # a shorter final evaluation, the same for all three
+    a = train(tmp_path, "baseline", data=sample_data, **short)
+    b = train(tmp_path, "combo2", data=sample_data, **short)
+    c = train(tmp_path, "baseline", seed=1, data=sample_data, **short)
     assert a.init_fingerprint == b.init_fingerprint and a.data_fingerprint == b.data_fingerprint
     assert c.init_fingerprint != a.init_fingerprint and c.data_fingerprint != a.data_fingerprint
     assert a.val_loss != b.val_loss  # the arms do differ
@@ -161,12 +162,13 @@ def halfgate():
 
 @pytest.mark.run
 def test_a_custom_arm_trains_without_touching_the_core(tmp_path, sample_data, halfgate):
-    summary = train(tmp_path, halfgate, data=sample_data, steps=8)
+    short = {"overrides": {"final_val_tokens": 512}}  # no claim here is on the val_loss
+    summary = train(tmp_path, halfgate, data=sample_data, steps=8, **short)
     assert summary.status == "completed" and summary.params_arm_extra == 2 * 2
     metrics = [r for r in read_metrics(run_dir(tmp_path, "adhoc", "smoke", "test-halfgate", 0) / "metrics.jsonl")
                if "train_loss" in r]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
-    assert summary.init_fingerprint == train(tmp_path, "baseline", data=sample_data, steps=8).init_fingerprint
+    assert summary.init_fingerprint == train(tmp_path, "baseline", data=sample_data, steps=1, **short).init_fingerprint
 
 
 def _wait_for_step(metrics_path, step, process, timeout=300):

@@ -120,9 +120,10 @@ def interrupted_then_resumed(tmp_path, sample_data, steps, kill_at, how, wandb_d
     return folder, read_json(folder / "summary.json"), stopped_at
 
 
-def test_sigterm_requeue_path_logs_both_segments_into_one_run_id(tmp_path, sample_data):
-    """SIGTERM (like SLURM's warning signal): checkpoint at the step boundary, stop; the rerun resumes."""
-    folder, summary, _ = interrupted_then_resumed(tmp_path, sample_data, 30, 6, signal.SIGTERM, tmp_path / "wb")
+def test_sigterm_requeue_path_logs_both_segments_into_one_run_id_and_force_a_new_one(tmp_path, sample_data):
+    """SIGTERM (like SLURM's warning signal): checkpoint at the step boundary, stop; the rerun resumes. Then
+    `ablate run --force` starts a different run in the same folder: one id for both would merge them."""
+    folder, summary, _ = interrupted_then_resumed(tmp_path, sample_data, 16, 4, signal.SIGTERM, tmp_path / "wb")
     assert summary["status"] == "completed" and summary["logger_run_id"]
     parts = segments(tmp_path / "wb" / "wandb")
     assert len(parts) == 2, parts  # offline: one folder per segment
@@ -131,45 +132,38 @@ def test_sigterm_requeue_path_logs_both_segments_into_one_run_id(tmp_path, sampl
         assert part["runs"] == [(summary["logger_run_id"], folder.as_posix(), "ablate")]
     first, second = parts[0]["steps"], parts[1]["steps"]
     assert first and second and max(first) < min(second)
-    assert first + second == list(range(0, 31))  # every step once, in order, step 0's validation included
+    assert first + second == list(range(0, 17))  # every step once, in order, step 0's validation included
     logged = [r["step"] for r in read_metrics(folder / "metrics.jsonl")]
     assert logged == first + second  # the same rows as metrics.jsonl, the source of truth
 
+    args = ["run", "--tier", "smoke", "--arm", "sink-logit", "--max-steps", "2", "--data", sample_data,
+            "--no-progress", "--threads", "1", "--logger", "wandb", "--results", tmp_path / "results", "--force"]
+    done = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, args)], cwd=tmp_path / "cwd",
+                          env=wandb_env(tmp_path, tmp_path / "wb"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (aside,) = folder.parent.glob("seed0.old-*")
+    old, new = read_json(aside / "summary.json")["logger_run_id"], read_json(folder / "summary.json")["logger_run_id"]
+    assert old == summary["logger_run_id"] and new and old != new
+    runs = [part["runs"] for part in segments(tmp_path / "wb" / "wandb") if part["folder"] not in
+            {p["folder"] for p in parts}]
+    assert runs == [[(new, folder.as_posix(), "ablate")]]  # the new run logged under its own id, once
+
 
 def test_sigkill_after_a_checkpoint_sends_no_step_twice(tmp_path, sample_data):
-    """SIGKILL two steps past the checkpoint at 12: the resumed run computes 13 and 14 again, and the logger,
+    """SIGKILL two steps past the checkpoint at 8: the resumed run computes 9 and 10 again, and the logger,
     which was sent them, is not sent them a second time. Without WANDB_DIR, W&B's files go to the run folder.
 
     What W&B kept of the killed segment is up to W&B (offline, its core had not always flushed: the killed
     segment's log held only its header in one of our tries); metrics.jsonl holds every step.
     """
-    folder, summary, stopped_at = interrupted_then_resumed(tmp_path, sample_data, 24, 14, signal.SIGKILL, None,
-                                                           "--checkpoint-interval", "6")
-    assert summary["status"] == "completed" and stopped_at >= 14
+    folder, summary, stopped_at = interrupted_then_resumed(tmp_path, sample_data, 20, 10, signal.SIGKILL, None,
+                                                           "--checkpoint-interval", "4")
+    assert summary["status"] == "completed" and stopped_at >= 10
     parts = segments(folder / "wandb")
     assert len(parts) == 2, parts
     first, second = parts[0]["steps"], parts[1]["steps"]
     assert parts[1]["runs"] == [(summary["logger_run_id"], folder.as_posix(), "ablate")]
     assert parts[0]["runs"] in ([], parts[1]["runs"])  # the killed segment: the same id, if W&B wrote it down
-    assert second == list(range(stopped_at + 1, 25))  # steps 13..stopped_at were sent before the kill
+    assert second == list(range(stopped_at + 1, 21))  # steps 9..stopped_at were sent before the kill
     assert set(first) <= set(range(0, stopped_at + 1)) and len(set(first)) == len(first)
-    assert [r["step"] for r in read_metrics(folder / "metrics.jsonl")] == list(range(0, 25))
-
-
-def test_force_logs_the_new_run_into_a_new_id_and_the_kept_aside_run_keeps_its_own(tmp_path, sample_data):
-    """`ablate run --force` starts a different run in the same folder: one id for both would merge them."""
-    results, cwd, wandb_dir = tmp_path / "results", tmp_path / "cwd", tmp_path / "wb"
-    cwd.mkdir()
-    args = ["run", "--tier", "smoke", "--arm", "baseline", "--max-steps", "2", "--data", sample_data,
-            "--no-progress", "--threads", "1", "--logger", "wandb", "--results", results]
-    env = wandb_env(tmp_path, wandb_dir)
-    folder = run_dir(results, "adhoc", "smoke", "baseline", 0)
-    for extra in ([], ["--force"]):
-        done = subprocess.run([sys.executable, "-m", "ablate.cli", *map(str, args + extra)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-    (aside,) = folder.parent.glob("seed0.old-*")
-    old, new = read_json(aside / "summary.json")["logger_run_id"], read_json(folder / "summary.json")["logger_run_id"]
-    assert old and new and old != new
-    runs = sorted(run for part in segments(wandb_dir / "wandb") for run in part["runs"])
-    assert sorted(r[0] for r in runs) == sorted([old, new])  # each run logged under its own id, once
+    assert [r["step"] for r in read_metrics(folder / "metrics.jsonl")] == list(range(0, 21))

@@ -64,6 +64,15 @@ def record(experiment: str, folders: list[Path]) -> None:
     ARTEFACT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def recorded_loss(experiment: str, kernel_set: str, tier: str, arm: str, seed: int = 0) -> float | None:
+    """The recorded val_loss of one run under `kernel_set` ("AVX2"), or None where the record holds no grid of that
+    kernel set on this machine kind (there the kernel-set tests bound the numbers instead)."""
+    entry = artefact()[experiment].get(kernel_set)
+    if entry is None or entry["machine"] != machine_kind():
+        return None
+    return {(r["tier"], r["arm"], r["seed"]): r["val_loss"] for r in entry["runs"]}.get((tier, arm, seed))
+
+
 def kernel_sets(experiment: str) -> list[str]:
     """The kernel sets recorded for `experiment`, the widest first (AVX512, AVX2, DEFAULT)."""
     order = {"AVX512": 0, "AVX2": 1, "DEFAULT": 2}
