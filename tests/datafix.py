@@ -81,11 +81,21 @@ def _in_this_process(argv, cwd, extra) -> subprocess.CompletedProcess:
         _REGISTRY.update({name: cls for name, cls in package.items() if name not in arms})  # a package module the
         # command imported (an experiment's `import ablate.arms.testbed`) stays imported: its arms stay too
         for name in set(sys.modules) - modules:
-            if name.startswith("ablate_experiment_"):
-                del sys.modules[name]
+            if name.startswith("ablate_experiment_") or _user_module(sys.modules[name]):
+                del sys.modules[name]  # the next command imports it again and its arms register again
         root.removeHandler(handler)
         root.setLevel(level)
     return subprocess.CompletedProcess(["ablate", *argv], code, out.getvalue(), err.getvalue())
+
+
+_KEPT_ROOTS = tuple({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), (REPO / "ablate").resolve()})
+
+
+def _user_module(module) -> bool:
+    """A module that an experiment or arm file imported from beside it: not the package's, the venv's or the
+    standard library's (a fresh process would import it again, and its arms would register again)."""
+    path = getattr(module, "__file__", None)
+    return bool(path) and not any(Path(path).resolve().is_relative_to(root) for root in _KEPT_ROOTS)
 
 
 def _exit_code(main, argv, err) -> int:
