@@ -88,26 +88,26 @@ def test_submit_status_table_and_report_judge_a_stale_run(tmp_path, forget):
     assert not any(r["stale"] for r in json.loads(ablate_cli("status", path, "--json", *common).stdout)["runs"])
     ablate_cli("table", path, *common)
     (tmp_path / "exp" / "gates54s.py").write_text("GATE = 0.25\n")
-    sys.modules.pop("gates54s")
+    sys.modules.pop("gates54s", None)
     refused = ablate_cli("submit", path, "--executor", "local", "--dry-run", *common, check=False)
     assert ("2 completed run(s) trained another version of their arm's code than the code now (arm gated-54s): "
             "synthetic/gated-54s/seed0, synthetic/gated-54s/seed1; `--rerun-stale`") in error_line(refused)
-    sys.modules.pop("gates54s")
+    sys.modules.pop("gates54s", None)
     status = ablate_cli("status", path, "--json", *common)
     assert [r["arm"] for r in json.loads(status.stdout)["runs"] if r["stale"]] == ["gated-54s"] * 2
-    sys.modules.pop("gates54s")
+    sys.modules.pop("gates54s", None)
     assert "stale" in ablate_cli("status", path, *common).stdout
     for command in ("table", "report"):
-        sys.modules.pop("gates54s")
+        sys.modules.pop("gates54s", None)
         out = ablate_cli(command, path, *common, check=False)
         assert "arm 'gated-54s': its code changed since" in error_line(out)
-    sys.modules.pop("gates54s")
+    sys.modules.pop("gates54s", None)
     again = ablate_cli("submit", path, "--executor", "local", "--parallel", "1", "--rerun-stale", *common)
     assert again.stdout.count("kept aside in") == 2
     assert len(list((results / "gated-54s/synthetic/gated-54s").glob("seed0.old-*"))) == 1
     now = json.loads((results / "gated-54s/synthetic/gated-54s/seed0/summary.json").read_text())["arm_source"]
     assert now != recorded
-    sys.modules.pop("gates54s")
+    sys.modules.pop("gates54s", None)
     ablate_cli("table", path, *common)
 
 
