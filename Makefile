@@ -19,10 +19,11 @@ install: $(STAMP)
 # The demo needs the package and TensorBoard (`--logger tensorboard`, `tensorboard --logdir`: docs/run-options.md); the
 # tests add pytest, import-linter and lm-evaluation-harness (the `eval` extra, large: the README names it for
 # `ablate eval`).
-# The installs go through uv (astral-sh/uv, put into the venv by pip): the demo's install takes ~15 s instead of pip's
+# The installs go through uv (astral-sh/uv, put into the venv by pip): the demo's install takes ~30 s instead of pip's
 # ~85 s here. uv reads no pip configuration, so pip's find-links (PIP_FIND_LINKS and `pip config`: where a machine
 # keeps its CPU build of torch, which the pin `torch==2.13.0` then takes) are handed to it. Modules are compiled to
-# bytecode when first imported, not at install.
+# bytecode at install, as pip does: every process of the demo and the suite imports torch and lightning from it,
+# also where PYTHONDONTWRITEBYTECODE is set (~8 s more per process otherwise).
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 comma := ,
 empty :=
@@ -32,11 +33,11 @@ UV = VIRTUAL_ENV=$(VENV) UV_FIND_LINKS='$(subst $(space),$(comma),$(FIND_LINKS))
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check uv
-	$(UV) pip install -q -e '.[tensorboard]'
+	$(UV) pip install -q --compile-bytecode -e '.[tensorboard]'
 	touch $(BASE)
 
 $(STAMP): $(BASE)
-	$(UV) pip install -q -e '.[test,tensorboard,eval]'
+	$(UV) pip install -q --compile-bytecode -e '.[test,tensorboard,eval]'
 	touch $(STAMP)
 
 cluster:
