@@ -28,16 +28,16 @@ FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global
 comma := ,
 empty :=
 space := $(empty) $(empty)
-UV = VIRTUAL_ENV=$(VENV) UV_FIND_LINKS='$(subst $(space),$(comma),$(FIND_LINKS))' $(BIN)/uv
+UV = VIRTUAL_ENV=$(VENV) UV_COMPILE_BYTECODE=1 UV_FIND_LINKS='$(subst $(space),$(comma),$(FIND_LINKS))' $(BIN)/uv
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check uv
-	$(UV) pip install -q --compile-bytecode -e '.[tensorboard]'
+	$(UV) pip install -q -e '.[tensorboard]'
 	touch $(BASE)
 
 $(STAMP): $(BASE)
-	$(UV) pip install -q --compile-bytecode -e '.[test,tensorboard,eval]'
+	$(UV) pip install -q -e '.[test,tensorboard,eval]'
 	touch $(STAMP)
 
 cluster:
