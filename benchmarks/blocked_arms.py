@@ -37,6 +37,8 @@ import math
 import statistics
 import sys
 import time
+
+import torch
 from dataclasses import replace
 from pathlib import Path
 
@@ -143,6 +145,7 @@ def main(argv=None) -> int:
     load_arms(str(WINDOW_ARM))
     info = machine()
     print(machine_line(info), flush=True)
+    torch.set_num_threads(args.threads)  # the paired rounds run in this process
     paired = {seq_len: paired_times(args.tier, args.arms, seq_len, args.paired_rounds, whole_rows=True)
               for seq_len in (args.whole_rows if args.paired_rounds else [])}
     if paired:
