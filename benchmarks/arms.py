@@ -148,20 +148,28 @@ def target_for(arm: str, seq_len: int) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ timing
+def rotating_rounds(models: dict[str, GPT], idx, targets, repeats: int, warmup: int,
+                    label: str = "") -> dict[str, list[float]]:
+    """Seconds of each model's training step over `repeats` rounds, after `warmup` steps each; round r starts at
+    the r-th model, so no model always runs first or after the same one (a drifting machine load spreads evenly)."""
+    keys = list(models)
+    for _ in range(warmup):
+        for key in keys:
+            train_step(models[key], idx, targets)
+    times: dict[str, list[float]] = {key: [] for key in keys}
+    for r in range(repeats):
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            start = time.perf_counter()
+            train_step(models[key], idx, targets)
+            times[key].append(time.perf_counter() - start)
+        print(f"  {label}round {r + 1}/{repeats} done", file=sys.stderr, flush=True)
+    return times
+
+
 def time_arms(arms, tier, batch_size, seq_len, repeats, warmup) -> dict:
     models = {arm: build(tier, arm, seq_len) for arm in arms}
     idx, targets = batch(batch_size, seq_len, TIERS[tier].vocab_size)
-    for _ in range(warmup):
-        for arm in arms:
-            train_step(models[arm], idx, targets)
-    times: dict[str, list[float]] = {arm: [] for arm in arms}
-    for r in range(repeats):
-        order = arms[r % len(arms):] + arms[: r % len(arms)]
-        for arm in order:
-            start = time.perf_counter()
-            train_step(models[arm], idx, targets)
-            times[arm].append(time.perf_counter() - start)
-        print(f"  round {r + 1}/{repeats} done", file=sys.stderr, flush=True)
+    times = rotating_rounds(models, idx, targets, repeats, warmup)
     rows = {}
     for arm in arms:
         ratios = [a / b for a, b in zip(times[arm], times["baseline"])]

@@ -36,7 +36,6 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 from dataclasses import replace
@@ -44,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arms import batch, build, load_arms, machine, machine_line, run_worker, train_step  # noqa: E402
+from arms import batch, build, load_arms, machine, machine_line, rotating_rounds, run_worker  # noqa: E402
 
 from ablate.arms import get_arm  # noqa: E402
 from ablate.sizing import OPTIMIZER_BYTES, arm_memory_phases_gb  # noqa: E402
@@ -97,22 +96,14 @@ def paired_times(tier: str, arms: list[str], seq_len: int, rounds: int, whole_ro
         models.update({f"{arm} (whole rows)": build(tier, arm, seq_len, whole_rows=True)
                        for arm in arms if get_arm(arm).path("cpu") == "reference"})
     idx, targets = batch(1, seq_len, TIERS[tier].vocab_size)
-    for model in models.values():
-        train_step(model, idx, targets)
-    keys, times = list(models), {key: [] for key in models}
-    for r in range(rounds):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            start = time.perf_counter()
-            train_step(models[key], idx, targets)
-            times[key].append(time.perf_counter() - start)
-        print(f"  T={seq_len} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+    times = rotating_rounds(models, idx, targets, rounds, warmup=1, label=f"T={seq_len} ")
 
     def ratio(key: str, other: str) -> float:
         return statistics.median(a / b for a, b in zip(times[key], times[other]))
 
     return {key: {"median_s": statistics.median(times[key]), "vs_baseline": ratio(key, "baseline"),
                   **({"vs_whole_rows": ratio(key, f"{key} (whole rows)")} if f"{key} (whole rows)" in times else {}),
-                  "times_s": [round(t, 3) for t in times[key]]} for key in keys}
+                  "times_s": [round(t, 3) for t in times[key]]} for key in times}
 
 
 def paired_table(paired: dict[int, dict[str, dict]]) -> str:
