@@ -22,7 +22,7 @@ install: $(STAMP)
 # The installs go through uv (astral-sh/uv, put into the venv by pip): the demo's install takes ~30 s instead of pip's
 # ~85 s here. uv reads no pip configuration, so pip's find-links (PIP_FIND_LINKS and `pip config`: where a machine
 # keeps its CPU build of torch, which the pin `torch==2.13.0` then takes) are handed to it. Modules are compiled to
-# bytecode at install, as pip does: every process of the demo and the suite imports torch and lightning from it,
+# bytecode at install, as pip does: every process of the demo and the suite imports torch and Lightning Fabric from it,
 # also where PYTHONDONTWRITEBYTECODE is set (~8 s more per process otherwise).
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 comma := ,

@@ -44,10 +44,10 @@ def versions() -> dict:
 
 
 def lightning_version() -> str:
-    """Lightning's version: the imported package's, or the installed one's where this process never imported it
-    (a task run trains without Fabric, and importing it costs ~2 s a process: dynamo, torchmetrics)."""
-    imported = sys.modules.get("lightning")
-    return imported.__version__ if imported is not None else importlib.metadata.version("lightning")
+    """Lightning Fabric's version: the imported package's, or the installed one's where this process never imported
+    it (a task run trains without Fabric, and importing it costs ~2 s a process: torch._dynamo)."""
+    imported = sys.modules.get("lightning_fabric")
+    return imported.__version__ if imported is not None else importlib.metadata.version("lightning-fabric")
 
 
 def numerics(torch) -> dict:

@@ -107,7 +107,7 @@ class Trainer:
         cuda = torch.cuda.is_available()
         devices = config.devices
         launch_env = {name: os.environ.get(name) for name in LAUNCH_ENV}
-        from lightning.fabric import Fabric  # reason: ~2 s of imports (dynamo, torchmetrics) a task run never needs
+        from lightning_fabric import Fabric  # reason: ~2 s of imports (torch._dynamo) a task run never needs
 
         self.fabric = fabric = Fabric(
             accelerator="cuda" if cuda else "cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
@@ -177,15 +177,13 @@ class Trainer:
             return []
         run_id = self.logger_run_id
         if kind == "tensorboard":
-            from lightning.fabric.loggers import TensorBoardLogger  # reason: optional extra (tensorboard)
+            from lightning_fabric.loggers import TensorBoardLogger  # reason: optional extra (tensorboard)
 
             return [TensorBoardLogger(root_dir=str(self.folder / "tensorboard"), name="", version=run_id)]
         if kind == "wandb":
-            from lightning.pytorch.loggers import WandbLogger  # reason: optional extra (wandb)
-
             # one id for every segment of the run; files in $WANDB_DIR, else the run folder (not the working one)
-            return [WandbLogger(project="ablate", name=self.folder.as_posix(), id=run_id, resume="allow",
-                                save_dir=os.environ.get("WANDB_DIR") or str(self.folder))]
+            return [WandbLog(name=self.folder.as_posix(), run_id=run_id,
+                             save_dir=os.environ.get("WANDB_DIR") or str(self.folder))]
         raise AblateError(f"unknown logger {kind!r}; valid loggers: none, tensorboard, wandb")
 
     def _fit(self, fabric) -> RunSummary:
@@ -366,3 +364,28 @@ class Trainer:
             self.state_path.unlink(missing_ok=True)
             log.info("%s: completed", self.folder)
         return self.run_folder.summary()
+
+
+class WandbLog:
+    """`--logger wandb`: the one call Fabric makes of a logger (`log_metrics`, from `fabric.log_dict`), sent to the
+    W&B SDK. The run starts at the first row, on rank 0 only, under the run's id (`resume="allow"`: every segment of
+    a run logs into one W&B run). The keys and step axis are Lightning's own WandbLogger's (`trainer/global_step`),
+    which this replaces so that training needs Lightning Fabric alone: the full `lightning` package imports
+    torchmetrics and scipy.signal in every process (~2 s each)."""
+
+    def __init__(self, name: str, run_id: str, save_dir: str, project: str = "ablate"):
+        self.init = dict(project=project, name=name, id=run_id, resume="allow", dir=save_dir)
+        self.experiment = None
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        from lightning_fabric.utilities.rank_zero import rank_zero_only  # reason: set by Fabric's launch
+
+        if rank_zero_only.rank != 0:
+            return
+        if self.experiment is None:
+            import wandb  # reason: optional extra (wandb)
+
+            self.experiment = wandb.init(**self.init)
+            self.experiment.define_metric("trainer/global_step")
+            self.experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+        self.experiment.log(dict(metrics) if step is None else {**metrics, "trainer/global_step": step})

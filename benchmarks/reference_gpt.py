@@ -178,7 +178,7 @@ def make_steps(tier, harness, reference, idx, targets):
     """Three closures, each one full optimiser step; see the module docstring."""
     import warnings
 
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
     warnings.filterwarnings("ignore", message=".*`srun` command is available")
     opt_kwargs = dict(lr=tier.lr, betas=tier.betas, eps=1e-8)

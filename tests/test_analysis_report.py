@@ -230,7 +230,7 @@ def test_table_and_report_commands(tmp_path, capsys):
 # Run in a fresh interpreter: the analysis must load neither torch nor training code, and the CLI module
 # (imported by every `ablate` command) not even polars or matplotlib.
 TORCH_FREE = (
-    "import sys; sys.modules.update(torch=None, lightning=None)\n"  # a stray `import torch` fails fast
+    "import sys; sys.modules.update(torch=None, lightning_fabric=None)\n"  # a stray `import torch` fails fast
     "import ablate.cli.analysis; heavy = {{'polars', 'matplotlib', 'scipy'}} & set(sys.modules);"
     " assert not heavy, heavy;"
     " from ablate.analysis.report import write_report; write_report({folder!r});"

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from lightning.fabric import Fabric
+from lightning_fabric import Fabric
 
 import ablate.loop as loop
 import ablate.train as train_module

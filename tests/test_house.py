@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "ablate"
-HEAVY = ("torch", "lightning", "tiktoken", "datasets", "lm_eval", "submitit", "matplotlib")
+HEAVY = ("torch", "lightning_fabric", "tiktoken", "datasets", "lm_eval", "submitit", "matplotlib")
 MAX_LINES = 400
 
 
@@ -41,7 +41,7 @@ def test_a_table_from_a_csv_never_loads_torch(tmp_path):
     csv.write_text("tier,arm,seed,val_loss\n10M,baseline,0,3.50\n10M,sink-logit,0,3.49\n"
                    "10M,baseline,1,3.52\n10M,sink-logit,1,3.50\n")
     code = f"from ablate.cli import main\nassert main(['table', {str(csv)!r}]) == 0"
-    assert loaded_after(code, tmp_path) & {"torch", "lightning", "tiktoken", "datasets", "lm_eval"} == set()
+    assert loaded_after(code, tmp_path) & {"torch", "lightning_fabric", "tiktoken", "datasets", "lm_eval"} == set()
 
 
 def function_local_imports(path: Path):

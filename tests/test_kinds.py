@@ -286,6 +286,6 @@ def test_an_arm_registered_under_a_computed_name_is_refused_naming_its_line():
 
 @pytest.mark.system
 def test_the_built_in_names_load_no_torch():
-    code = "import ablate.arms.names, sys\nprint(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    code = "import ablate.arms.names, sys\nprint(sorted(m for m in ('torch', 'lightning_fabric') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
