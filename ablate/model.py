@@ -185,7 +185,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied
         # RoPE tables for every position a forward may reach, computed once in float64 as `rope_tables` always
         # has; non-persistent, so state_dicts and checkpoints are unchanged. `rope` casts them once per dtype.
-        cos, sin = self._rope_master()
+        cos, sin = self._rope_master(torch.device("cpu"))  # on the CPU also for a shape-only model (`shape_only`)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._rope_cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -393,11 +393,32 @@ def fingerprint_parameters(named_params, like: Mapping[str, Sequence[int]] | Non
     return digest.hexdigest()
 
 
+class _NoDraws(torch.overrides.TorchFunctionMode):
+    """Skips the random draws and `torch.nn.init`'s initialisers on meta tensors, which hold no values: their meta
+    kernels are Python references, and the first of them a process runs imports torch._dynamo (~2 s)."""
+
+    DRAWS = frozenset({torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.exponential_, torch.Tensor.log_normal_,
+                       torch.Tensor.cauchy_, torch.Tensor.geometric_, torch.Tensor.random_, torch.Tensor.bernoulli_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        drawn = func in self.DRAWS or getattr(func, "__module__", None) == "torch.nn.init"
+        if drawn and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+def shape_only(config: GPTConfig) -> GPT:
+    """The model on the meta device: its parameters' names, shapes and counts, with no memory allocated and no
+    weight drawn (its RoPE tables, a few KB, are computed on the CPU)."""
+    with torch.device("meta"), _NoDraws():
+        return GPT(config)
+
+
 def shared_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """name → shape of the parameters every arm has (`GPT.shared_named_parameters`), built on the meta
-    device so that no memory is allocated and no weight is drawn."""
-    with torch.device("meta"):
-        return {n: tuple(p.shape) for n, p in GPT(config).shared_named_parameters()}
+    """name → shape of the parameters every arm has (`GPT.shared_named_parameters`), of a shape-only model."""
+    return {n: tuple(p.shape) for n, p in shape_only(config).shared_named_parameters()}
 
 
 def common_fingerprint(model: GPT) -> str:

@@ -16,7 +16,7 @@ from ablate.arms import get_arm, list_arms
 from ablate.arms.cost import attention_cost
 from ablate.arms.kernel import blocked_rows
 from ablate.errors import AblateError
-from ablate.model import GPT, GPTConfig
+from ablate.model import GPTConfig, shape_only
 from ablate.tiers import Tier, get_tier
 
 LOSS_CHUNK = 8192  # tokens per chunk of the loss on a GPU (float32 logits of 8192 × 50,304: 1.6 GB)
@@ -92,8 +92,7 @@ def _meta_counts(config) -> dict[str, int]:
 @lru_cache(maxsize=1024)
 def _cached_counts(fields: tuple, arm_class: type) -> tuple:
     """`arm_class` is part of the key: an arm registered again under its name (replace=True) is recounted."""
-    with torch.device("meta"):
-        return tuple(GPT(GPTConfig(**dict(fields))).param_counts().items())
+    return tuple(shape_only(GPTConfig(**dict(fields))).param_counts().items())
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -324,3 +324,17 @@ def test_no_function_is_over_60_lines_or_8_parameters():
     assert len(found) > 500
     assert [(name, lines) for name, lines, _ in found if lines > MAX_FUNCTION_LINES] == []
     assert [(name, n) for name, _, n in found if n > MAX_PARAMETERS and name not in OVER_THE_PARAMETER_LIMIT] == []
+
+
+@pytest.mark.system
+def test_sizing_and_matching_the_study_s_arms_imports_no_dynamo():
+    """A shape-only model (`ablate.model.shape_only`) skips the draws whose meta kernels are Python references that
+    import torch._dynamo (~2 s a process): `ablate submit`, `plan` and a task run size and match the study's arms,
+    and fingerprint what a matched arm shares, without it."""
+    code = ("import sys\nfrom ablate.arms.names import BUILTIN_ARMS\nfrom ablate.sizing import model_config\n"
+            "from ablate.model import shared_shapes\n"
+            "for arm in BUILTIN_ARMS:\n    shared_shapes(model_config('10M', arm, match_params=True))\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

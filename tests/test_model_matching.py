@@ -86,3 +86,19 @@ def test_chunked_cross_entropy_ignores_like_cross_entropy():
     assert torch.allclose(chunked_cross_entropy(hidden, weight, targets, 3), expected, rtol=1e-6)
     with pytest.raises(ValueError, match="loss chunk must be at least 1"):
         chunked_cross_entropy(hidden, weight, targets, 0)
+
+
+def test_a_shape_only_model_has_every_parameter_and_buffer_of_the_built_one():
+    """`shape_only` skips the draws on its meta tensors: every parameter keeps its name, shape and dtype, and the
+    RoPE tables their values, for every registered arm."""
+    from ablate.arms import list_arms
+    from ablate.model import shape_only
+
+    for arm in list_arms():
+        config = model_config("smoke", arm)
+        built, shapes = GPT(config), shape_only(config)
+        assert all(p.is_meta for p in shapes.parameters()), arm
+        assert [(n, p.shape, p.dtype) for n, p in shapes.named_parameters()] == [
+            (n, p.shape, p.dtype) for n, p in built.named_parameters()], arm
+        assert torch.equal(shapes.rope_cos, built.rope_cos) and torch.equal(shapes.rope_sin, built.rope_sin), arm
+        assert shapes.param_counts() == built.param_counts(), arm
