@@ -204,7 +204,7 @@ class GPT(nn.Module):
         tables = self.rope_cos, self.rope_sin
         super()._apply(fn, recurse)
         device = self.rope_cos.device
-        if tables[0].is_meta and not self.rope_cos.is_meta:  # to_empty() from a shape-only model: compute them
+        if tables[0].is_meta and not self.rope_cos.is_meta:  # to_empty() from the meta device: compute them
             tables = self._rope_master()
         self.rope_cos, self.rope_sin = (t.to(device=device) for t in tables)
         self._rope_cast = {}

@@ -102,3 +102,5 @@ def test_a_shape_only_model_has_every_parameter_and_buffer_of_the_built_one():
             (n, p.shape, p.dtype) for n, p in built.named_parameters()], arm
         assert torch.equal(shapes.rope_cos, built.rope_cos) and torch.equal(shapes.rope_sin, built.rope_sin), arm
         assert shapes.param_counts() == built.param_counts(), arm
+    shapes.to_empty(device="cpu")  # materialised: its tables are still the built model's, not left empty
+    assert torch.equal(shapes.rope_cos, built.rope_cos) and torch.equal(shapes.rope_sin, built.rope_sin)

@@ -66,7 +66,7 @@ def test_tables_follow_to_but_stay_float64_and_the_casts_are_redone():
     model.to("meta")
     assert model.rope_cos.device.type == "meta" and model._rope_cast == {}
     assert model.rope(0, 4, torch.float32)[0].device.type == "meta"
-    model.to_empty(device="cpu")  # from a shape-only model: the tables are computed, not left empty
+    model.to_empty(device="cpu")  # from the meta device: the tables are computed, not left empty
     assert torch.equal(model.rope_cos, rope_tables(torch.arange(48), 8, 10000.0)[0])
     if torch.cuda.is_available():
         model = small_model().cuda()
