@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ablate.analysis import crossover, scale
 from ablate.analysis.render import PADDED_VOCAB, REAL_VOCAB, VAL_LOSS_FOOTER
-from ablate.model import GPT
+from ablate.model import GPT, shape_only
 from ablate.plan import ASSUMED_MFU, GPU_CHECK_FILE
 from ablate.sizing import model_config
 from ablate.tiers import TIERS
@@ -24,8 +24,7 @@ def flat(text: str) -> str:
 
 
 def baseline_params(tier) -> int:
-    with torch.device("meta"):
-        return GPT(model_config(tier, "baseline")).param_counts()["non_embedding"]
+    return shape_only(model_config(tier, "baseline")).param_counts()["non_embedding"]
 
 
 def tier_rows() -> dict[str, list[str]]:
