@@ -175,9 +175,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job may start again once its old credential expired (default 120 s): with
-# sched_interval=1 it restarts ~11 s after the requeue
-AuthInfo=cred_expire=10
+# a requeued job may start again once its old credential expired (default 120 s): 5 s, the least slurmd
+# accepts ("cred_expire=2 invalid"), restarts it ~6 s after the requeue with sched_interval=1 (10 s: ~11 s)
+AuthInfo=cred_expire=5
 MpiDefault=none
 # no cgroups, no systemd
 ProctrackType=proctrack/linuxproc

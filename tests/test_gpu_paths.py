@@ -62,7 +62,7 @@ def test_host_sync_log_gives_the_numbers_of_step_and_pairs_with_it(tmp_path, sam
     copies = []
     monkeypatch.setattr(train_module, "copy_in", lambda batch, device: copies.append(batch.shape) or batch)
     watched = {"log_interval": 5, "checkpoint_interval": 7}  # boundaries that fall apart from the steps
-    short = {"final_val_tokens": 512}  # the same shorter final evaluation in both runs
+    short = {"val_tokens": 512, "final_val_tokens": 512}  # the same shorter evaluations in both runs
     every = train(tmp_path / "step", data=sample_data, overrides=short, host_sync="step", **watched)
     batched = train(tmp_path / "log", data=sample_data, overrides=short, host_sync="log", **watched)
     assert every.status == batched.status == "completed"
@@ -173,10 +173,10 @@ def test_bf16_autocast_stays_within_tolerance_of_float32_for_every_arm(arm, bf16
     model, batch = _trained(arm)
     with torch.no_grad():
         loss32 = model(batch[:, :-1], batch[:, 1:]).loss
-        records32 = model(batch[:, :-1], record=True).records
+        records32 = model(batch[:, :-1], record=True, head=False).records  # the layers' signals: no output layer
         with bf16.autocast():
             out = model(batch[:, :-1], batch[:, 1:])
-            records16 = model(batch[:, :-1], record=True).records
+            records16 = model(batch[:, :-1], record=True, head=False).records
     assert out.logits.dtype == torch.bfloat16  # the mixed-precision path was taken, not float32 again
     assert loss32.item() < 10.5 and abs(out.loss.item() - loss32.item()) <= LOSS_TOLERANCE
     compared = 0
@@ -221,7 +221,7 @@ def test_the_fused_kernel_in_bf16_is_as_close_to_float32_as_bf16_itself(arm, see
 
 @pytest.mark.run
 def test_a_smoke_run_at_bf16_completes_and_does_not_pair_with_float32(tmp_path, sample_data):
-    short = {"final_val_tokens": 512}  # the final val_loss over 512 tokens: a bf16 evaluation on a CPU is slow
+    short = {"val_tokens": 512, "final_val_tokens": 512}  # 512 tokens a validation: a bf16 evaluation on a CPU is slow
     half = train(tmp_path / "bf16", "combo", steps=6, data=sample_data, overrides=short, precision="bf16-mixed")
     full = train(tmp_path / "fp32", "combo", steps=6, data=sample_data, overrides=short)
     assert half.status == full.status == "completed"

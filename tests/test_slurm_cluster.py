@@ -194,7 +194,7 @@ def test_failing_job_is_reported_failed_with_its_error(slurm_cluster, submitit_f
 
 
 def test_checkpointable_job_requeues_on_usr2_and_resumes(slurm_cluster, submitit_folder, tmp_path):
-    n_steps, step_s = 40, 0.25  # 10 s of work
+    n_steps, step_s = 40, 0.1  # 4 s of work: interrupted at step 8 or later, requeued, resumed from there
     workdir = tmp_path / "work"
     workdir.mkdir()
     executor = make_executor(slurm_cluster, submitit_folder)
