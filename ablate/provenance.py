@@ -45,7 +45,7 @@ def versions() -> dict:
 
 def lightning_version() -> str:
     """Lightning Fabric's version: the imported package's, or the installed one's where this process never imported
-    it (a task run trains without Fabric, and importing it costs ~2 s a process: torch._dynamo)."""
+    it (a task run trains without Fabric)."""
     imported = sys.modules.get("lightning_fabric")
     return imported.__version__ if imported is not None else importlib.metadata.version("lightning-fabric")
 
